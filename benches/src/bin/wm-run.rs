@@ -1,0 +1,59 @@
+//! `wm-run -n N [--node-size K] -- CMD ARGS…`: starts N local ranks of CMD.
+//!
+//! Each rank gets `WM_RANK`, `WM_WORLD_SIZE` and `WM_RENDEZVOUS` (a private
+//! directory, or a free TCP port with `--tcp`); with `--node-size K`, rank r
+//! also gets `WM_NODE_ID=node<r/K>`, so one machine poses as N/K nodes.
+//! Output lines are prefixed with `[rank]`. wm-run exits non-zero when any
+//! rank does, naming it, and stops the others after `--grace-s` seconds.
+#![forbid(unsafe_code)]
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use clap::Parser;
+use wm_comm::launch::{self, Launch, Meet};
+
+#[derive(Debug, Parser)]
+#[command(name = "wm-run", version, about = "Start N local ranks of a program for wholemem's embedded backend")]
+struct Args {
+    /// Number of ranks.
+    #[arg(short = 'n', long = "ranks")]
+    ranks: usize,
+    /// Pose as nodes of K ranks each (rank r gets WM_NODE_ID=node<r/K>).
+    #[arg(long)]
+    node_size: Option<usize>,
+    /// Meet over a free TCP port on 127.0.0.1 instead of a private directory.
+    #[arg(long)]
+    tcp: bool,
+    /// Seconds the other ranks may keep running after one fails.
+    #[arg(long, default_value_t = 5.0)]
+    grace_s: f64,
+    /// The program and its arguments.
+    #[arg(trailing_var_arg = true, required = true, allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+fn main() {
+    let args = Args::parse();
+    if args.ranks == 0 {
+        eprintln!("wm-run: -n must be at least 1");
+        std::process::exit(2);
+    }
+    let mut l = Launch::new(args.ranks, args.command[0].clone(), args.command[1..].iter().cloned());
+    l.node_size = args.node_size;
+    l.meet = if args.tcp { Meet::Tcp } else { Meet::Dir };
+    l.grace = Duration::from_secs_f64(args.grace_s.max(0.0));
+    let report = match launch::run(&l) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("wm-run: {e}");
+            std::process::exit(2);
+        }
+    };
+    if !report.success() {
+        for f in report.failures() {
+            eprintln!("wm-run: {f}");
+        }
+    }
+    std::process::exit(report.exit_code());
+}

@@ -1,0 +1,2 @@
+//! Shared pieces of wholemem's command-line tools.
+#![forbid(unsafe_code)]

@@ -1,0 +1,442 @@
+//! One process's connections to every other rank, and the progress engine
+//! that moves frames over them.
+//!
+//! Every communicator of a process shares one [`Endpoint`]: frames carry a
+//! communicator id, and a frame that arrives before anyone asked for it waits
+//! in its sender's stash. While an operation waits it polls **every** peer, so
+//! a peer that dies is noticed whichever communicator is in use; the endpoint
+//! is then broken, tells the other peers (an abort frame naming the lost rank)
+//! and every later operation fails with the same error.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::net::TcpStream;
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use wm_topology::NodeIdentity;
+
+use super::wire::{HEADER_LEN, Header, Kind, Op};
+use crate::sys;
+use crate::{Error, Result};
+
+/// A connection to one peer.
+#[derive(Debug)]
+pub(crate) enum Conn {
+    /// Same node: a Unix-domain stream (can carry descriptors).
+    Unix(UnixStream),
+    /// Another node: TCP.
+    Tcp(TcpStream),
+}
+
+impl Conn {
+    fn fd(&self) -> RawFd {
+        match self {
+            Conn::Unix(s) => s.as_raw_fd(),
+            Conn::Tcp(s) => s.as_raw_fd(),
+        }
+    }
+    fn is_unix(&self) -> bool {
+        matches!(self, Conn::Unix(_))
+    }
+}
+
+/// A complete frame that arrived.
+#[derive(Debug)]
+pub(crate) struct Msg {
+    pub hdr: Header,
+    pub payload: Vec<u8>,
+    pub fds: Vec<OwnedFd>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PeerState {
+    Open,
+    /// Said goodbye; its end may be closed.
+    Finished,
+}
+
+#[derive(Debug)]
+struct Peer {
+    conn: Option<Conn>,
+    state: PeerState,
+    hdr: [u8; HEADER_LEN],
+    hdr_got: usize,
+    body: Option<(Header, Vec<u8>, usize)>,
+    stash: VecDeque<Msg>,
+    fds: VecDeque<OwnedFd>,
+}
+
+impl Peer {
+    fn new(conn: Option<Conn>) -> Self {
+        Self {
+            conn,
+            state: PeerState::Open,
+            hdr: [0; HEADER_LEN],
+            hdr_got: 0,
+            body: None,
+            stash: VecDeque::new(),
+            fds: VecDeque::new(),
+        }
+    }
+}
+
+/// Why the endpoint stopped working.
+#[derive(Debug, Clone)]
+struct Broken {
+    rank: usize,
+    detail: String,
+}
+
+#[derive(Debug)]
+struct State {
+    peers: Vec<Peer>,
+    broken: Option<Broken>,
+}
+
+/// A frame to send within one operation.
+pub(crate) struct Outgoing<'a> {
+    pub to: usize,
+    pub hdr: Header,
+    pub payload: &'a [u8],
+    pub fds: &'a [RawFd],
+}
+
+/// A frame one operation waits for.
+pub(crate) struct Wanted {
+    pub from: usize,
+    pub kind: Kind,
+    pub comm: u64,
+    pub op: Op,
+    /// Collective sequence number to check (`None` for point-to-point).
+    pub seq: Option<u64>,
+}
+
+/// The process's connections to all ranks of the world.
+#[derive(Debug)]
+pub(crate) struct Endpoint {
+    pub world_rank: usize,
+    pub nodes: Vec<NodeIdentity>,
+    pub timeout: Duration,
+    state: Mutex<State>,
+}
+
+/// What a read from one peer produced.
+enum ReadOutcome {
+    Progress(bool),
+    Closed,
+}
+
+impl Endpoint {
+    /// An endpoint over established connections (`conns[world_rank]` is `None`).
+    pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration) -> Self {
+        let peers = conns.into_iter().map(Peer::new).collect();
+        Self { world_rank, nodes, timeout, state: Mutex::new(State { peers, broken: None }) }
+    }
+
+    /// Number of ranks in the world.
+    pub fn world(&self) -> usize {
+        self.nodes.len()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves frames half read; the state
+        // is still memory-safe, and `broken` will usually be set by then.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Sends `out`, then waits for `want`; returns the wanted frames in order.
+    pub fn transact(&self, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
+        let mut st = self.lock();
+        if let Some(b) = &st.broken {
+            return Err(Error::PeerLost { rank: b.rank, op, detail: b.detail.clone() });
+        }
+        let res = self.run(&mut st, op, out, want);
+        if let Err(e) = &res {
+            self.mark_broken(&mut st, e);
+        }
+        res
+    }
+
+    fn run(&self, st: &mut State, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
+        let headers: Vec<[u8; HEADER_LEN]> = out.iter().map(|o| o.hdr.encode()).collect();
+        let mut written = vec![0usize; out.len()];
+        let mut got: Vec<Option<Msg>> = (0..want.len()).map(|_| None).collect();
+        let mut last_progress = Instant::now();
+        for o in out {
+            debug_assert_ne!(o.to, self.world_rank, "frames to self are handled by the caller");
+            self.check_open(st, o.to, op)?;
+        }
+        // A frame from another collective ends the wait for that peer, but
+        // this rank's own frames still go out, so its peers see the mismatch
+        // too instead of waiting for them.
+        let mut mismatch: Option<Error> = None;
+        let mut settled = vec![false; want.len()];
+        loop {
+            // 1. Take what has arrived.
+            for (i, w) in want.iter().enumerate() {
+                if got[i].is_none() && !settled[i] {
+                    match self.take(st, w, op) {
+                        Ok(m) => got[i] = m,
+                        Err(e) => {
+                            settled[i] = true;
+                            mismatch.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+            // 2. Push what can be written.
+            let mut progress = false;
+            for (i, o) in out.iter().enumerate() {
+                progress |= self.write_some(st, o, &headers[i], &mut written[i], op)?;
+            }
+            let sends_done = out.iter().zip(&written).all(|(o, &w)| w == HEADER_LEN + o.payload.len());
+            if sends_done && got.iter().zip(&settled).all(|(g, s)| g.is_some() || *s) {
+                if let Some(e) = mismatch {
+                    return Err(e);
+                }
+                return Ok(got.into_iter().map(|m| m.expect("all frames arrived")).collect());
+            }
+            for ((w, slot), s) in want.iter().zip(&got).zip(&settled) {
+                if slot.is_none() && !s {
+                    self.check_open(st, w.from, op)?;
+                }
+            }
+            // 3. Wait on every peer: what we need, and news of the dead.
+            let mut pfds = Vec::with_capacity(st.peers.len());
+            let mut who = Vec::with_capacity(st.peers.len());
+            for (rank, p) in st.peers.iter().enumerate() {
+                if let Some(c) = &p.conn {
+                    let sending = out.iter().zip(&written).any(|(o, &w)| o.to == rank && w < HEADER_LEN + o.payload.len());
+                    let events = libc::POLLIN | if sending { libc::POLLOUT } else { 0 };
+                    pfds.push(libc::pollfd { fd: c.fd(), events, revents: 0 });
+                    who.push(rank);
+                }
+            }
+            let left = self.timeout.saturating_sub(last_progress.elapsed());
+            let wait_ms = left.as_millis().clamp(1, 1000) as i32;
+            sys::poll(&mut pfds, wait_ms).map_err(|e| Error::io("poll on peer sockets", e))?;
+            for (pfd, &rank) in pfds.iter().zip(&who) {
+                if pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
+                    progress |= self.read_peer(st, rank, op)?;
+                }
+            }
+            if progress {
+                last_progress = Instant::now();
+            } else if last_progress.elapsed() >= self.timeout {
+                let mut ranks: Vec<usize> =
+                    want.iter().zip(&got).zip(&settled).filter(|((_, g), s)| g.is_none() && !**s).map(|((w, _), _)| w.from).collect();
+                ranks.extend(out.iter().zip(&written).filter(|(o, w)| **w < HEADER_LEN + o.payload.len()).map(|(o, _)| o.to));
+                ranks.sort_unstable();
+                ranks.dedup();
+                return Err(Error::Timeout { op, ranks, secs: self.timeout.as_secs_f64() });
+            }
+        }
+    }
+
+    fn check_open(&self, st: &State, rank: usize, op: &'static str) -> Result<()> {
+        let p = &st.peers[rank];
+        if p.state == PeerState::Finished && p.stash.is_empty() {
+            return Err(Error::PeerLost { rank, op, detail: "it had already shut down its communicator".into() });
+        }
+        if p.conn.is_none() && p.stash.is_empty() {
+            return Err(Error::PeerLost { rank, op, detail: "its connection is closed".into() });
+        }
+        Ok(())
+    }
+
+    /// Takes the first stashed frame of `w`'s communicator and kind from its
+    /// sender, checking that it belongs to the same collective.
+    fn take(&self, st: &mut State, w: &Wanted, op: &'static str) -> Result<Option<Msg>> {
+        let stash = &mut st.peers[w.from].stash;
+        let Some(pos) = stash.iter().position(|m| m.hdr.comm == w.comm && m.hdr.kind == w.kind) else {
+            return Ok(None);
+        };
+        let m = stash.remove(pos).expect("position is in range");
+        if let Some(seq) = w.seq
+            && (m.hdr.seq != seq || m.hdr.op != w.op)
+        {
+            return Err(Error::Mismatch {
+                op,
+                detail: format!(
+                    "rank {} is in {} #{} while rank {} is in {} #{} on the same communicator",
+                    w.from,
+                    m.hdr.op.name(),
+                    m.hdr.seq,
+                    self.world_rank,
+                    w.op.name(),
+                    seq
+                ),
+            });
+        }
+        Ok(Some(m))
+    }
+
+    fn write_some(&self, st: &mut State, o: &Outgoing<'_>, hdr: &[u8; HEADER_LEN], done: &mut usize, op: &'static str) -> Result<bool> {
+        let total = HEADER_LEN + o.payload.len();
+        let Some(conn) = &st.peers[o.to].conn else {
+            return if *done == total { Ok(false) } else { Err(self.lost(o.to, op, "its connection is closed")) };
+        };
+        let fd = conn.fd();
+        let mut progress = false;
+        while *done < total {
+            let r = if *done < HEADER_LEN {
+                if *done == 0 && !o.fds.is_empty() {
+                    sys::send_with_fds(fd, hdr, o.fds)
+                } else {
+                    sys::send(fd, &hdr[*done..])
+                }
+            } else {
+                // Bounded chunks keep one peer from starving the others.
+                let from = *done - HEADER_LEN;
+                let to = o.payload.len().min(from + (8 << 20));
+                sys::send(fd, &o.payload[from..to])
+            };
+            match r {
+                Ok(n) => {
+                    *done += n;
+                    progress = true;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(self.lost(o.to, op, &format!("sending to it failed: {e}"))),
+            }
+        }
+        Ok(progress)
+    }
+
+    /// Reads whatever `rank` has sent, completing frames into its stash.
+    fn read_peer(&self, st: &mut State, rank: usize, op: &'static str) -> Result<bool> {
+        match self.read_frames(st, rank) {
+            Ok(ReadOutcome::Progress(p)) => Ok(p),
+            Ok(ReadOutcome::Closed) => {
+                let p = &mut st.peers[rank];
+                p.conn = None;
+                if p.state == PeerState::Finished {
+                    Ok(true)
+                } else {
+                    Err(self.lost(rank, op, "its connection closed without a goodbye (the process died or was killed)"))
+                }
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn read_frames(&self, st: &mut State, rank: usize) -> Result<ReadOutcome> {
+        let mut progress = false;
+        loop {
+            let peer = &mut st.peers[rank];
+            let Some(conn) = &peer.conn else { return Ok(ReadOutcome::Closed) };
+            let fd = conn.fd();
+            let unix = conn.is_unix();
+            let r = if let Some((_, buf, got)) = &mut peer.body {
+                sys::recv(fd, &mut buf[*got..])
+            } else if unix {
+                let mut fds = Vec::new();
+                let r = sys::recv_with_fds(fd, &mut peer.hdr[peer.hdr_got..], &mut fds);
+                peer.fds.extend(fds);
+                r
+            } else {
+                sys::recv(fd, &mut peer.hdr[peer.hdr_got..])
+            };
+            let n = match r {
+                Ok(0) => return Ok(ReadOutcome::Closed),
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(ReadOutcome::Progress(progress)),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
+                    return Ok(ReadOutcome::Closed);
+                }
+                Err(e) => return Err(Error::io(format!("receiving from rank {rank}"), e)),
+            };
+            progress = true;
+            let complete = if let Some((_, buf, got)) = &mut peer.body {
+                *got += n;
+                *got == buf.len()
+            } else {
+                peer.hdr_got += n;
+                if peer.hdr_got < HEADER_LEN {
+                    continue;
+                }
+                peer.hdr_got = 0;
+                let hdr = Header::decode(&peer.hdr).map_err(|e| Error::Bootstrap(format!("garbled stream from rank {rank}: {e}")))?;
+                let len = usize::try_from(hdr.len).map_err(|_| Error::Bootstrap(format!("frame of {} bytes from rank {rank}", hdr.len)))?;
+                peer.body = Some((hdr, vec![0u8; len], 0));
+                len == 0
+            };
+            if complete {
+                let (hdr, payload, _) = peer.body.take().expect("a frame is being read");
+                let nfds = usize::from(hdr.nfds);
+                if peer.fds.len() < nfds {
+                    return Err(Error::Bootstrap(format!("rank {rank} sent a frame announcing {nfds} descriptors, {} arrived", peer.fds.len())));
+                }
+                let fds: Vec<OwnedFd> = peer.fds.drain(..nfds).collect();
+                match hdr.kind {
+                    Kind::Bye => peer.state = PeerState::Finished,
+                    Kind::Abort => {
+                        let lost = hdr.seq as usize;
+                        let detail = format!("rank {rank} reported that it lost rank {lost}");
+                        let b = Broken { rank: lost, detail: detail.clone() };
+                        st.broken = Some(b);
+                        return Err(Error::PeerLost { rank: lost, op: "a collective", detail });
+                    }
+                    Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds }),
+                }
+            }
+        }
+    }
+
+    fn lost(&self, rank: usize, op: &'static str, detail: &str) -> Error {
+        Error::PeerLost { rank, op, detail: detail.to_owned() }
+    }
+
+    /// After a failed operation nothing can be trusted to be in step: remember
+    /// why, and tell every other peer which rank was lost.
+    fn mark_broken(&self, st: &mut State, e: &Error) {
+        if st.broken.is_some() {
+            return;
+        }
+        let (rank, detail) = match e {
+            Error::PeerLost { rank, detail, .. } => (*rank, detail.clone()),
+            Error::Timeout { ranks, secs, op } => (
+                ranks.first().copied().unwrap_or(self.world_rank),
+                format!("an earlier {op} timed out after {secs:.1} s waiting for it"),
+            ),
+            // A mismatch or a local error leaves the streams in step.
+            _ => return,
+        };
+        st.broken = Some(Broken { rank, detail });
+        let abort = Header { kind: Kind::Abort, op: Op::Control, nfds: 0, comm: 0, seq: rank as u64, len: 0 }.encode();
+        for (r, p) in st.peers.iter().enumerate() {
+            if r != rank
+                && let Some(c) = &p.conn
+            {
+                // Best effort: a full socket buffer means that peer is busy
+                // and will find out from its own timeout.
+                let _ = sys::send(c.fd(), &abort);
+            }
+        }
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let st = self.state.get_mut().unwrap_or_else(|p| p.into_inner());
+        // A broken endpoint repeats the abort on its way out, so a peer that
+        // sees this close first still learns which rank was lost.
+        let bye = match &st.broken {
+            Some(b) => Header { kind: Kind::Abort, op: Op::Control, nfds: 0, comm: 0, seq: b.rank as u64, len: 0 },
+            None => Header { kind: Kind::Bye, op: Op::Control, nfds: 0, comm: 0, seq: 0, len: 0 },
+        }
+        .encode();
+        for p in &st.peers {
+            if let Some(c) = &p.conn {
+                // Frames already queued in the kernel go first; a peer whose
+                // buffer is full will see a plain close and report us lost.
+                let _ = sys::send(c.fd(), &bye);
+            }
+        }
+    }
+}

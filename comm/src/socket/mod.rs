@@ -1,0 +1,316 @@
+//! The embedded socket backend: always compiled, needs nothing but the OS.
+//!
+//! Ranks meet through [`Rendezvous`], then hold one connection per pair of
+//! ranks — a Unix-domain stream between ranks of one node (it can carry
+//! descriptors), TCP between nodes. Collectives are built from point-to-point
+//! frames moved by a polling engine that also watches every other peer, so a
+//! dead rank is noticed by whichever operation is waiting.
+
+mod bootstrap;
+mod endpoint;
+pub(crate) mod wire;
+
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+pub use bootstrap::Rendezvous;
+use endpoint::{Endpoint, Outgoing, Wanted};
+use wire::{Header, Kind, Op};
+use wm_topology::NodeIdentity;
+
+use crate::communicator::Communicator;
+use crate::ranks::RankEnv;
+use crate::{Error, Result};
+
+/// A communicator of the socket backend.
+#[derive(Debug, Clone)]
+pub struct SocketComm {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    ep: Arc<Endpoint>,
+    id: u64,
+    members: Vec<usize>,
+    nodes: Vec<NodeIdentity>,
+    me: usize,
+    seq: AtomicU64,
+    splits: AtomicU64,
+    local: OnceLock<Arc<dyn Communicator>>,
+    cross: OnceLock<Arc<dyn Communicator>>,
+}
+
+/// A stable 64-bit mix for communicator ids (FNV-1a over the parts).
+fn mix(parts: &[u64]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for b in p.to_le_bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+impl SocketComm {
+    /// The world communicator from the environment (`WM_RANK`, Slurm, Open
+    /// MPI or PMI for the rank; `WM_RENDEZVOUS` for the meeting point).
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] when the environment is incomplete or wrong;
+    /// [`Error::Timeout`] naming the ranks that never arrived.
+    pub fn from_env() -> Result<Self> {
+        let env = RankEnv::from_env()?;
+        let timeout = wm_topology::env::timeout().map_err(Error::Bootstrap)?;
+        let how = Rendezvous::from_env()?;
+        Self::bootstrap(env.rank, env.world, how.as_ref(), timeout)
+    }
+
+    /// The world communicator for an explicit rank, size and rendezvous.
+    ///
+    /// # Errors
+    /// As [`SocketComm::from_env`].
+    pub fn bootstrap(rank: usize, world: usize, how: Option<&Rendezvous>, timeout: std::time::Duration) -> Result<Self> {
+        let node = NodeIdentity::discover();
+        if world == 1 {
+            let ep = Endpoint::new(0, vec![node], vec![None], timeout);
+            return Ok(Self::world(ep));
+        }
+        let how = how.ok_or_else(|| {
+            Error::Bootstrap(format!(
+                "this is rank {rank} of {world} but {} is not set: start the ranks with `wm-run`, or set it to `host:port` or `dir:/shared/path`",
+                wm_topology::env::WM_RENDEZVOUS.name
+            ))
+        })?;
+        let fix = |e: Error| match e {
+            Error::Timeout { op, ranks, .. } => Error::Timeout { op, ranks, secs: timeout.as_secs_f64() },
+            e => e,
+        };
+        let start = Instant::now();
+        let mut l = bootstrap::Listeners::open(rank, world, &node)?;
+        let mut infos = bootstrap::rendezvous(&mut l, how, timeout).map_err(fix)?;
+        let conns = bootstrap::mesh(&l, &mut infos, how, start + timeout).map_err(fix)?;
+        let nodes = infos.iter().map(|i| i.node()).collect();
+        let comm = Self::world(Endpoint::new(rank, nodes, conns, timeout));
+        // Everyone has read every record once all are connected.
+        comm.barrier()?;
+        bootstrap::remove_rank_file(how, rank);
+        Ok(comm)
+    }
+
+    fn world(ep: Endpoint) -> Self {
+        let members = (0..ep.world()).collect();
+        let me = ep.world_rank;
+        let nodes = ep.nodes.clone();
+        Self::with_members(Arc::new(ep), mix(&[0x574d_574f_524c_44]), members, nodes, me)
+    }
+
+    fn with_members(ep: Arc<Endpoint>, id: u64, members: Vec<usize>, nodes: Vec<NodeIdentity>, me: usize) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                ep,
+                id,
+                members,
+                nodes,
+                me,
+                seq: AtomicU64::new(0),
+                splits: AtomicU64::new(0),
+                local: OnceLock::new(),
+                cross: OnceLock::new(),
+            }),
+        }
+    }
+
+    fn sub(&self, id: u64, ranks: &[usize]) -> Arc<dyn Communicator> {
+        let i = &self.inner;
+        let members: Vec<usize> = ranks.iter().map(|&r| i.members[r]).collect();
+        let nodes = ranks.iter().map(|&r| i.nodes[r].clone()).collect();
+        let me = ranks.iter().position(|&r| r == i.me).expect("this rank is a member");
+        Arc::new(Self::with_members(i.ep.clone(), id, members, nodes, me))
+    }
+
+    /// One collective: sends `send[r]` (if any) to each rank `r` and waits
+    /// for a frame from each rank in `from`. Returns frames indexed by rank.
+    fn collective(&self, op: Op, send: &[(usize, &[u8])], from: &[usize]) -> Result<Vec<Option<Vec<u8>>>> {
+        let i = &self.inner;
+        let seq = i.seq.fetch_add(1, Ordering::Relaxed);
+        let out: Vec<Outgoing<'_>> = send
+            .iter()
+            .filter(|(r, _)| *r != i.me)
+            .map(|&(r, payload)| Outgoing {
+                to: i.members[r],
+                hdr: Header { kind: Kind::Data, op, nfds: 0, comm: i.id, seq, len: payload.len() as u64 },
+                payload,
+                fds: &[],
+            })
+            .collect();
+        let want: Vec<Wanted> = from
+            .iter()
+            .filter(|&&r| r != i.me)
+            .map(|&r| Wanted { from: i.members[r], kind: Kind::Data, comm: i.id, op, seq: Some(seq) })
+            .collect();
+        let msgs = i.ep.transact(op.name(), &out, &want)?;
+        let mut res: Vec<Option<Vec<u8>>> = (0..i.members.len()).map(|_| None).collect();
+        for (w, m) in from.iter().filter(|&&r| r != i.me).zip(msgs) {
+            res[*w] = Some(m.payload);
+        }
+        Ok(res)
+    }
+
+    fn all(&self) -> Vec<usize> {
+        (0..self.inner.members.len()).collect()
+    }
+
+    fn check_rank(&self, r: usize, what: &str) -> Result<()> {
+        if r >= self.size() {
+            return Err(Error::InvalidArgument(format!("{what} {r} is not a rank of a communicator of {} ranks", self.size())));
+        }
+        Ok(())
+    }
+}
+
+impl Communicator for SocketComm {
+    fn rank(&self) -> usize {
+        self.inner.me
+    }
+
+    fn size(&self) -> usize {
+        self.inner.members.len()
+    }
+
+    fn world_ranks(&self) -> &[usize] {
+        &self.inner.members
+    }
+
+    fn nodes(&self) -> &[NodeIdentity] {
+        &self.inner.nodes
+    }
+
+    fn backend(&self) -> &'static str {
+        "socket"
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let all = self.all();
+        let send: Vec<(usize, &[u8])> = all.iter().map(|&r| (r, &[][..])).collect();
+        self.collective(Op::Barrier, &send, &all).map(drop)
+    }
+
+    fn broadcast(&self, root: usize, data: &mut Vec<u8>) -> Result<()> {
+        self.check_rank(root, "broadcast root")?;
+        if self.rank() == root {
+            let send: Vec<(usize, &[u8])> = self.all().into_iter().map(|r| (r, &data[..])).collect();
+            self.collective(Op::Broadcast, &send, &[])?;
+        } else {
+            let mut got = self.collective(Op::Broadcast, &[], &[root])?;
+            *data = got[root].take().expect("root's frame arrived");
+        }
+        Ok(())
+    }
+
+    fn allgatherv(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let all = self.all();
+        let send: Vec<(usize, &[u8])> = all.iter().map(|&r| (r, data)).collect();
+        let got = self.collective(Op::Allgather, &send, &all)?;
+        Ok(got.into_iter().map(|g| g.unwrap_or_else(|| data.to_vec())).collect())
+    }
+
+    fn alltoallv(&self, send: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
+        if send.len() != self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "alltoallv got {} send buffers for a communicator of {} ranks",
+                send.len(),
+                self.size()
+            )));
+        }
+        let all = self.all();
+        let pairs: Vec<(usize, &[u8])> = send.iter().enumerate().map(|(r, s)| (r, *s)).collect();
+        let got = self.collective(Op::Alltoallv, &pairs, &all)?;
+        let me = self.rank();
+        Ok(got.into_iter().enumerate().map(|(r, g)| g.unwrap_or_else(|| if r == me { send[me].to_vec() } else { Vec::new() })).collect())
+    }
+
+    fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
+        let mine = [color.to_le_bytes(), key.to_le_bytes()].concat();
+        let all = self.allgather(&mine)?;
+        let word = |i: usize| u32::from_le_bytes(all[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        let mut ranks: Vec<usize> = (0..self.size()).filter(|&r| word(2 * r) == color).collect();
+        ranks.sort_by_key(|&r| (word(2 * r + 1), r));
+        let n = self.inner.splits.fetch_add(1, Ordering::Relaxed);
+        Ok(self.sub(mix(&[self.inner.id, 0x5b117, n, u64::from(color)]), &ranks))
+    }
+
+    fn local(&self) -> Arc<dyn Communicator> {
+        self.inner
+            .local
+            .get_or_init(|| {
+                let i = &self.inner;
+                let ranks: Vec<usize> = (0..i.members.len()).filter(|&r| i.nodes[r] == i.nodes[i.me]).collect();
+                self.sub(mix(&[i.id, 0x10ca1]), &ranks)
+            })
+            .clone()
+    }
+
+    fn cross(&self) -> Arc<dyn Communicator> {
+        self.inner
+            .cross
+            .get_or_init(|| {
+                let i = &self.inner;
+                // Nodes in order of their lowest rank; local rank = position on the node.
+                let mut node_order: Vec<&NodeIdentity> = Vec::new();
+                for n in &i.nodes {
+                    if !node_order.contains(&n) {
+                        node_order.push(n);
+                    }
+                }
+                let local_rank = |r: usize| (0..r).filter(|&q| i.nodes[q] == i.nodes[r]).count();
+                let mine = local_rank(i.me);
+                let ranks: Vec<usize> = node_order
+                    .iter()
+                    .filter_map(|n| (0..i.members.len()).filter(|&r| &i.nodes[r] == *n).nth(mine))
+                    .collect();
+                self.sub(mix(&[i.id, 0xc2055, mine as u64]), &ranks)
+            })
+            .clone()
+    }
+
+    fn send_fds(&self, dest: usize, fds: &[BorrowedFd<'_>]) -> Result<()> {
+        self.check_rank(dest, "send_fds destination")?;
+        let i = &self.inner;
+        if dest == i.me || !self.same_node(dest, i.me) {
+            return Err(Error::Unsupported {
+                what: format!("passing descriptors from rank {} to rank {}", self.world_rank(), i.members[dest]),
+                reason: if dest == i.me { "a rank cannot send descriptors to itself".into() } else { "they are on different nodes".into() },
+            });
+        }
+        if fds.len() > crate::sys::MAX_FDS {
+            return Err(Error::InvalidArgument(format!("{} descriptors in one message; at most {}", fds.len(), crate::sys::MAX_FDS)));
+        }
+        let raw: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let out = [Outgoing {
+            to: i.members[dest],
+            hdr: Header { kind: Kind::Fds, op: Op::Fds, nfds: raw.len() as u16, comm: i.id, seq: 0, len: 0 },
+            payload: &[],
+            fds: &raw,
+        }];
+        i.ep.transact(Op::Fds.name(), &out, &[]).map(drop)
+    }
+
+    fn recv_fds(&self, src: usize, count: usize) -> Result<Vec<OwnedFd>> {
+        self.check_rank(src, "recv_fds source")?;
+        let i = &self.inner;
+        let want = [Wanted { from: i.members[src], kind: Kind::Fds, comm: i.id, op: Op::Fds, seq: None }];
+        let mut msgs = i.ep.transact(Op::Fds.name(), &[], &want)?;
+        let fds = msgs.pop().expect("one frame").fds;
+        if fds.len() != count {
+            return Err(Error::Mismatch {
+                op: "recv_fds",
+                detail: format!("rank {} sent {} descriptors, rank {} expected {count}", i.members[src], fds.len(), self.world_rank()),
+            });
+        }
+        Ok(fds)
+    }
+}

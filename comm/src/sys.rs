@@ -1,0 +1,111 @@
+//! The few raw socket calls std does not offer: non-blocking send and receive
+//! without SIGPIPE, file descriptors over `SCM_RIGHTS`, and `poll`.
+//!
+//! Every function takes a descriptor the caller owns and keeps open for the
+//! duration of the call; that is the invariant the `SAFETY` comments rely on.
+
+use std::io;
+use std::mem;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+
+/// Most descriptors carried by one message.
+pub const MAX_FDS: usize = 32;
+
+fn cvt(ret: isize) -> io::Result<usize> {
+    if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret as usize) }
+}
+
+/// Sends without blocking and without raising SIGPIPE on a closed peer.
+pub fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid readable slice for its length; `fd` is open.
+    let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    cvt(n)
+}
+
+/// Receives without blocking. `Ok(0)` means the peer closed its end.
+pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is a valid writable slice for its length; `fd` is open.
+    let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+    cvt(n)
+}
+
+fn cmsg_space(n: usize) -> usize {
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    unsafe { libc::CMSG_SPACE((n * mem::size_of::<RawFd>()) as u32) as usize }
+}
+
+/// Sends `buf` with `fds` attached to its first byte (Unix sockets only).
+pub fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+    assert!(!buf.is_empty() && fds.len() <= MAX_FDS);
+    let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
+    // u64 storage keeps the control buffer aligned for `cmsghdr`.
+    let mut control = vec![0u64; cmsg_space(MAX_FDS).div_ceil(8)];
+    let space = cmsg_space(fds.len());
+    // SAFETY: zeroed msghdr is a valid empty header; fields are set below.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer holds at least `space` bytes, enough for one
+    // cmsghdr carrying `fds.len()` descriptors, so CMSG_FIRSTHDR is non-null
+    // and CMSG_DATA points inside it.
+    unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN((fds.len() * mem::size_of::<RawFd>()) as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr(), libc::CMSG_DATA(cmsg).cast::<RawFd>(), fds.len());
+    }
+    // SAFETY: msg points at live iovec and control buffers; fd is open.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    cvt(n)
+}
+
+/// Receives into `buf`, appending any descriptors that arrive to `fds_out`
+/// (close-on-exec). `Ok(0)` means the peer closed its end.
+pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds_out: &mut Vec<OwnedFd>) -> io::Result<usize> {
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    let mut control = vec![0u64; cmsg_space(MAX_FDS).div_ceil(8)];
+    // SAFETY: zeroed msghdr is a valid empty header; fields are set below.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = (control.len() * 8) as _;
+    // SAFETY: msg points at live buffers of the stated sizes; fd is open.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT | libc::MSG_CMSG_CLOEXEC) };
+    let n = cvt(n)?;
+    // SAFETY: the kernel filled `msg_controllen` bytes of the control buffer
+    // with well-formed cmsghdrs; the CMSG_* macros walk only within it, and
+    // each SCM_RIGHTS payload holds descriptors this process now owns.
+    unsafe {
+        let mut cmsg = libc::CMSG_FIRSTHDR(&msg);
+        while !cmsg.is_null() {
+            if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(cmsg).cast::<RawFd>();
+                let bytes = (*cmsg).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                for i in 0..bytes / mem::size_of::<RawFd>() {
+                    fds_out.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
+                }
+            }
+            cmsg = libc::CMSG_NXTHDR(&msg, cmsg);
+        }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        return Err(io::Error::other("descriptors were truncated in transit"));
+    }
+    Ok(n)
+}
+
+/// `poll(2)`, retried on `EINTR` as a zero-event return.
+pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    // SAFETY: `fds` is a valid mutable array of pollfd for its length.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) }
+    } else {
+        Ok(n as usize)
+    }
+}

@@ -1,0 +1,370 @@
+//! One rank of a multi-process test scenario. Started by the harness in
+//! `wm_tests` (or by hand under `wm-run`): `wm-test-rank SCENARIO [ARGS…]`.
+//! Every check runs on every rank; the first wrong result exits non-zero
+//! with a message naming the rank and what differed.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use wholemem::{AllocRequest, Location, MemoryType, Partition, WholeMemory, WholeTensor, query};
+use wm_comm::{CommExt, Communicator};
+
+type Comm = Arc<dyn Communicator>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().cloned().unwrap_or_default();
+    let result = wm_comm::init().context("bootstrap").and_then(|world| {
+        let rest = &args[1.min(args.len())..];
+        match scenario.as_str() {
+            "collectives" => collectives(&world),
+            "fill-read" => fill_read(&world),
+            "two-nodes" => two_nodes(&world),
+            "bad-input" => bad_input(&world),
+            "lose-peer" => lose_peer(&world, rest),
+            other => bail!("unknown scenario {other:?}"),
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("FAILED: {e:#}");
+        std::process::exit(1);
+    }
+    println!("ok");
+}
+
+/// A small deterministic generator (splitmix64), so every rank derives the
+/// same "random" choices.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn bytes_for(rank: usize, peer: usize, n: usize) -> Vec<u8> {
+    (0..n).map(|i| (rank * 31 + peer * 7 + i * 13) as u8).collect()
+}
+
+// ---------------------------------------------------------------- collectives
+
+fn collectives(world: &Comm) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    world.barrier()?;
+
+    for root in 0..n {
+        let mut data = if me == root { bytes_for(root, 0, 1000 + root) } else { vec![9; 3] };
+        world.broadcast(root, &mut data)?;
+        ensure!(data == bytes_for(root, 0, 1000 + root), "broadcast from {root} delivered wrong bytes");
+    }
+
+    let mine = bytes_for(me, 0, me * 5); // rank 0 sends nothing
+    let all = world.allgatherv(&mine)?;
+    for (r, got) in all.iter().enumerate() {
+        ensure!(*got == bytes_for(r, 0, r * 5), "allgatherv: wrong bytes from rank {r}");
+    }
+    let flat = world.allgather_pod(&[me as u64 * 10, me as u64 * 10 + 1])?;
+    let want: Vec<u64> = (0..n as u64).flat_map(|r| [r * 10, r * 10 + 1]).collect();
+    ensure!(flat == want, "allgather: {flat:?} != {want:?}");
+    if n > 1 {
+        let err = world.allgather(&vec![0u8; 1 + me]).expect_err("unequal allgather must fail");
+        ensure!(err.to_string().contains("passed"), "unequal allgather error does not say who passed what: {err}");
+    }
+
+    // alltoallv with sizes from zero to several MiB, so writes block midway.
+    let size = |from: usize, to: usize| if (from + to) % 3 == 0 { 0 } else { (from * 7 + to * 3) * 1024 + if from == 1 { 6 << 20 } else { 0 } };
+    let sends: Vec<Vec<u8>> = (0..n).map(|to| bytes_for(me, to, size(me, to))).collect();
+    let refs: Vec<&[u8]> = sends.iter().map(Vec::as_slice).collect();
+    let got = world.alltoallv(&refs)?;
+    for (from, g) in got.iter().enumerate() {
+        ensure!(*g == bytes_for(from, me, size(from, me)), "alltoallv: wrong {} bytes from rank {from}", g.len());
+    }
+    let three = [me as u32; 3];
+    let typed = world.alltoallv_pod::<u32>(&vec![&three[..]; n])?;
+    ensure!(typed.iter().enumerate().all(|(r, v)| v == &[r as u32; 3]), "alltoallv_pod: {typed:?}");
+
+    // split: odd and even ranks, in reverse order.
+    let sub = world.split((me % 2) as u32, (n - me) as u32)?;
+    let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).rev().collect();
+    ensure!(sub.world_ranks() == members.as_slice(), "split members {:?} != {members:?}", sub.world_ranks());
+    let seen = sub.allgather_value(me as u32)?;
+    ensure!(seen.iter().map(|&r| r as usize).eq(members.iter().copied()), "split allgather {seen:?}");
+
+    // local and cross, from node identities.
+    let nodes = world.nodes();
+    let local = world.local();
+    let want_local: Vec<usize> = (0..n).filter(|&r| nodes[r] == nodes[me]).collect();
+    ensure!(local.world_ranks() == want_local.as_slice(), "local {:?} != {want_local:?}", local.world_ranks());
+    let lr = local.rank();
+    let cross = world.cross();
+    let mut node_order = Vec::new();
+    for nd in nodes {
+        if !node_order.contains(&nd) {
+            node_order.push(nd);
+        }
+    }
+    let want_cross: Vec<usize> = node_order.iter().filter_map(|nd| (0..n).filter(|&r| &nodes[r] == *nd).nth(lr)).collect();
+    ensure!(cross.world_ranks() == want_cross.as_slice(), "cross {:?} != {want_cross:?}", cross.world_ranks());
+    ensure!(local.allgather_value(me as u64)?.len() == want_local.len(), "local allgather");
+    cross.barrier()?;
+
+    // Descriptors to every rank of the node.
+    let path = std::env::temp_dir().join(format!("wm-test-fd.{}.{me}", std::process::id()));
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(&path)?;
+    f.write_all(format!("from rank {me}").as_bytes())?;
+    std::fs::remove_file(&path)?;
+    for p in (0..local.size()).filter(|&p| p != lr) {
+        local.send_fds(p, &[f.as_fd()])?;
+    }
+    for p in (0..local.size()).filter(|&p| p != lr) {
+        let fd: OwnedFd = local.recv_fds(p, 1)?.pop().expect("one");
+        let mut buf = vec![0u8; 64];
+        let k = File::from(fd).read_at(&mut buf, 0)?;
+        let want = format!("from rank {}", local.world_ranks()[p]);
+        ensure!(&buf[..k] == want.as_bytes(), "descriptor from local rank {p} reads {:?}", String::from_utf8_lossy(&buf[..k]));
+    }
+    if local.size() < n {
+        let other = (0..n).find(|r| nodes[*r] != nodes[me]).expect("another node");
+        let err = world.send_fds(other, &[f.as_fd()]).expect_err("descriptors cannot cross nodes");
+        ensure!(err.to_string().contains("different nodes"), "{err}");
+    }
+
+    // A mismatch is named on a sub-communicator; the world stays usable.
+    if n > 1 {
+        let sub = world.split(0, me as u32)?;
+        let err = if me == 0 { sub.barrier().err() } else { sub.allgatherv(b"x").err() };
+        let err = err.context("mismatched collectives must fail")?;
+        ensure!(err.to_string().contains("mismatch"), "{err}");
+    }
+    world.barrier()?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ fill-read
+
+/// The value at (row, col): depends on both, so a permuted column fails.
+fn value(row: usize, col: usize) -> u32 {
+    (row as u32).wrapping_mul(2_654_435_761) ^ (col as u32).wrapping_mul(40_503) ^ 0x5a5a_0000
+}
+
+fn partitions(rows: usize, n: usize, rng: &mut Rng) -> Vec<(&'static str, Option<Vec<usize>>)> {
+    let mut uneven = vec![0usize; n];
+    for _ in 0..rows {
+        let r = rng.below(n as u64 * n as u64) as usize % n; // skewed, some may stay 0
+        uneven[r] += 1;
+    }
+    let mut zero = vec![0usize; n];
+    // Rank 0 and every other rank hold nothing; the rest split the rows.
+    let holders: Vec<usize> = (0..n).filter(|r| n == 1 || (r % 2 == 1)).collect();
+    for i in 0..rows {
+        zero[holders[i % holders.len()]] += 1;
+    }
+    vec![("equal", None), ("uneven", Some(uneven)), ("zero-row", Some(zero))]
+}
+
+fn fill_read(world: &Comm) -> Result<()> {
+    let me = world.rank();
+    let mut rng = Rng(0x5eed + world.size() as u64);
+    for ty in MemoryType::ALL {
+        for cols in [1usize, 7, 128] {
+            let rows = 2000 + rng.below(3000) as usize;
+            for (pname, part) in partitions(rows, world.size(), &mut rng) {
+                let ctx = || format!("{ty} rows={rows} cols={cols} partition={pname}");
+                let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, rows, cols, part.as_deref()).with_context(ctx)?;
+                let expect = part.clone().map_or_else(|| Partition::even(rows, world.size()), |p| Partition::from_counts(&p));
+                ensure!(t.memory().partition() == &expect, "{}: partition {:?}", ctx(), t.memory().partition());
+                let first = t.local_rows().start;
+                for (i, row) in t.local_mut().chunks_mut(cols).enumerate() {
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = value(first + i, c);
+                    }
+                }
+                world.barrier()?;
+                let mut buf = vec![0u32; cols];
+                let check: Box<dyn Iterator<Item = usize>> = if ty.is_mapped() { Box::new(0..rows) } else { Box::new(t.local_rows()) };
+                for row in check {
+                    t.read_row(row, &mut buf).with_context(ctx)?;
+                    for (c, &v) in buf.iter().enumerate() {
+                        ensure!(v == value(row, c), "{}: rank {me} reads {v:#x} at ({row}, {c}), expected {:#x}", ctx(), value(row, c));
+                    }
+                }
+                if ty.is_mapped() {
+                    // A write through the mapping lands in the owner's rows.
+                    let row = rows - 1 - rows / 3;
+                    let marker: Vec<u32> = (0..cols).map(|c| 0xdead_0000 | c as u32).collect();
+                    world.barrier()?;
+                    if me == 0 {
+                        t.write_row(row, &marker)?;
+                    }
+                    world.barrier()?;
+                    t.read_row(row, &mut buf)?;
+                    ensure!(buf == marker, "{}: rank {me} does not see rank 0's write to row {row}: {buf:x?}", ctx());
+                    if t.memory().partition().owner(row) == me {
+                        let off = (row - t.local_rows().start) * cols;
+                        ensure!(t.local()[off..off + cols] == marker[..], "{}: the owner's rows miss the write", ctx());
+                    }
+                } else if world.size() > 1 {
+                    let foreign = t.memory().partition().range((me + 1) % world.size());
+                    if let Some(row) = foreign.clone().next() {
+                        let err = t.read_row(row, &mut buf).expect_err("foreign rows are not mapped");
+                        ensure!(err.to_string().contains("not supported"), "{err}");
+                    }
+                }
+                t.free().with_context(ctx)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ two-nodes
+
+fn two_nodes(world: &Comm) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    ensure!(n == 4, "two-nodes runs on 4 ranks posing as 2 nodes of 2");
+    for ty in [MemoryType::Continuous, MemoryType::Chunked] {
+        let s = query(world.as_ref(), ty, Location::Host);
+        let reason = s.reason().context("mapped memory across nodes must be refused")?;
+        ensure!(reason.contains("ranks 0 and 2 are on different nodes"), "{ty}: {reason}");
+        let err = WholeTensor::<f32>::matrix(world, ty, Location::Host, 100, 4, None).expect_err("refused");
+        ensure!(matches!(err, wholemem::Error::Unsupported { .. }) && err.to_string().contains("different nodes"), "{err}");
+    }
+    for ty in [MemoryType::Distributed, MemoryType::Hierarchy] {
+        ensure!(query(world.as_ref(), ty, Location::Host).is_supported(), "{ty} must be supported across nodes");
+        let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 1001, 7, None)?;
+        let first = t.local_rows().start;
+        for (i, row) in t.local_mut().chunks_mut(7).enumerate() {
+            row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
+        }
+        world.barrier()?;
+        for (i, row) in t.local().chunks(7).enumerate() {
+            ensure!(row.iter().enumerate().all(|(c, &v)| v == value(first + i, c)), "{ty}: local row {}", first + i);
+        }
+        if ty == MemoryType::Hierarchy {
+            let local = t.memory().local_comm().context("hierarchy has a local communicator")?;
+            let cross = t.memory().cross_comm().context("hierarchy has a cross communicator")?;
+            let want_local = if me < 2 { [0, 1] } else { [2, 3] };
+            let want_cross = if me % 2 == 0 { [0, 2] } else { [1, 3] };
+            ensure!(local.world_ranks() == want_local, "local {:?}", local.world_ranks());
+            ensure!(cross.world_ranks() == want_cross, "cross {:?}", cross.world_ranks());
+            // Both talk: local over Unix sockets, cross over TCP.
+            ensure!(local.allgather_value(me as u32)? == want_local.map(|r| r as u32), "local allgather");
+            ensure!(cross.allgather_value(me as u32)? == want_cross.map(|r| r as u32), "cross allgather");
+        } else {
+            ensure!(t.memory().local_comm().is_none(), "only hierarchy carries local/cross communicators");
+        }
+        t.free()?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ bad-input
+
+fn expect_err<T>(what: &str, r: wholemem::Result<T>, needle: &str) -> Result<()> {
+    match r {
+        Ok(_) => bail!("{what}: allocation succeeded but must fail"),
+        Err(e) => {
+            let s = e.to_string();
+            ensure!(s.contains(needle), "{what}: error {s:?} does not contain {needle:?}");
+            println!("{what}: {s}");
+            Ok(())
+        }
+    }
+}
+
+fn allocate_and_check(world: &Comm, ty: MemoryType) -> Result<()> {
+    let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 333, 3, None)?;
+    let first = t.local_rows().start;
+    for (i, row) in t.local_mut().chunks_mut(3).enumerate() {
+        row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
+    }
+    world.barrier()?;
+    let mut buf = [0u32; 3];
+    t.read_row(332, &mut buf).or_else(|e| if ty.is_mapped() { Err(e) } else { Ok(()) })?;
+    if ty.is_mapped() {
+        ensure!(buf == [value(332, 0), value(332, 1), value(332, 2)], "row 332 after a failed allocation");
+    }
+    t.free()?;
+    Ok(())
+}
+
+fn bad_input(world: &Comm) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let req = |ty, total, granularity, partition: Option<Vec<usize>>| AllocRequest { ty, loc: Location::Host, total, granularity, partition };
+    for ty in MemoryType::ALL {
+        expect_err("granularity not dividing", WholeMemory::allocate(world, &req(ty, 100, 12, None)), "granularity 12 does not divide the total size 100")?;
+        allocate_and_check(world, ty)?;
+        expect_err("granularity 0", WholeMemory::allocate(world, &req(ty, 100, 0, None)), "granularity 0")?;
+        let part = if me == n - 1 { vec![10; n] } else { vec![9; n] };
+        let pr = req(ty, 10 * n * 8, 8, Some(part));
+        if n > 1 {
+            expect_err("partitions differ", WholeMemory::allocate(world, &pr), &format!("rank 0 and rank {} differ in partition", n - 1))?;
+            allocate_and_check(world, ty)?;
+        }
+        let mut part = vec![5; n];
+        part[0] = 4;
+        expect_err("partition sum", WholeMemory::allocate(world, &req(ty, 5 * n * 8, 8, Some(part))), &format!("sums to {} rows, the table has {}", 5 * n - 1, 5 * n))?;
+        expect_err("partition length", WholeMemory::allocate(world, &req(ty, 80, 8, Some(vec![10; n + 1]))), &format!("{} entries for {n} ranks", n + 1))?;
+        let gr = req(ty, 96, if me == 0 { 8 } else { 12 }, None);
+        if n > 1 {
+            expect_err("granularity differs", WholeMemory::allocate(world, &gr), "granularity: 8 vs 12")?;
+        }
+        let dev = AllocRequest { loc: Location::Device, ..req(ty, 96, 8, None) };
+        expect_err("device memory", WholeMemory::allocate(world, &dev), "no CUDA support")?;
+        allocate_and_check(world, ty)?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ lose-peer
+
+/// `lose-peer VICTIM kill|stop PIDDIR`: every rank runs collectives; the
+/// victim dies by SIGKILL (or stops with SIGSTOP) while the others wait in an
+/// allgather. The others must fail naming the victim, and fail again on the
+/// next call.
+fn lose_peer(world: &Comm, args: &[String]) -> Result<()> {
+    let victim: usize = args.first().context("victim rank")?.parse()?;
+    let how = args.get(1).map_or("kill", String::as_str);
+    let piddir = args.get(2).context("pid directory")?;
+    let me = world.rank();
+    let local = world.local();
+    for _ in 0..3 {
+        world.barrier()?;
+        local.barrier()?;
+    }
+    if me == victim {
+        std::fs::write(format!("{piddir}/victim.pid"), std::process::id().to_string())?;
+        std::thread::sleep(Duration::from_millis(300));
+        let sig = if how == "stop" { libc::SIGSTOP } else { libc::SIGKILL };
+        // SAFETY: raising a signal at this process has no memory effects.
+        unsafe { libc::raise(sig) };
+        std::thread::sleep(Duration::from_secs(600));
+        bail!("the victim is still alive");
+    }
+    let start = Instant::now();
+    let err = world.allgather_value(me as u64).expect_err("the victim never joins");
+    let took = start.elapsed();
+    println!("rank {me}: after {:.2} s: {err}", took.as_secs_f64());
+    ensure!(err.blamed_rank() == Some(victim), "rank {me}: the error blames {:?}, not rank {victim}: {err}", err.blamed_rank());
+    ensure!(err.to_string().contains(&format!("rank {victim}")), "the message does not name rank {victim}: {err}");
+    let again = local.barrier().expect_err("every later call fails too");
+    ensure!(again.blamed_rank() == Some(victim), "the next call blames {:?}: {again}", again.blamed_rank());
+    println!("rank {me}: next call: {again}");
+    if how == "stop" && me == (victim + 1) % world.size() {
+        let pid: i32 = std::fs::read_to_string(format!("{piddir}/victim.pid"))?.trim().parse()?;
+        // SAFETY: killing the stopped victim process, which the test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    Ok(())
+}

@@ -1,0 +1,106 @@
+//! The harness of the multi-process tests: starts real rank processes of the
+//! `wm-test-rank` program through the same launcher as `wm-run`, collects
+//! their output, and checks that nothing of ours is left in `/dev/shm`.
+//!
+//! A test names a scenario of `wm-test-rank` and the world to run it in; the
+//! scenario itself checks its results on every rank and exits non-zero on
+//! the first wrong one.
+
+use std::time::Duration;
+
+use wm_comm::launch::{self, Launch, Meet, Report};
+
+/// The world a scenario runs in.
+#[derive(Debug, Clone)]
+pub struct World {
+    /// Ranks.
+    pub ranks: usize,
+    /// Ranks per simulated node.
+    pub node_size: Option<usize>,
+    /// How ranks meet.
+    pub meet: Meet,
+    /// Extra environment.
+    pub env: Vec<(String, String)>,
+    /// Kill everything after this long.
+    pub limit: Duration,
+}
+
+impl World {
+    /// `ranks` ranks on one node.
+    pub fn new(ranks: usize) -> Self {
+        Self { ranks, node_size: None, meet: Meet::Dir, env: Vec::new(), limit: Duration::from_secs(240) }
+    }
+
+    /// Poses as nodes of `k` ranks each.
+    pub fn nodes_of(mut self, k: usize) -> Self {
+        self.node_size = Some(k);
+        self
+    }
+
+    /// Meets over TCP instead of a directory.
+    pub fn tcp(mut self) -> Self {
+        self.meet = Meet::Tcp;
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, k: &str, v: &str) -> Self {
+        self.env.push((k.to_owned(), v.to_owned()));
+        self
+    }
+
+    /// Runs `program args…` in this world and returns how every rank ended.
+    /// Checks `/dev/shm` afterwards.
+    ///
+    /// # Panics
+    /// When the ranks cannot be started, or something of ours is left in
+    /// `/dev/shm`.
+    pub fn run(&self, program: &str, args: &[&str]) -> Report {
+        let mut l = Launch::new(self.ranks, program, args.iter().copied());
+        l.node_size = self.node_size;
+        l.meet = self.meet;
+        l.echo = false;
+        l.grace = Duration::from_secs(15);
+        l.limit = Some(self.limit);
+        l.env = self.env.iter().map(|(k, v)| (k.into(), v.into())).collect();
+        let report = launch::run(&l).unwrap_or_else(|e| panic!("cannot start {program}: {e}"));
+        let left = shm_leftovers();
+        assert!(left.is_empty(), "left in /dev/shm after {args:?}: {left:?}");
+        report
+    }
+
+    /// Runs and panics, with every rank's output, unless all ranks succeed.
+    pub fn run_ok(&self, program: &str, args: &[&str]) -> Report {
+        let report = self.run(program, args);
+        if !report.success() {
+            panic!("{args:?} on {} ranks (node size {:?}) failed: {:?}\n{}", self.ranks, self.node_size, report.failures(), transcript(&report));
+        }
+        report
+    }
+}
+
+/// Every rank's output, prefixed with its rank.
+pub fn transcript(r: &Report) -> String {
+    let mut s = String::new();
+    for o in &r.ranks {
+        for line in &o.output {
+            s.push_str(&format!("[{}] {line}\n", o.rank));
+        }
+    }
+    s
+}
+
+/// Entries of `/dev/shm` named like ours.
+pub fn shm_leftovers() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| {
+                    let l = n.to_ascii_lowercase();
+                    l.contains("wholemem") || l.starts_with("wm-") || l.starts_with("wm_")
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,131 @@
+//! Every `WM_*` environment variable wholemem reads, declared once.
+//!
+//! Each variable has a name, a default (or none) and one line of
+//! documentation. The README's table is generated from [`ALL`] by hand; keep
+//! the two in step. Readers live here too, so a typo in a name cannot
+//! silently read nothing.
+
+use std::time::Duration;
+
+/// One environment variable the project reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EnvVar {
+    /// The variable's name.
+    pub name: &'static str,
+    /// What is used when it is unset, in words.
+    pub default: &'static str,
+    /// What it does.
+    pub doc: &'static str,
+}
+
+impl EnvVar {
+    /// The raw value, if the variable is set and not empty.
+    pub fn get(&self) -> Option<String> {
+        std::env::var(self.name).ok().filter(|v| !v.is_empty())
+    }
+
+    /// The value parsed as `T`.
+    ///
+    /// # Errors
+    /// A message naming the variable and the bad value when it is set but
+    /// does not parse.
+    pub fn parse<T: std::str::FromStr>(&self) -> Result<Option<T>, String> {
+        match self.get() {
+            None => Ok(None),
+            Some(v) => v
+                .trim()
+                .parse::<T>()
+                .map(Some)
+                .map_err(|_| format!("{}={v:?} is not a valid value", self.name)),
+        }
+    }
+}
+
+/// This process's rank (0-based). Read before Slurm, Open MPI and PMI.
+pub const WM_RANK: EnvVar = EnvVar {
+    name: "WM_RANK",
+    default: "from Slurm, Open MPI or PMI; else 0",
+    doc: "this process's rank, 0-based",
+};
+/// The number of ranks.
+pub const WM_WORLD_SIZE: EnvVar = EnvVar {
+    name: "WM_WORLD_SIZE",
+    default: "from Slurm, Open MPI or PMI; else 1",
+    doc: "the number of ranks",
+};
+/// Where ranks meet: `host:port` or `dir:/shared/path`.
+pub const WM_RENDEZVOUS: EnvVar = EnvVar {
+    name: "WM_RENDEZVOUS",
+    default: "none (required when the world has more than one rank)",
+    doc: "`host:port` (rank 0 listens there) or `dir:/path` (a directory every rank can read and write)",
+};
+/// The address other nodes use to reach this rank over TCP.
+pub const WM_HOST_ADDR: EnvVar = EnvVar {
+    name: "WM_HOST_ADDR",
+    default: "the local address of the connection to rank 0; with `dir:` the host name's address",
+    doc: "the IP address other nodes use to reach this rank",
+};
+/// Overrides node identity (hostname + boot id).
+pub const WM_NODE_ID: EnvVar = EnvVar {
+    name: "WM_NODE_ID",
+    default: "hostname + boot id",
+    doc: "the node this rank claims to be on; ranks with equal ids share memory",
+};
+/// Seconds any blocking call may wait without progress.
+pub const WM_TIMEOUT_S: EnvVar = EnvVar {
+    name: "WM_TIMEOUT_S",
+    default: "300",
+    doc: "seconds a blocking call waits for a peer before failing with a timeout that names it",
+};
+/// Forces GPU tests to fail rather than skip.
+pub const WM_REQUIRE_GPU: EnvVar = EnvVar {
+    name: "WM_REQUIRE_GPU",
+    default: "0",
+    doc: "`1` makes tests that need a GPU fail instead of skipping",
+};
+
+/// Every variable, for documentation and `--help` output.
+pub const ALL: &[EnvVar] = &[
+    WM_RANK,
+    WM_WORLD_SIZE,
+    WM_RENDEZVOUS,
+    WM_HOST_ADDR,
+    WM_NODE_ID,
+    WM_TIMEOUT_S,
+    WM_REQUIRE_GPU,
+];
+
+/// The default of [`WM_TIMEOUT_S`].
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The timeout from [`WM_TIMEOUT_S`] (fractions allowed), or the default.
+///
+/// # Errors
+/// A message naming the bad value when it is not a positive number.
+pub fn timeout() -> Result<Duration, String> {
+    match WM_TIMEOUT_S.parse::<f64>()? {
+        None => Ok(DEFAULT_TIMEOUT),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
+        Some(s) => Err(format!("WM_TIMEOUT_S={s} must be a positive number of seconds")),
+    }
+}
+
+/// Whether [`WM_REQUIRE_GPU`] asks for GPU tests to fail rather than skip.
+pub fn require_gpu() -> bool {
+    matches!(WM_REQUIRE_GPU.get().as_deref(), Some("1" | "true" | "yes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        let mut names: Vec<_> = ALL.iter().map(|v| v.name).collect();
+        assert!(names.iter().all(|n| n.starts_with("WM_")));
+        names.sort_unstable();
+        let n = names.len();
+        names.dedup();
+        assert_eq!(names.len(), n, "a variable is declared twice");
+    }
+}

@@ -1,0 +1,358 @@
+//! The WholeMemory handle: one collective allocation of a row-partitioned
+//! table.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use wm_comm::{CommExt, Communicator};
+
+use crate::capability::{Support, query};
+use crate::host::{self, HostStorage};
+use crate::partition::Partition;
+use crate::types::{Location, MemoryType};
+use crate::{Error, Result};
+
+/// What a collective allocation asks for. Every rank must pass the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocRequest {
+    /// The memory type.
+    pub ty: MemoryType,
+    /// The location.
+    pub loc: Location,
+    /// Bytes in the whole table.
+    pub total: usize,
+    /// Bytes in one row; a row is never split between ranks.
+    pub granularity: usize,
+    /// Rows per rank; `None` for `ceil(rows / world)` each.
+    pub partition: Option<Vec<usize>>,
+}
+
+impl AllocRequest {
+    fn encode(&self) -> Vec<u64> {
+        let mut v = vec![u64::from(self.ty.code()), u64::from(self.loc.code()), self.total as u64, self.granularity as u64];
+        match &self.partition {
+            None => v.push(u64::MAX),
+            Some(p) => {
+                v.push(p.len() as u64);
+                v.extend(p.iter().map(|&c| c as u64));
+            }
+        }
+        v
+    }
+
+    /// The first field where two encoded requests differ, in words.
+    fn difference(enc: &[u64], other: &[u64]) -> Option<String> {
+        let names = ["memory type", "location", "total size", "granularity"];
+        for (i, n) in names.iter().enumerate() {
+            if enc[i] != other[i] {
+                let show = |v: &[u64]| match i {
+                    0 => MemoryType::ALL.get(v[0] as usize).map_or("?".into(), |t| t.to_string()),
+                    1 => Location::ALL.get(v[1] as usize).map_or("?".into(), |l| l.to_string()),
+                    _ => v[i].to_string(),
+                };
+                return Some(format!("{n}: {} vs {}", show(enc), show(other)));
+            }
+        }
+        if enc[4..] != other[4..] {
+            let show = |v: &[u64]| {
+                if v[4] == u64::MAX { "the default".to_owned() } else { format!("{:?}", &v[5..]) }
+            };
+            return Some(format!("partition: {} vs {}", show(enc), show(other)));
+        }
+        None
+    }
+}
+
+/// One table of `total` bytes partitioned by rows across the ranks of a
+/// communicator.
+///
+/// Created and freed collectively. What a rank can reach depends on the
+/// type: every row for Continuous and Chunked, its own rows for Distributed
+/// and Hierarchy.
+///
+/// # Concurrency across processes
+/// The memory is shared with other processes, which Rust's borrow rules
+/// cannot see. The slices handed out by [`local_bytes`](Self::local_bytes)
+/// and [`local_bytes_mut`](Self::local_bytes_mut) are sound as long as no
+/// other rank writes the same rows meanwhile; separate writes from reads
+/// with a collective ([`Communicator::barrier`]), as with any PGAS memory.
+#[derive(Debug)]
+pub struct WholeMemory {
+    comm: Arc<dyn Communicator>,
+    hierarchy: Option<(Arc<dyn Communicator>, Arc<dyn Communicator>)>,
+    ty: MemoryType,
+    loc: Location,
+    total: usize,
+    granularity: usize,
+    partition: Partition,
+    storage: HostStorage,
+    /// First byte of each rank's rows, where this rank maps them.
+    chunk_ptrs: Vec<Option<RowPtr>>,
+}
+
+/// A pointer into memory owned by the handle that holds it.
+#[derive(Debug, Clone, Copy)]
+struct RowPtr(*mut u8);
+// SAFETY: the pointee is shared memory owned by the same WholeMemory; access
+// through it follows the handle's documented cross-process contract.
+unsafe impl Send for RowPtr {}
+// SAFETY: as above.
+unsafe impl Sync for RowPtr {}
+
+/// Fails on every rank if it failed on any: each rank passes its own
+/// outcome, and all learn the first failure by rank.
+fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
+    let msg = match &mine {
+        Ok(_) => Vec::new(),
+        Err(e) => {
+            let s = e.to_string();
+            if s.is_empty() { b"failed".to_vec() } else { s.into_bytes() }
+        }
+    };
+    let all = comm.allgatherv(&msg)?;
+    if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
+        if r == comm.rank() {
+            return mine;
+        }
+        return Err(Error::PeerFailed { rank: comm.world_ranks()[r], detail: String::from_utf8_lossy(m).into_owned() });
+    }
+    mine
+}
+
+impl WholeMemory {
+    /// Allocates a table collectively: every rank of `comm` calls this with
+    /// the same request.
+    ///
+    /// Every rank first learns every other rank's request, so a bad request
+    /// gives the same error on every rank and leaves the communicator usable.
+    ///
+    /// # Errors
+    /// - [`Error::InvalidArgument`] naming the value: a granularity of 0 or
+    ///   one that does not divide `total`; a partition of the wrong length or
+    ///   sum; requests that differ between ranks (naming the ranks and field).
+    /// - [`Error::Unsupported`] with the reason from [`query`].
+    /// - [`Error::PeerFailed`] / [`Error::Os`] when memory cannot be had.
+    /// - [`Error::Comm`] when a peer is lost or times out.
+    pub fn allocate(comm: &Arc<dyn Communicator>, req: &AllocRequest) -> Result<Self> {
+        let enc = req.encode();
+        let all = comm.allgatherv_pod(&enc)?;
+        let ranks = comm.world_ranks();
+        for (r, other) in all.iter().enumerate() {
+            if let Some(d) = AllocRequest::difference(&all[0], other) {
+                return Err(Error::InvalidArgument(format!(
+                    "ranks passed different allocation requests: rank {} and rank {} differ in {d}",
+                    ranks[0], ranks[r]
+                )));
+            }
+        }
+        // Every rank now holds the same request; validate it identically.
+        let partition = validate(req, comm.size())?;
+        let what = format!("{} {} memory", req.loc, req.ty);
+        if let Support::Unsupported { reason } = query(comm.as_ref(), req.ty, req.loc) {
+            return Err(Error::Unsupported { what, reason });
+        }
+        let me = comm.rank();
+        let (total, granularity) = (req.total, req.granularity);
+        let fds = match req.ty {
+            MemoryType::Continuous | MemoryType::Chunked => {
+                let mine = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me))?;
+                host::exchange_portions(comm.as_ref(), mine.expect("mapped types create a portion"))?
+            }
+            MemoryType::Distributed | MemoryType::Hierarchy => Vec::new(),
+        };
+        let storage = agree(comm.as_ref(), host::map_storage(req.ty, &partition, granularity, total, me, &fds))?;
+        drop(fds);
+        let chunk_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
+        let hierarchy = (req.ty == MemoryType::Hierarchy).then(|| (comm.local(), comm.cross()));
+        Ok(Self { comm: comm.clone(), hierarchy, ty: req.ty, loc: req.loc, total, granularity, partition, storage, chunk_ptrs })
+    }
+
+    /// Frees the table collectively: returns once every rank has stopped
+    /// using it.
+    ///
+    /// # Errors
+    /// When a peer is lost or times out (the local memory is released anyway).
+    pub fn free(self) -> Result<()> {
+        let comm = self.comm.clone();
+        drop(self);
+        comm.barrier().map_err(Error::from)
+    }
+
+    /// The communicator the table spans.
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        &self.comm
+    }
+
+    /// The ranks of this node (Hierarchy only).
+    pub fn local_comm(&self) -> Option<&Arc<dyn Communicator>> {
+        self.hierarchy.as_ref().map(|(l, _)| l)
+    }
+
+    /// The ranks with this local rank on every node (Hierarchy only).
+    pub fn cross_comm(&self) -> Option<&Arc<dyn Communicator>> {
+        self.hierarchy.as_ref().map(|(_, c)| c)
+    }
+
+    /// The memory type.
+    pub fn memory_type(&self) -> MemoryType {
+        self.ty
+    }
+
+    /// The location.
+    pub fn location(&self) -> Location {
+        self.loc
+    }
+
+    /// Bytes in the whole table.
+    pub fn total_bytes(&self) -> usize {
+        self.total
+    }
+
+    /// Bytes per row.
+    pub fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    /// Rows in the whole table.
+    pub fn rows(&self) -> usize {
+        self.partition.rows()
+    }
+
+    /// Which rank owns which rows.
+    pub fn partition(&self) -> &Partition {
+        &self.partition
+    }
+
+    /// The rows this rank owns.
+    pub fn local_rows(&self) -> Range<usize> {
+        self.partition.range(self.comm.rank())
+    }
+
+    /// The first byte of rank `r`'s rows, if this rank maps them (every rank
+    /// for Continuous and Chunked, itself only otherwise). Dangling but
+    /// non-null for a rank without rows.
+    pub fn rank_ptr(&self, r: usize) -> Option<*mut u8> {
+        self.chunk_ptrs.get(r).copied().flatten().map(|p| p.0)
+    }
+
+    /// The pointer through which every row is reachable (Continuous only):
+    /// row `i` starts at `base + i * granularity`.
+    pub fn continuous_base(&self) -> Option<*mut u8> {
+        match &self.storage {
+            HostStorage::Continuous(res) => Some(res.ptr()),
+            _ => None,
+        }
+    }
+
+    /// The first byte of `row`, if this rank maps it.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`] for a row past the end.
+    pub fn row_ptr(&self, row: usize) -> Result<Option<*mut u8>> {
+        if row >= self.rows() {
+            return Err(Error::IndexOutOfRange { index: row as i64, rows: self.rows() });
+        }
+        let owner = self.partition.owner(row);
+        Ok(self.rank_ptr(owner).map(|p| p.wrapping_add((row - self.partition.offset(owner)) * self.granularity)))
+    }
+
+    /// This rank's rows.
+    pub fn local_bytes(&self) -> &[u8] {
+        let len = self.local_rows().len() * self.granularity;
+        let p = self.rank_ptr(self.comm.rank()).expect("a rank maps its own rows");
+        // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
+        // bytes (dangling only when len == 0) and alive as long as `self`.
+        // Cross-process writers are excluded by the documented contract.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
+    /// This rank's rows, writable.
+    pub fn local_bytes_mut(&mut self) -> &mut [u8] {
+        let len = self.local_rows().len() * self.granularity;
+        let p = self.rank_ptr(self.comm.rank()).expect("a rank maps its own rows");
+        // SAFETY: as for `local_bytes`; `&mut self` excludes other users in
+        // this process.
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+
+    /// Copies whole rows starting at `first` into `out` (a multiple of the
+    /// row size), through the mapping.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`] past the end; [`Error::Unsupported`] when a
+    /// row is not mapped on this rank.
+    pub fn read_rows(&self, first: usize, out: &mut [u8]) -> Result<()> {
+        self.each_row(first, out.len(), |src, i, g| {
+            // SAFETY: `src` points at a mapped row of `g` bytes; `out` is a
+            // distinct private buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(i * g), g) }
+        })
+    }
+
+    /// Copies `src` (whole rows) into the table starting at row `first`.
+    ///
+    /// # Errors
+    /// As [`read_rows`](Self::read_rows).
+    pub fn write_rows(&self, first: usize, src: &[u8]) -> Result<()> {
+        self.each_row(first, src.len(), |dst, i, g| {
+            // SAFETY: `dst` points at a mapped row of `g` bytes; `src` is a
+            // distinct private buffer.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(i * g), dst, g) }
+        })
+    }
+
+    fn each_row(&self, first: usize, bytes: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> Result<()> {
+        let g = self.granularity;
+        if bytes % g != 0 {
+            return Err(Error::InvalidArgument(format!("{bytes} bytes is not a whole number of {g}-byte rows")));
+        }
+        let n = bytes / g;
+        if first.checked_add(n).is_none_or(|end| end > self.rows()) {
+            return Err(Error::IndexOutOfRange { index: (first + n).saturating_sub(1) as i64, rows: self.rows() });
+        }
+        for i in 0..n {
+            let Some(p) = self.row_ptr(first + i)? else {
+                return Err(Error::Unsupported {
+                    what: format!("reading row {} from rank {}", first + i, self.comm.world_rank()),
+                    reason: format!(
+                        "it belongs to rank {} and {} memory maps only a rank's own rows",
+                        self.comm.world_ranks()[self.partition.owner(first + i)],
+                        self.ty
+                    ),
+                });
+            };
+            f(p, i, g);
+        }
+        Ok(())
+    }
+}
+
+fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
+    if req.granularity == 0 {
+        return Err(Error::InvalidArgument("granularity 0: a row must have at least one byte".into()));
+    }
+    if req.total == 0 {
+        return Err(Error::InvalidArgument("total size 0: a table needs at least one row".into()));
+    }
+    if req.total % req.granularity != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "granularity {} does not divide the total size {} (a row is never split)",
+            req.granularity, req.total
+        )));
+    }
+    let rows = req.total / req.granularity;
+    match &req.partition {
+        None => Ok(Partition::even(rows, world)),
+        Some(p) if p.len() != world => Err(Error::InvalidArgument(format!(
+            "the partition has {} entries for {world} ranks: {p:?}",
+            p.len()
+        ))),
+        Some(p) => {
+            let sum: usize = p.iter().sum();
+            if sum != rows {
+                return Err(Error::InvalidArgument(format!("the partition {p:?} sums to {sum} rows, the table has {rows}")));
+            }
+            Ok(Partition::from_counts(p))
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Host storage for every memory type.
+//!
+//! | type | what each rank holds |
+//! |---|---|
+//! | Continuous | one reservation of the whole table; every rank's memfd placed in it at a page boundary |
+//! | Chunked | one mapping per rank's memfd, each on its own |
+//! | Distributed, Hierarchy | private memory for its own rows only |
+//!
+//! Continuous places portions at page boundaries, so a portion's memfd backs
+//! the pages from the one holding its first byte up to the one holding the
+//! next portion's first byte: a rank's rows may end in a page its successor
+//! backs. Ownership of rows (the partition) is unaffected.
+
+pub(crate) mod map;
+
+use std::os::fd::{AsFd, OwnedFd};
+
+use map::{Region, page_size};
+use wm_comm::Communicator;
+
+use crate::partition::Partition;
+use crate::types::MemoryType;
+use crate::{Error, Result};
+
+/// The pointer of a rank without rows: never dereferenced, but aligned for
+/// any element type so empty typed slices can be made from it.
+const EMPTY: *mut u8 = std::ptr::without_provenance_mut(4096);
+
+/// What a rank maps for one allocation.
+#[derive(Debug)]
+pub(crate) enum HostStorage {
+    /// The whole table in one range (`None` for a zero-byte table).
+    Continuous(Region),
+    /// One mapping per rank (`None` for a rank without rows).
+    Chunked(Vec<Option<Region>>),
+    /// This rank's rows only.
+    Local(Option<Region>),
+}
+
+/// Where rank `r`'s memfd starts in a continuous layout of `total` bytes.
+pub(crate) fn continuous_split(byte_offsets: &[usize], total: usize, r: usize) -> usize {
+    let page = page_size();
+    let world = byte_offsets.len() - 1;
+    if r == 0 {
+        0
+    } else if r == world {
+        total.div_ceil(page) * page
+    } else {
+        byte_offsets[r] / page * page
+    }
+}
+
+/// The memfd this rank contributes, sized for the layout.
+pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Result<Option<OwnedFd>> {
+    let bytes = match ty {
+        MemoryType::Continuous => {
+            let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
+            continuous_split(&offs, total, rank + 1) - continuous_split(&offs, total, rank)
+        }
+        MemoryType::Chunked => p.count(rank) * granularity,
+        MemoryType::Distributed | MemoryType::Hierarchy => return Ok(None),
+    };
+    map::memfd(&format!("wholemem-r{rank}"), bytes)
+        .map(Some)
+        .map_err(|e| Error::os(format!("creating a shared portion of {bytes} bytes"), e))
+}
+
+/// Hands this rank's memfd to every other rank of `comm` (all on one node)
+/// and returns everyone's, indexed by rank.
+pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd) -> Result<Vec<OwnedFd>> {
+    let me = comm.rank();
+    for p in (0..comm.size()).filter(|&p| p != me) {
+        comm.send_fds(p, &[mine.as_fd()])?;
+    }
+    let mut all = Vec::with_capacity(comm.size());
+    for p in 0..comm.size() {
+        if p == me {
+            all.push(mine.try_clone().map_err(|e| Error::os("duplicating a descriptor", e))?);
+        } else {
+            all.push(comm.recv_fds(p, 1)?.pop().expect("one descriptor"));
+        }
+    }
+    Ok(all)
+}
+
+/// Maps what this rank needs.
+pub(crate) fn map_storage(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize, fds: &[OwnedFd]) -> Result<HostStorage> {
+    match ty {
+        MemoryType::Continuous => {
+            let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
+            let span = continuous_split(&offs, total, p.world());
+            let res = Region::reserve(span).map_err(oops("reserving address space for the table"))?;
+            for (r, fd) in fds.iter().enumerate() {
+                let (at, end) = (continuous_split(&offs, total, r), continuous_split(&offs, total, r + 1));
+                if end > at {
+                    // SAFETY: the reservation is fresh; no pointer into it
+                    // has been handed out yet.
+                    unsafe { res.place(at, fd.as_fd(), end - at, r == rank) }.map_err(oops("mapping a rank's portion"))?;
+                }
+            }
+            Ok(HostStorage::Continuous(res))
+        }
+        MemoryType::Chunked => {
+            let maps = fds
+                .iter()
+                .enumerate()
+                .map(|(r, fd)| {
+                    let len = p.count(r) * granularity;
+                    (len > 0).then(|| Region::shared(fd.as_fd(), len, r == rank)).transpose().map_err(oops("mapping a rank's portion"))
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Ok(HostStorage::Chunked(maps))
+        }
+        MemoryType::Distributed | MemoryType::Hierarchy => {
+            let len = p.count(rank) * granularity;
+            let region = (len > 0).then(|| Region::anonymous(len)).transpose().map_err(oops("allocating this rank's rows"))?;
+            Ok(HostStorage::Local(region))
+        }
+    }
+}
+
+impl HostStorage {
+    /// The first byte of rank `r`'s rows, if this rank maps them.
+    pub(crate) fn rank_ptr(&self, r: usize, me: usize, p: &Partition, granularity: usize) -> Option<*mut u8> {
+        match self {
+            HostStorage::Continuous(res) => Some(res.ptr().wrapping_add(p.offset(r) * granularity)),
+            HostStorage::Chunked(maps) => Some(maps[r].as_ref().map_or(EMPTY, Region::ptr)),
+            HostStorage::Local(region) if r == me => Some(region.as_ref().map_or(EMPTY, Region::ptr)),
+            HostStorage::Local(_) => None,
+        }
+    }
+}
+
+fn oops(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+    move |e| Error::os(what, e)
+}

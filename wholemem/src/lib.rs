@@ -1,0 +1,36 @@
+//! One huge row-partitioned table shared by many processes.
+//!
+//! A [`WholeMemory`] is allocated collectively over a communicator, as one of
+//! four [`MemoryType`]s at a [`Location`]. Before allocating, [`query`] says
+//! whether the combination can work here and, when not, why. A
+//! [`WholeTensor`] gives the bytes a shape and an element type.
+//!
+//! ```no_run
+//! use wholemem::{Location, MemoryType, WholeTensor};
+//! let world = wm_comm::init()?;
+//! let mut t = WholeTensor::<f32>::matrix(&world, MemoryType::Chunked, Location::Host, 1000, 128, None)?;
+//! let first = t.local_rows().start;
+//! for (i, row) in t.local_mut().chunks_mut(128).enumerate() {
+//!     row.fill((first + i) as f32);
+//! }
+//! world.barrier()?;
+//! let mut row = vec![0f32; 128];
+//! t.read_row(999, &mut row)?; // any row: chunked memory maps them all
+//! t.free()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod capability;
+mod error;
+mod handle;
+mod host;
+mod partition;
+mod tensor;
+mod types;
+
+pub use capability::{Support, query};
+pub use error::{Error, Result};
+pub use handle::{AllocRequest, WholeMemory};
+pub use partition::Partition;
+pub use tensor::{MAX_DIMS, TensorDesc, WholeTensor};
+pub use types::{Location, MemoryType};
