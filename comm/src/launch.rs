@@ -161,14 +161,21 @@ fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
 }
 
-fn pump(rank: usize, src: impl io::Read + Send + 'static, to_stderr: bool, echo: bool, sink: Arc<Mutex<Vec<String>>>) -> thread::JoinHandle<()> {
+fn pump(
+    rank: usize,
+    src: impl io::Read + Send + 'static,
+    to_stderr: bool,
+    echo: bool,
+    sink: Arc<Mutex<Vec<String>>>,
+) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         for line in BufReader::new(src).lines() {
             let Ok(line) = line else { break };
             if echo {
                 let text = format!("[{rank}] {line}\n");
                 // A closed terminal is not a reason to stop collecting.
-                let _ = if to_stderr { io::stderr().lock().write_all(text.as_bytes()) } else { io::stdout().lock().write_all(text.as_bytes()) };
+                let _ =
+                    if to_stderr { io::stderr().lock().write_all(text.as_bytes()) } else { io::stdout().lock().write_all(text.as_bytes()) };
             }
             sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
         }

@@ -57,16 +57,12 @@ impl RankEnv {
                 (None, None) => continue,
                 (Some(r), Some(s)) => {
                     let parse = |name: &str, v: &str| {
-                        v.trim().parse::<usize>().map_err(|_| {
-                            Error::Bootstrap(format!("{name}={v:?} is not a non-negative integer"))
-                        })
+                        v.trim().parse::<usize>().map_err(|_| Error::Bootstrap(format!("{name}={v:?} is not a non-negative integer")))
                     };
                     let rank = parse(rank_var, &r)?;
                     let world = parse(size_var, &s)?;
                     if world == 0 || rank >= world {
-                        return Err(Error::Bootstrap(format!(
-                            "{rank_var}={rank} is not below {size_var}={world}"
-                        )));
+                        return Err(Error::Bootstrap(format!("{rank_var}={rank} is not below {size_var}={world}")));
                     }
                     return Ok(Self { rank, world, source });
                 }
@@ -98,10 +94,14 @@ mod tests {
     #[test]
     fn order_is_wm_then_slurm_then_ompi_then_pmi() {
         let all = [
-            ("WM_RANK", "1"), ("WM_WORLD_SIZE", "2"),
-            ("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"),
-            ("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "6"),
-            ("PMI_RANK", "7"), ("PMI_SIZE", "8"),
+            ("WM_RANK", "1"),
+            ("WM_WORLD_SIZE", "2"),
+            ("SLURM_PROCID", "3"),
+            ("SLURM_NTASKS", "4"),
+            ("OMPI_COMM_WORLD_RANK", "5"),
+            ("OMPI_COMM_WORLD_SIZE", "6"),
+            ("PMI_RANK", "7"),
+            ("PMI_SIZE", "8"),
         ];
         let e = RankEnv::from_lookup(env(&all)).unwrap();
         assert_eq!((e.rank, e.world, e.source), (1, 2, RankSource::Wholemem));

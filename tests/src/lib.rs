@@ -73,7 +73,13 @@ impl World {
     pub fn run_ok(&self, program: &str, args: &[&str]) -> Report {
         let report = self.run(program, args);
         if !report.success() {
-            panic!("{args:?} on {} ranks (node size {:?}) failed: {:?}\n{}", self.ranks, self.node_size, report.failures(), transcript(&report));
+            panic!(
+                "{args:?} on {} ranks (node size {:?}) failed: {:?}\n{}",
+                self.ranks,
+                self.node_size,
+                report.failures(),
+                transcript(&report)
+            );
         }
         report
     }

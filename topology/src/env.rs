@@ -32,27 +32,16 @@ impl EnvVar {
     pub fn parse<T: std::str::FromStr>(&self) -> Result<Option<T>, String> {
         match self.get() {
             None => Ok(None),
-            Some(v) => v
-                .trim()
-                .parse::<T>()
-                .map(Some)
-                .map_err(|_| format!("{}={v:?} is not a valid value", self.name)),
+            Some(v) => v.trim().parse::<T>().map(Some).map_err(|_| format!("{}={v:?} is not a valid value", self.name)),
         }
     }
 }
 
 /// This process's rank (0-based). Read before Slurm, Open MPI and PMI.
-pub const WM_RANK: EnvVar = EnvVar {
-    name: "WM_RANK",
-    default: "from Slurm, Open MPI or PMI; else 0",
-    doc: "this process's rank, 0-based",
-};
+pub const WM_RANK: EnvVar = EnvVar { name: "WM_RANK", default: "from Slurm, Open MPI or PMI; else 0", doc: "this process's rank, 0-based" };
 /// The number of ranks.
-pub const WM_WORLD_SIZE: EnvVar = EnvVar {
-    name: "WM_WORLD_SIZE",
-    default: "from Slurm, Open MPI or PMI; else 1",
-    doc: "the number of ranks",
-};
+pub const WM_WORLD_SIZE: EnvVar =
+    EnvVar { name: "WM_WORLD_SIZE", default: "from Slurm, Open MPI or PMI; else 1", doc: "the number of ranks" };
 /// Where ranks meet: `host:port` or `dir:/shared/path`.
 pub const WM_RENDEZVOUS: EnvVar = EnvVar {
     name: "WM_RENDEZVOUS",
@@ -78,22 +67,11 @@ pub const WM_TIMEOUT_S: EnvVar = EnvVar {
     doc: "seconds a blocking call waits for a peer before failing with a timeout that names it",
 };
 /// Forces GPU tests to fail rather than skip.
-pub const WM_REQUIRE_GPU: EnvVar = EnvVar {
-    name: "WM_REQUIRE_GPU",
-    default: "0",
-    doc: "`1` makes tests that need a GPU fail instead of skipping",
-};
+pub const WM_REQUIRE_GPU: EnvVar =
+    EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
 
 /// Every variable, for documentation and `--help` output.
-pub const ALL: &[EnvVar] = &[
-    WM_RANK,
-    WM_WORLD_SIZE,
-    WM_RENDEZVOUS,
-    WM_HOST_ADDR,
-    WM_NODE_ID,
-    WM_TIMEOUT_S,
-    WM_REQUIRE_GPU,
-];
+pub const ALL: &[EnvVar] = &[WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS, WM_HOST_ADDR, WM_NODE_ID, WM_TIMEOUT_S, WM_REQUIRE_GPU];
 
 /// The default of [`WM_TIMEOUT_S`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

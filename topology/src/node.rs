@@ -24,9 +24,7 @@ impl NodeIdentity {
         match WM_NODE_ID.get() {
             Some(id) => Self { id, hostname, overridden: true },
             None => {
-                let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-                    .map(|s| s.trim().to_owned())
-                    .unwrap_or_default();
+                let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
                 let id = if boot.is_empty() { hostname.clone() } else { format!("{hostname}/{boot}") };
                 Self { id, hostname, overridden: false }
             }
@@ -56,11 +54,7 @@ impl NodeIdentity {
 
 impl fmt::Display for NodeIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.overridden {
-            write!(f, "{} (on host {})", self.id, self.hostname)
-        } else {
-            f.write_str(&self.hostname)
-        }
+        if self.overridden { write!(f, "{} (on host {})", self.id, self.hostname) } else { f.write_str(&self.hostname) }
     }
 }
 

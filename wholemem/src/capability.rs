@@ -57,9 +57,9 @@ impl fmt::Display for Support {
 /// node), so every rank gets the same answer without communicating.
 pub fn query(comm: &dyn Communicator, ty: MemoryType, loc: Location) -> Support {
     match loc {
-        Location::Device => Support::Unsupported {
-            reason: "this build of wholemem has no CUDA support, so device memory is unavailable".to_owned(),
-        },
+        Location::Device => {
+            Support::Unsupported { reason: "this build of wholemem has no CUDA support, so device memory is unavailable".to_owned() }
+        }
         Location::Host if ty.is_mapped() => {
             let nodes = comm.nodes();
             match (1..nodes.len()).find(|&r| nodes[r] != nodes[0]) {

@@ -343,10 +343,9 @@ fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
     let rows = req.total / req.granularity;
     match &req.partition {
         None => Ok(Partition::even(rows, world)),
-        Some(p) if p.len() != world => Err(Error::InvalidArgument(format!(
-            "the partition has {} entries for {world} ranks: {p:?}",
-            p.len()
-        ))),
+        Some(p) if p.len() != world => {
+            Err(Error::InvalidArgument(format!("the partition has {} entries for {world} ranks: {p:?}", p.len())))
+        }
         Some(p) => {
             let sum: usize = p.iter().sum();
             if sum != rows {

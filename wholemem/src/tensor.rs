@@ -115,7 +115,13 @@ impl<T: Pod> WholeTensor<T> {
     /// # Errors
     /// As [`WholeMemory::allocate`]; [`Error::InvalidArgument`] for a
     /// zero-sized `T` or a non-zero storage offset.
-    pub fn allocate(comm: &Arc<dyn Communicator>, ty: MemoryType, loc: Location, desc: TensorDesc, partition: Option<&[usize]>) -> Result<Self> {
+    pub fn allocate(
+        comm: &Arc<dyn Communicator>,
+        ty: MemoryType,
+        loc: Location,
+        desc: TensorDesc,
+        partition: Option<&[usize]>,
+    ) -> Result<Self> {
         let elem = std::mem::size_of::<T>();
         if elem == 0 {
             return Err(Error::InvalidArgument("a zero-sized element type".into()));
@@ -133,7 +139,14 @@ impl<T: Pod> WholeTensor<T> {
     ///
     /// # Errors
     /// As [`WholeTensor::allocate`].
-    pub fn matrix(comm: &Arc<dyn Communicator>, ty: MemoryType, loc: Location, rows: usize, cols: usize, partition: Option<&[usize]>) -> Result<Self> {
+    pub fn matrix(
+        comm: &Arc<dyn Communicator>,
+        ty: MemoryType,
+        loc: Location,
+        rows: usize,
+        cols: usize,
+        partition: Option<&[usize]>,
+    ) -> Result<Self> {
         Self::allocate(comm, ty, loc, TensorDesc::matrix(rows, cols), partition)
     }
 

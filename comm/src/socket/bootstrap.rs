@@ -70,10 +70,7 @@ impl Rendezvous {
         let s2 = s.strip_prefix("tcp:").unwrap_or(s);
         match s2.rsplit_once(':') {
             Some((h, p)) if !h.is_empty() && p.parse::<u16>().is_ok() => Ok(Self::Tcp(s2.to_owned())),
-            _ => Err(Error::Bootstrap(format!(
-                "{}={s:?} is neither `host:port` nor `dir:/path`",
-                WM_RENDEZVOUS.name
-            ))),
+            _ => Err(Error::Bootstrap(format!("{}={s:?} is neither `host:port` nor `dir:/path`", WM_RENDEZVOUS.name))),
         }
     }
 
@@ -190,10 +187,8 @@ fn left(deadline: Instant) -> Duration {
 fn tcp_rendezvous(l: &mut Listeners, addr: &str, deadline: Instant) -> Result<Vec<RankInfo>> {
     let world = l.info.world;
     if l.info.rank == 0 {
-        let resolved: Vec<SocketAddr> = addr
-            .to_socket_addrs()
-            .map_err(|e| Error::Bootstrap(format!("cannot resolve rendezvous address {addr:?}: {e}")))?
-            .collect();
+        let resolved: Vec<SocketAddr> =
+            addr.to_socket_addrs().map_err(|e| Error::Bootstrap(format!("cannot resolve rendezvous address {addr:?}: {e}")))?.collect();
         let listener = resolved
             .iter()
             .find_map(|a| TcpListener::bind(a).ok())
@@ -211,7 +206,9 @@ fn tcp_rendezvous(l: &mut Listeners, addr: &str, deadline: Instant) -> Result<Ve
         while infos.iter().any(Option::is_none) {
             match listener.accept() {
                 Ok((mut s, _)) => {
-                    s.set_nonblocking(false).and_then(|_| s.set_read_timeout(Some(left(deadline)))).map_err(|e| Error::io("rendezvous", e))?;
+                    s.set_nonblocking(false)
+                        .and_then(|_| s.set_read_timeout(Some(left(deadline))))
+                        .map_err(|e| Error::io("rendezvous", e))?;
                     let info: RankInfo = read_frame(&mut s).map_err(|e| Error::io("reading a rank's rendezvous record", e))?;
                     if info.rank >= world || infos[info.rank].is_some() {
                         return Err(Error::Bootstrap(format!("two processes claim rank {} (or it is not below {world})", info.rank)));
@@ -243,11 +240,7 @@ fn tcp_rendezvous(l: &mut Listeners, addr: &str, deadline: Instant) -> Result<Ve
                 Err(e) => last_err = e,
             }
             if Instant::now() >= deadline {
-                return Err(Error::Bootstrap(format!(
-                    "rank {} could not reach rank 0 at {addr}: {}",
-                    l.info.rank,
-                    last_err
-                )));
+                return Err(Error::Bootstrap(format!("rank {} could not reach rank 0 at {addr}: {}", l.info.rank, last_err)));
             }
             std::thread::sleep(Duration::from_millis(20));
         };
@@ -259,9 +252,7 @@ fn tcp_rendezvous(l: &mut Listeners, addr: &str, deadline: Instant) -> Result<Ve
         s.set_read_timeout(Some(left(deadline))).map_err(|e| Error::io("rendezvous", e))?;
         write_frame(&mut s, &l.info).map_err(|e| Error::io("sending this rank's record to rank 0", e))?;
         read_frame(&mut s).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => {
-                Error::Timeout { op: "rendezvous", ranks: vec![0], secs: 0.0 }
-            }
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout { op: "rendezvous", ranks: vec![0], secs: 0.0 },
             _ => Error::io("receiving the rank table from rank 0", e),
         })
     }
@@ -287,9 +278,9 @@ fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<Ra
         .map_err(|e| Error::io(format!("writing this rank's record into {}", dir.display()), e))?;
     let mut infos: Vec<Option<RankInfo>> = vec![None; me.world];
     loop {
-        for r in 0..me.world {
-            if infos[r].is_none() {
-                infos[r] = read_rank_file(dir, r);
+        for (r, slot) in infos.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = read_rank_file(dir, r);
             }
         }
         if infos.iter().all(Option::is_some) {

@@ -10,9 +10,9 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::net::TcpStream;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -71,15 +71,7 @@ struct Peer {
 
 impl Peer {
     fn new(conn: Option<Conn>) -> Self {
-        Self {
-            conn,
-            state: PeerState::Open,
-            hdr: [0; HEADER_LEN],
-            hdr_got: 0,
-            body: None,
-            stash: VecDeque::new(),
-            fds: VecDeque::new(),
-        }
+        Self { conn, state: PeerState::Open, hdr: [0; HEADER_LEN], hdr_got: 0, body: None, stash: VecDeque::new(), fds: VecDeque::new() }
     }
 }
 
@@ -283,11 +275,7 @@ impl Endpoint {
         let mut progress = false;
         while *done < total {
             let r = if *done < HEADER_LEN {
-                if *done == 0 && !o.fds.is_empty() {
-                    sys::send_with_fds(fd, hdr, o.fds)
-                } else {
-                    sys::send(fd, &hdr[*done..])
-                }
+                if *done == 0 && !o.fds.is_empty() { sys::send_with_fds(fd, hdr, o.fds) } else { sys::send(fd, &hdr[*done..]) }
             } else {
                 // Bounded chunks keep one peer from starving the others.
                 let from = *done - HEADER_LEN;
@@ -370,7 +358,10 @@ impl Endpoint {
                 let (hdr, payload, _) = peer.body.take().expect("a frame is being read");
                 let nfds = usize::from(hdr.nfds);
                 if peer.fds.len() < nfds {
-                    return Err(Error::Bootstrap(format!("rank {rank} sent a frame announcing {nfds} descriptors, {} arrived", peer.fds.len())));
+                    return Err(Error::Bootstrap(format!(
+                        "rank {rank} sent a frame announcing {nfds} descriptors, {} arrived",
+                        peer.fds.len()
+                    )));
                 }
                 let fds: Vec<OwnedFd> = peer.fds.drain(..nfds).collect();
                 match hdr.kind {
@@ -400,10 +391,9 @@ impl Endpoint {
         }
         let (rank, detail) = match e {
             Error::PeerLost { rank, detail, .. } => (*rank, detail.clone()),
-            Error::Timeout { ranks, secs, op } => (
-                ranks.first().copied().unwrap_or(self.world_rank),
-                format!("an earlier {op} timed out after {secs:.1} s waiting for it"),
-            ),
+            Error::Timeout { ranks, secs, op } => {
+                (ranks.first().copied().unwrap_or(self.world_rank), format!("an earlier {op} timed out after {secs:.1} s waiting for it"))
+            }
             // A mismatch or a local error leaves the streams in step.
             _ => return,
         };

@@ -105,7 +105,7 @@ impl SocketComm {
         let members = (0..ep.world()).collect();
         let me = ep.world_rank;
         let nodes = ep.nodes.clone();
-        Self::with_members(Arc::new(ep), mix(&[0x574d_574f_524c_44]), members, nodes, me)
+        Self::with_members(Arc::new(ep), mix(&[u64::from_le_bytes(*b"WM-WORLD")]), members, nodes, me)
     }
 
     fn with_members(ep: Arc<Endpoint>, id: u64, members: Vec<usize>, nodes: Vec<NodeIdentity>, me: usize) -> Self {
@@ -268,10 +268,8 @@ impl Communicator for SocketComm {
                 }
                 let local_rank = |r: usize| (0..r).filter(|&q| i.nodes[q] == i.nodes[r]).count();
                 let mine = local_rank(i.me);
-                let ranks: Vec<usize> = node_order
-                    .iter()
-                    .filter_map(|n| (0..i.members.len()).filter(|&r| &i.nodes[r] == *n).nth(mine))
-                    .collect();
+                let ranks: Vec<usize> =
+                    node_order.iter().filter_map(|n| (0..i.members.len()).filter(|&r| &i.nodes[r] == *n).nth(mine)).collect();
                 self.sub(mix(&[i.id, 0xc2055, mine as u64]), &ranks)
             })
             .clone()

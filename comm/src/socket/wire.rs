@@ -110,14 +110,7 @@ impl Header {
             k => return Err(format!("unknown frame kind {k}")),
         };
         let op = Op::from_u8(b[5]).ok_or_else(|| format!("unknown op {}", b[5]))?;
-        Ok(Self {
-            kind,
-            op,
-            nfds: u16::from_le_bytes([b[6], b[7]]),
-            comm: u64_at(8),
-            seq: u64_at(16),
-            len: u64_at(24),
-        })
+        Ok(Self { kind, op, nfds: u16::from_le_bytes([b[6], b[7]]), comm: u64_at(8), seq: u64_at(16), len: u64_at(24) })
     }
 }
 

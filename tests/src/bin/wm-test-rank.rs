@@ -83,7 +83,8 @@ fn collectives(world: &Comm) -> Result<()> {
     }
 
     // alltoallv with sizes from zero to several MiB, so writes block midway.
-    let size = |from: usize, to: usize| if (from + to) % 3 == 0 { 0 } else { (from * 7 + to * 3) * 1024 + if from == 1 { 6 << 20 } else { 0 } };
+    let size =
+        |from: usize, to: usize| if (from + to) % 3 == 0 { 0 } else { (from * 7 + to * 3) * 1024 + if from == 1 { 6 << 20 } else { 0 } };
     let sends: Vec<Vec<u8>> = (0..n).map(|to| bytes_for(me, to, size(me, to))).collect();
     let refs: Vec<&[u8]> = sends.iter().map(Vec::as_slice).collect();
     let got = world.alltoallv(&refs)?;
@@ -301,9 +302,14 @@ fn allocate_and_check(world: &Comm, ty: MemoryType) -> Result<()> {
 
 fn bad_input(world: &Comm) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
-    let req = |ty, total, granularity, partition: Option<Vec<usize>>| AllocRequest { ty, loc: Location::Host, total, granularity, partition };
+    let req =
+        |ty, total, granularity, partition: Option<Vec<usize>>| AllocRequest { ty, loc: Location::Host, total, granularity, partition };
     for ty in MemoryType::ALL {
-        expect_err("granularity not dividing", WholeMemory::allocate(world, &req(ty, 100, 12, None)), "granularity 12 does not divide the total size 100")?;
+        expect_err(
+            "granularity not dividing",
+            WholeMemory::allocate(world, &req(ty, 100, 12, None)),
+            "granularity 12 does not divide the total size 100",
+        )?;
         allocate_and_check(world, ty)?;
         expect_err("granularity 0", WholeMemory::allocate(world, &req(ty, 100, 0, None)), "granularity 0")?;
         let part = if me == n - 1 { vec![10; n] } else { vec![9; n] };
@@ -314,8 +320,16 @@ fn bad_input(world: &Comm) -> Result<()> {
         }
         let mut part = vec![5; n];
         part[0] = 4;
-        expect_err("partition sum", WholeMemory::allocate(world, &req(ty, 5 * n * 8, 8, Some(part))), &format!("sums to {} rows, the table has {}", 5 * n - 1, 5 * n))?;
-        expect_err("partition length", WholeMemory::allocate(world, &req(ty, 80, 8, Some(vec![10; n + 1]))), &format!("{} entries for {n} ranks", n + 1))?;
+        expect_err(
+            "partition sum",
+            WholeMemory::allocate(world, &req(ty, 5 * n * 8, 8, Some(part))),
+            &format!("sums to {} rows, the table has {}", 5 * n - 1, 5 * n),
+        )?;
+        expect_err(
+            "partition length",
+            WholeMemory::allocate(world, &req(ty, 80, 8, Some(vec![10; n + 1]))),
+            &format!("{} entries for {n} ranks", n + 1),
+        )?;
         let gr = req(ty, 96, if me == 0 { 8 } else { 12 }, None);
         if n > 1 {
             expect_err("granularity differs", WholeMemory::allocate(world, &gr), "granularity: 8 vs 12")?;

@@ -84,7 +84,14 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd) -> Resul
 }
 
 /// Maps what this rank needs.
-pub(crate) fn map_storage(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize, fds: &[OwnedFd]) -> Result<HostStorage> {
+pub(crate) fn map_storage(
+    ty: MemoryType,
+    p: &Partition,
+    granularity: usize,
+    total: usize,
+    rank: usize,
+    fds: &[OwnedFd],
+) -> Result<HostStorage> {
     match ty {
         MemoryType::Continuous => {
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
