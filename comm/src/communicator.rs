@@ -20,7 +20,14 @@ use crate::{Error, Result};
 /// Every blocking call gives up after `WM_TIMEOUT_S` seconds without progress
 /// and names the ranks it waited for; a rank that dies is named within
 /// seconds. After such an error the communicator (and every other one of the
-/// process) keeps failing with the same cause.
+/// process) keeps failing with the same cause. A collective mismatch (ranks
+/// calling different collectives) fails on the ranks that notice it and
+/// leaves that communicator failing from then on; the others stay usable.
+///
+/// All communicators of a process share its connections: drive them from
+/// one thread at a time. Collectives issued concurrently from several
+/// threads on different communicators serialize, and can wait on each other
+/// across processes until the timeout.
 pub trait Communicator: Send + Sync + fmt::Debug {
     /// This rank within the communicator.
     fn rank(&self) -> usize;

@@ -93,7 +93,9 @@ pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds_out: &mut Vec<OwnedFd>) -> i
         }
     }
     if msg.msg_flags & libc::MSG_CTRUNC != 0 {
-        return Err(io::Error::other("descriptors were truncated in transit"));
+        // The bytes were consumed but descriptors were dropped: the stream
+        // can no longer be trusted.
+        return Err(io::Error::other("descriptors were dropped in transit (is this process out of file descriptors?)"));
     }
     Ok(n)
 }

@@ -42,6 +42,9 @@ impl AllocRequest {
 
     /// The first field where two encoded requests differ, in words.
     fn difference(enc: &[u64], other: &[u64]) -> Option<String> {
+        if enc.len() < 5 || other.len() < 5 {
+            return Some("the request itself (a malformed encoding)".to_owned());
+        }
         let names = ["memory type", "location", "total size", "granularity"];
         for (i, n) in names.iter().enumerate() {
             if enc[i] != other[i] {
@@ -156,7 +159,8 @@ impl WholeMemory {
         let fds = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let mine = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me))?;
-                host::exchange_portions(comm.as_ref(), mine.expect("mapped types create a portion"))?
+                let exchanged = host::exchange_portions(comm.as_ref(), mine.expect("mapped types create a portion"))?;
+                agree(comm.as_ref(), exchanged)?
             }
             MemoryType::Distributed | MemoryType::Hierarchy => Vec::new(),
         };
@@ -293,7 +297,7 @@ impl WholeMemory {
     ///
     /// # Errors
     /// As [`read_rows`](Self::read_rows).
-    pub fn write_rows(&self, first: usize, src: &[u8]) -> Result<()> {
+    pub fn write_rows(&mut self, first: usize, src: &[u8]) -> Result<()> {
         self.each_row(first, src.len(), |dst, i, g| {
             // SAFETY: `dst` points at a mapped row of `g` bytes; `src` is a
             // distinct private buffer.
@@ -347,9 +351,12 @@ fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
             Err(Error::InvalidArgument(format!("the partition has {} entries for {world} ranks: {p:?}", p.len())))
         }
         Some(p) => {
-            let sum: usize = p.iter().sum();
-            if sum != rows {
-                return Err(Error::InvalidArgument(format!("the partition {p:?} sums to {sum} rows, the table has {rows}")));
+            let sum = p.iter().try_fold(0usize, |a, &c| a.checked_add(c));
+            if sum != Some(rows) {
+                return Err(Error::InvalidArgument(format!(
+                    "the partition {p:?} sums to {} rows, the table has {rows}",
+                    sum.map_or("more than usize::MAX".to_owned(), |s| s.to_string())
+                )));
             }
             Ok(Partition::from_counts(p))
         }

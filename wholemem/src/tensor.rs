@@ -200,7 +200,7 @@ impl<T: Pod> WholeTensor<T> {
     ///
     /// # Errors
     /// As [`read_row`](Self::read_row).
-    pub fn write_row(&self, row: usize, src: &[T]) -> Result<()> {
+    pub fn write_row(&mut self, row: usize, src: &[T]) -> Result<()> {
         self.check_len(src.len())?;
         self.mem.write_rows(row, bytemuck::cast_slice(src))
     }

@@ -175,7 +175,11 @@ fn write_frame(s: &mut TcpStream, v: &impl Serialize) -> io::Result<()> {
 fn read_frame<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> io::Result<T> {
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
-    let mut body = vec![0u8; u32::from_le_bytes(len) as usize];
+    let len = u32::from_le_bytes(len) as usize;
+    if len > 16 << 20 {
+        return Err(io::Error::other(format!("a rendezvous frame of {len} bytes: not a wholemem rank")));
+    }
+    let mut body = vec![0u8; len];
     s.read_exact(&mut body)?;
     serde_json::from_slice(&body).map_err(io::Error::other)
 }
@@ -235,7 +239,11 @@ fn tcp_rendezvous(l: &mut Listeners, addr: &str, deadline: Instant) -> Result<Ve
     } else {
         let mut last_err;
         let mut s = loop {
-            match TcpStream::connect(addr) {
+            let attempt = addr.to_socket_addrs().and_then(|mut a| {
+                let a = a.next().ok_or_else(|| io::Error::other("the name has no address"))?;
+                TcpStream::connect_timeout(&a, left(deadline).min(Duration::from_secs(5)))
+            });
+            match attempt {
                 Ok(s) => break s,
                 Err(e) => last_err = e,
             }
@@ -262,9 +270,11 @@ fn rank_file(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank-{rank}.json"))
 }
 
-fn read_rank_file(dir: &Path, rank: usize) -> Option<RankInfo> {
+/// Rank `rank`'s record, if there is one for a world of `world` ranks (a
+/// record for another world size is left over from an earlier job).
+fn read_rank_file(dir: &Path, rank: usize, world: usize) -> Option<RankInfo> {
     let bytes = std::fs::read(rank_file(dir, rank)).ok()?;
-    serde_json::from_slice(&bytes).ok()
+    serde_json::from_slice::<RankInfo>(&bytes).ok().filter(|i| i.world == world && i.rank == rank)
 }
 
 fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<RankInfo>> {
@@ -280,7 +290,7 @@ fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<Ra
     loop {
         for (r, slot) in infos.iter_mut().enumerate() {
             if slot.is_none() {
-                *slot = read_rank_file(dir, r);
+                *slot = read_rank_file(dir, r, me.world);
             }
         }
         if infos.iter().all(Option::is_some) {
@@ -304,11 +314,14 @@ pub(crate) fn remove_rank_file(how: &Rendezvous, rank: usize) {
 
 const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"WMHELLO1");
 
-fn hello(from: usize, to_nonce: u64) -> [u8; 24] {
-    let mut b = [0u8; 24];
+/// The first bytes on a mesh connection: who calls (rank and nonce) and
+/// whom it means (the callee's nonce).
+fn hello(from: usize, from_nonce: u64, to_nonce: u64) -> [u8; 32] {
+    let mut b = [0u8; 32];
     b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
     b[8..16].copy_from_slice(&(from as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&to_nonce.to_le_bytes());
+    b[16..24].copy_from_slice(&from_nonce.to_le_bytes());
+    b[24..32].copy_from_slice(&to_nonce.to_le_bytes());
     b
 }
 
@@ -330,7 +343,7 @@ pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: &Rendezvous, dead
                     // A record left by an earlier job: wait for the fresh one.
                     std::thread::sleep(Duration::from_millis(20));
                     if let Rendezvous::Dir(dir) = how
-                        && let Some(i) = read_rank_file(dir, r)
+                        && let Some(i) = read_rank_file(dir, r, world)
                     {
                         infos[r] = i;
                     }
@@ -359,7 +372,18 @@ pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: &Rendezvous, dead
         for c in accepted {
             let from = read_hello(&c, l.info.nonce, deadline)?;
             match from {
-                Some(r) if r > me && r < world && conns[r].is_none() => {
+                Some((r, caller_nonce)) if r > me && r < world && conns[r].is_none() => {
+                    if infos[r].nonce != caller_nonce {
+                        // We read a stale record of rank r; the caller wrote
+                        // its fresh one before calling.
+                        match how {
+                            Rendezvous::Dir(dir) => match read_rank_file(dir, r, world) {
+                                Some(i) if i.nonce == caller_nonce => infos[r] = i,
+                                _ => continue,
+                            },
+                            Rendezvous::Tcp(_) => continue,
+                        }
+                    }
                     conns[r] = Some(c);
                     missing -= 1;
                 }
@@ -390,7 +414,7 @@ fn connect(me: &RankInfo, peer: &RankInfo) -> io::Result<Conn> {
         s.set_nodelay(true)?;
         Conn::Tcp(s)
     };
-    let h = hello(me.rank, peer.nonce);
+    let h = hello(me.rank, me.nonce, peer.nonce);
     match &mut conn {
         Conn::Unix(s) => s.write_all(&h)?,
         Conn::Tcp(s) => s.write_all(&h)?,
@@ -398,8 +422,9 @@ fn connect(me: &RankInfo, peer: &RankInfo) -> io::Result<Conn> {
     Ok(conn)
 }
 
-fn read_hello(c: &Conn, nonce: u64, deadline: Instant) -> Result<Option<usize>> {
-    let mut b = [0u8; 24];
+/// Reads a caller's hello: its rank and nonce, if it is meant for us.
+fn read_hello(c: &Conn, nonce: u64, deadline: Instant) -> Result<Option<(usize, u64)>> {
+    let mut b = [0u8; 32];
     let t = Some(left(deadline).min(Duration::from_secs(10)));
     let r = match c {
         Conn::Unix(s) => s.set_nonblocking(false).and_then(|_| s.set_read_timeout(t)).and_then(|_| (&*s).read_exact(&mut b)),
@@ -409,14 +434,14 @@ fn read_hello(c: &Conn, nonce: u64, deadline: Instant) -> Result<Option<usize>> 
         return Ok(None);
     }
     let field = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    if field(0) != HELLO_MAGIC || field(16) != nonce {
+    if field(0) != HELLO_MAGIC || field(24) != nonce {
         return Ok(None);
     }
     let _ = match c {
         Conn::Unix(s) => s.set_read_timeout(None),
         Conn::Tcp(s) => s.set_read_timeout(None),
     };
-    Ok(Some(field(8) as usize))
+    Ok(Some((field(8) as usize, field(16))))
 }
 
 #[cfg(test)]

@@ -86,6 +86,9 @@ struct Broken {
 struct State {
     peers: Vec<Peer>,
     broken: Option<Broken>,
+    /// Communicators whose ranks fell out of step (a collective mismatch):
+    /// their frames can no longer be matched, so every later call fails.
+    poisoned: Vec<(u64, String)>,
 }
 
 /// A frame to send within one operation.
@@ -125,7 +128,7 @@ impl Endpoint {
     /// An endpoint over established connections (`conns[world_rank]` is `None`).
     pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
-        Self { world_rank, nodes, timeout, state: Mutex::new(State { peers, broken: None }) }
+        Self { world_rank, nodes, timeout, state: Mutex::new(State { peers, broken: None, poisoned: Vec::new() }) }
     }
 
     /// Number of ranks in the world.
@@ -145,8 +148,18 @@ impl Endpoint {
         if let Some(b) = &st.broken {
             return Err(Error::PeerLost { rank: b.rank, op, detail: b.detail.clone() });
         }
+        let comms = out.iter().map(|o| o.hdr.comm).chain(want.iter().map(|w| w.comm));
+        for c in comms {
+            if let Some((_, why)) = st.poisoned.iter().find(|(id, _)| *id == c) {
+                return Err(Error::Mismatch { op, detail: format!("this communicator is out of step since an earlier mismatch: {why}") });
+            }
+        }
         let res = self.run(&mut st, op, out, want);
         if let Err(e) = &res {
+            if let Error::Mismatch { detail, .. } = e {
+                let ids: Vec<u64> = want.iter().map(|w| w.comm).collect();
+                st.poisoned.extend(ids.into_iter().map(|id| (id, detail.clone())));
+            }
             self.mark_broken(&mut st, e);
         }
         res
@@ -228,12 +241,14 @@ impl Endpoint {
         }
     }
 
+    /// Fails when nothing more can come from or go to `rank`. Called for a
+    /// wanted frame only when it is not in the stash.
     fn check_open(&self, st: &State, rank: usize, op: &'static str) -> Result<()> {
         let p = &st.peers[rank];
-        if p.state == PeerState::Finished && p.stash.is_empty() {
+        if p.state == PeerState::Finished {
             return Err(Error::PeerLost { rank, op, detail: "it had already shut down its communicator".into() });
         }
-        if p.conn.is_none() && p.stash.is_empty() {
+        if p.conn.is_none() {
             return Err(Error::PeerLost { rank, op, detail: "its connection is closed".into() });
         }
         Ok(())
@@ -289,7 +304,13 @@ impl Endpoint {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(self.lost(o.to, op, &format!("sending to it failed: {e}"))),
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) => {
+                    return Err(self.lost(o.to, op, &format!("sending to it failed: {e}")));
+                }
+                // Out of descriptors or buffers here: nothing was sent, the
+                // stream is still in step, and the peer is not to blame.
+                Err(e) if *done == 0 => return Err(Error::io(format!("sending to rank {}", o.to), e)),
+                Err(e) => return Err(self.lost(o.to, op, &format!("sending to it failed midway: {e}"))),
             }
         }
         Ok(progress)
@@ -337,7 +358,7 @@ impl Endpoint {
                 Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => {
                     return Ok(ReadOutcome::Closed);
                 }
-                Err(e) => return Err(Error::io(format!("receiving from rank {rank}"), e)),
+                Err(e) => return Err(self.lost(rank, "receiving", &format!("its stream cannot be read any more: {e}"))),
             };
             progress = true;
             let complete = if let Some((_, buf, got)) = &mut peer.body {
@@ -349,7 +370,7 @@ impl Endpoint {
                     continue;
                 }
                 peer.hdr_got = 0;
-                let hdr = Header::decode(&peer.hdr).map_err(|e| Error::Bootstrap(format!("garbled stream from rank {rank}: {e}")))?;
+                let hdr = Header::decode(&peer.hdr).map_err(|e| self.lost(rank, "receiving", &format!("its stream is garbled: {e}")))?;
                 let len = usize::try_from(hdr.len).map_err(|_| Error::Bootstrap(format!("frame of {} bytes from rank {rank}", hdr.len)))?;
                 peer.body = Some((hdr, vec![0u8; len], 0));
                 len == 0
@@ -358,10 +379,8 @@ impl Endpoint {
                 let (hdr, payload, _) = peer.body.take().expect("a frame is being read");
                 let nfds = usize::from(hdr.nfds);
                 if peer.fds.len() < nfds {
-                    return Err(Error::Bootstrap(format!(
-                        "rank {rank} sent a frame announcing {nfds} descriptors, {} arrived",
-                        peer.fds.len()
-                    )));
+                    let detail = format!("it sent a frame announcing {nfds} descriptors, {} arrived", peer.fds.len());
+                    return Err(self.lost(rank, "receiving", &detail));
                 }
                 let fds: Vec<OwnedFd> = peer.fds.drain(..nfds).collect();
                 match hdr.kind {

@@ -67,20 +67,43 @@ pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, 
 
 /// Hands this rank's memfd to every other rank of `comm` (all on one node)
 /// and returns everyone's, indexed by rank.
-pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd) -> Result<Vec<OwnedFd>> {
-    let me = comm.rank();
-    for p in (0..comm.size()).filter(|&p| p != me) {
-        comm.send_fds(p, &[mine.as_fd()])?;
+///
+/// Pairwise rounds (send to `me + k`, receive from `me - k`) keep one
+/// descriptor per rank in flight. A local failure (out of descriptors) does
+/// not stop the rounds — an empty frame stands in for the descriptor — so
+/// every rank finishes the exchange and the caller can agree on the inner
+/// result. The outer error is a lost peer or a timeout, which ends it early.
+pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd) -> Result<Result<Vec<OwnedFd>>> {
+    let fatal = |e: wm_comm::Error| match e {
+        e @ (wm_comm::Error::PeerLost { .. } | wm_comm::Error::Timeout { .. }) => Err(Error::Comm(e)),
+        e => Ok(Error::Comm(e)),
+    };
+    let (me, n) = (comm.rank(), comm.size());
+    let mut first_err: Option<Error> = None;
+    let mut all: Vec<Option<OwnedFd>> = (0..n).map(|_| None).collect();
+    match mine.try_clone() {
+        Ok(fd) => all[me] = Some(fd),
+        Err(e) => first_err = Some(Error::os("duplicating a descriptor", e)),
     }
-    let mut all = Vec::with_capacity(comm.size());
-    for p in 0..comm.size() {
-        if p == me {
-            all.push(mine.try_clone().map_err(|e| Error::os("duplicating a descriptor", e))?);
-        } else {
-            all.push(comm.recv_fds(p, 1)?.pop().expect("one descriptor"));
+    for k in 1..n {
+        let (to, from) = ((me + k) % n, (me + n - k) % n);
+        if let Err(e) = comm.send_fds(to, &[mine.as_fd()]) {
+            let e = fatal(e)?;
+            first_err.get_or_insert(e);
+            comm.send_fds(to, &[])?;
+        }
+        match comm.recv_fds(from, 1) {
+            Ok(mut fds) => all[from] = fds.pop(),
+            Err(e) => {
+                let e = fatal(e)?;
+                first_err.get_or_insert(e);
+            }
         }
     }
-    Ok(all)
+    Ok(match first_err {
+        Some(e) => Err(e),
+        None => Ok(all.into_iter().map(|f| f.expect("every rank's descriptor arrived")).collect()),
+    })
 }
 
 /// Maps what this rank needs.
