@@ -66,6 +66,12 @@ pub const WM_TIMEOUT_S: EnvVar = EnvVar {
     default: "300",
     doc: "seconds a blocking call waits for a peer before failing with a timeout that names it",
 };
+/// Threads per rank for local row copies.
+pub const WM_THREADS: EnvVar = EnvVar {
+    name: "WM_THREADS",
+    default: "the machine's cores divided by the ranks on this node",
+    doc: "threads a rank uses to copy rows in gather and scatter",
+};
 /// Forces GPU tests to fail rather than skip.
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };

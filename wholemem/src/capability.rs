@@ -7,7 +7,8 @@
 //! |---|---|---|
 //! | Device | any | a build with CUDA support and a GPU per rank |
 //! | Host | Continuous, Chunked | every rank on one node (they map each other's portions) |
-//! | Host | Distributed, Hierarchy | nothing |
+//! | Host | Distributed | nothing |
+//! | Host | Hierarchy | the same number of ranks on every node (the cross communicators pair them up) |
 
 use std::fmt;
 
@@ -71,6 +72,22 @@ pub fn query(comm: &dyn Communicator, ty: MemoryType, loc: Location) -> Support 
                         comm.world_ranks()[r],
                         nodes[0],
                         nodes[r],
+                    ),
+                },
+            }
+        }
+        Location::Host if ty == MemoryType::Hierarchy => {
+            let nodes = comm.nodes();
+            let count = |n| nodes.iter().filter(|m| *m == n).count();
+            match nodes.iter().find(|n| count(*n) != count(&nodes[0])) {
+                None => Support::Supported,
+                Some(n) => Support::Unsupported {
+                    reason: format!(
+                        "node {} has {} ranks and node {} has {}; hierarchy memory pairs ranks across nodes by local rank, which needs the same number of ranks on every node",
+                        nodes[0],
+                        count(&nodes[0]),
+                        n,
+                        count(n)
                     ),
                 },
             }

@@ -160,6 +160,11 @@ impl<T: Pod> WholeTensor<T> {
         &self.mem
     }
 
+    /// The handle underneath, for operations that write the table.
+    pub fn memory_mut(&mut self) -> &mut WholeMemory {
+        &mut self.mem
+    }
+
     /// Rows in the table.
     pub fn rows(&self) -> usize {
         self.desc.rows()

@@ -27,6 +27,7 @@ fn main() {
             "two-nodes" => two_nodes(&world),
             "bad-input" => bad_input(&world),
             "lose-peer" => lose_peer(&world, rest),
+            "gather" => gather_scatter(&world),
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -379,6 +380,159 @@ fn lose_peer(world: &Comm, args: &[String]) -> Result<()> {
         let pid: i32 = std::fs::read_to_string(format!("{piddir}/victim.pid"))?.trim().parse()?;
         // SAFETY: killing the stopped victim process, which the test started.
         unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    Ok(())
+}
+
+// --------------------------------------------------------------------- gather
+
+fn fvalue(row: usize, col: usize) -> f32 {
+    row as f32 * 0.37 + col as f32 * 1.93 - 50.0
+}
+
+/// The bits of `v` in `d`, computed with the `half` crate directly, not
+/// through the library.
+fn bits_of(v: f32, d: wm_gather::DType) -> u64 {
+    match d {
+        wm_gather::DType::F32 => u64::from(v.to_bits()),
+        wm_gather::DType::F16 => u64::from(half::f16::from_f32(v).to_bits()),
+        wm_gather::DType::Bf16 => u64::from(half::bf16::from_f32(v).to_bits()),
+        other => unreachable!("{other} is not tested here"),
+    }
+}
+
+/// Element `i` of a buffer of `d`, as bits.
+fn bits_at(buf: &[u8], d: wm_gather::DType, i: usize) -> u64 {
+    let s = d.size();
+    let mut b = [0u8; 8];
+    b[..s].copy_from_slice(&buf[i * s..][..s]);
+    u64::from_le_bytes(b)
+}
+
+/// `v` (exactly representable in `d` or not) stored as `d`, then widened
+/// back to f32: what a scatter from a `d` buffer leaves in an f32 table.
+fn through(v: f32, d: wm_gather::DType) -> f32 {
+    match d {
+        wm_gather::DType::F16 => half::f16::from_f32(v).to_f32(),
+        wm_gather::DType::Bf16 => half::bf16::from_f32(v).to_f32(),
+        _ => v,
+    }
+}
+
+fn encode(vals: &[f32], d: wm_gather::DType) -> Vec<u8> {
+    vals.iter().flat_map(|&v| bits_of(v, d).to_le_bytes()[..d.size()].to_vec()).collect()
+}
+
+fn gather_scatter(world: &Comm) -> Result<()> {
+    use wm_gather::{DType, Error as GErr, Ids, RowLayout};
+    let (me, n) = (world.rank(), world.size());
+    // `rng` draws what every rank must agree on; `own` what is rank's own.
+    let mut rng = Rng(0xfeed + n as u64);
+    let mut own = Rng(0xbeef_0000 + me as u64);
+    for ty in MemoryType::ALL {
+        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+            println!("skip {ty}: {reason}");
+            continue;
+        }
+        for wide_ids in [false, true] {
+            for cols in [1usize, 7, 128, 129] {
+                for out_dt in [DType::F32, DType::F16, DType::Bf16] {
+                    let rows = 200 + rng.below(1300) as usize;
+                    // A random partition in which some ranks own nothing.
+                    let mut part = vec![0usize; n];
+                    for _ in 0..rows {
+                        let r = rng.below(n as u64 + 1) as usize;
+                        part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
+                    }
+                    let ctx = format!("{ty} ids={} cols={cols} out={out_dt} partition={part:?}", if wide_ids { "i64" } else { "i32" });
+                    let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, cols, Some(&part)).context(ctx.clone())?;
+                    let first = t.local_rows().start;
+                    for (i, row) in t.local_mut().chunks_mut(cols).enumerate() {
+                        row.iter_mut().enumerate().for_each(|(c, v)| *v = fvalue(first + i, c));
+                    }
+                    world.barrier()?;
+                    let layout = RowLayout::of(&t)?;
+                    let call = |ids: &[i64], out: &mut [u8], d: DType, mem: &WholeMemory| {
+                        let narrow: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+                        let ids = if wide_ids { Ids::I64(ids) } else { Ids::I32(&narrow) };
+                        wm_gather::gather(mem, &layout, ids, out, d)
+                    };
+
+                    // Gather: every third rank asks for nothing; repeats are common.
+                    let count = if me % 3 == 1 { 0 } else { own.below(2 * rows as u64) as usize + me };
+                    let ids: Vec<i64> = (0..count).map(|_| own.below(rows as u64) as i64).collect();
+                    let mut out = vec![0u8; ids.len() * cols * out_dt.size()];
+                    call(&ids, &mut out, out_dt, t.memory()).context(ctx.clone())?;
+                    for (i, &id) in ids.iter().enumerate() {
+                        for c in 0..cols {
+                            let (got, want) = (bits_at(&out, out_dt, i * cols + c), bits_of(fvalue(id as usize, c), out_dt));
+                            ensure!(got == want, "{ctx}: rank {me} out[{i}][{c}] for id {id} = {got:#x}, want {want:#x}");
+                        }
+                    }
+
+                    // Mapped gathers are not collective: nobody scatters until all have read.
+                    world.barrier()?;
+                    // Scatter, then gather back: disjoint ids per rank, with repeats
+                    // (the last occurrence wins), from a buffer of out_dt.
+                    let mine: Vec<i64> = (0..rows).filter(|r| r % n == me).map(|r| r as i64).collect();
+                    let sids: Vec<i64> = if mine.is_empty() || me % 3 == 2 {
+                        Vec::new()
+                    } else {
+                        (0..mine.len() * 2).map(|_| mine[own.below(mine.len() as u64) as usize]).collect()
+                    };
+                    let vals: Vec<f32> = (0..sids.len() * cols).map(|k| (k as f32) * 0.75 + me as f32 * 1000.0).collect();
+                    let narrow: Vec<i32> = sids.iter().map(|&x| x as i32).collect();
+                    let ids_arg = if wide_ids { Ids::I64(&sids) } else { Ids::I32(&narrow) };
+                    wm_gather::scatter(t.memory_mut(), &layout, ids_arg, &encode(&vals, out_dt), out_dt).context(ctx.clone())?;
+                    world.barrier()?;
+                    let mut back = vec![0u8; sids.len() * cols * 4];
+                    call(&sids, &mut back, DType::F32, t.memory()).context(ctx.clone())?;
+                    let mut last = std::collections::HashMap::new();
+                    for (i, &id) in sids.iter().enumerate() {
+                        last.insert(id, i);
+                    }
+                    for (i, &id) in sids.iter().enumerate() {
+                        let src = last[&id];
+                        for c in 0..cols {
+                            let got = f32::from_bits(bits_at(&back, DType::F32, i * cols + c) as u32);
+                            let want = through(vals[src * cols + c], out_dt);
+                            ensure!(
+                                got == want,
+                                "{ctx}: rank {me} row {id} col {c} after scatter = {got}, want {want} (last occurrence {src})"
+                            );
+                        }
+                    }
+
+                    // Bad ids: out of range on the last rank, negative on rank 0.
+                    let bad: Vec<i64> = if me == n - 1 {
+                        vec![0, rows as i64]
+                    } else if me == 0 {
+                        vec![-3]
+                    } else {
+                        vec![1]
+                    };
+                    let mut out = vec![0u8; bad.len() * cols * out_dt.size()];
+                    let r = call(&bad, &mut out, out_dt, t.memory());
+                    let passed_bad = me == 0 || me == n - 1;
+                    if ty.is_mapped() && !passed_bad {
+                        r.context(ctx.clone())?;
+                    } else {
+                        let err = r.err().with_context(|| format!("{ctx}: bad ids must fail on rank {me}"))?;
+                        let s = err.to_string();
+                        let named = s.contains("id -3 at position 0 on rank 0")
+                            || s.contains(&format!("id {rows} at position 1 on rank {}", n - 1));
+                        ensure!(matches!(err, GErr::IndexOutOfRange { .. }) && named, "{ctx}: rank {me}: {s}");
+                    }
+                    let wrong = call(&[0], &mut vec![0u8; cols * 4], DType::I32, t.memory()).expect_err("float to int is refused");
+                    ensure!(wrong.to_string().contains("cannot convert f32 to i32"), "{ctx}: {wrong}");
+                    // The next call works, and still returns the scattered rows.
+                    let mut again = vec![0u8; sids.len() * cols * 4];
+                    call(&sids, &mut again, DType::F32, t.memory()).context(ctx.clone())?;
+                    ensure!(again == back, "{ctx}: rank {me}: the call after the failures returned different rows");
+                    t.free().context(ctx.clone())?;
+                }
+            }
+        }
     }
     Ok(())
 }

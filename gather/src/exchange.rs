@@ -1,0 +1,269 @@
+//! The collective paths: distributed and hierarchy memory, where a rank maps
+//! only its own rows and other rows travel through the communicator.
+
+use std::sync::Arc;
+
+use wholemem::WholeMemory;
+use wm_comm::{CommExt, Communicator};
+
+use crate::kernel::{self, RowAddr, RowConv, SendPtr};
+use crate::{Error, Ids, Result, RowLayout, threads};
+
+/// Fails on every rank if any rank's checks failed: the first failing rank's
+/// error, with an out-of-range id kept as such (it names the id and rank).
+pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
+    let msg: Vec<u8> = match &mine {
+        Ok(_) => Vec::new(),
+        Err(Error::IndexOutOfRange { index, position, rows, .. }) => {
+            let mut m = vec![1u8];
+            for v in [*index as u64, *position as u64, *rows as u64] {
+                m.extend_from_slice(&v.to_le_bytes());
+            }
+            m
+        }
+        Err(e) => [&[2u8][..], e.to_string().as_bytes()].concat(),
+    };
+    let all = comm.allgatherv(&msg)?;
+    let Some((r, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) else { return mine };
+    if r == comm.rank() {
+        return mine;
+    }
+    let rank = comm.world_ranks()[r];
+    if m[0] == 1 && m.len() == 25 {
+        let field = |i: usize| u64::from_le_bytes(m[1 + 8 * i..9 + 8 * i].try_into().expect("8 bytes"));
+        return Err(Error::IndexOutOfRange { index: field(0) as i64, position: field(1) as usize, rank, rows: field(2) as usize });
+    }
+    Err(Error::PeerFailed { rank, detail: String::from_utf8_lossy(&m[1..]).into_owned() })
+}
+
+/// This rank's own rows.
+struct LocalRows {
+    base: SendPtr,
+    granularity: usize,
+    skip: usize,
+}
+
+impl LocalRows {
+    fn new(mem: &WholeMemory, layout: &RowLayout) -> Self {
+        let base = mem.rank_ptr(mem.comm().rank()).expect("a rank maps its own rows");
+        Self { base: SendPtr(base), granularity: mem.granularity(), skip: layout.offset * layout.dtype.size() }
+    }
+}
+
+impl RowAddr for LocalRows {
+    #[inline]
+    fn addr(&self, local_row: usize) -> *mut u8 {
+        self.base.0.wrapping_add(local_row * self.granularity + self.skip)
+    }
+}
+
+/// Rows of a caller's buffer.
+struct BufferRows(SendPtr, usize);
+
+impl RowAddr for BufferRows {
+    #[inline]
+    fn addr(&self, i: usize) -> *mut u8 {
+        self.0.0.wrapping_add(i * self.1)
+    }
+}
+
+/// Positions of `keys` grouped by key (a counting sort): `order[starts[k]..
+/// starts[k + 1]]` are the positions with key `k`, in input order.
+fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut starts = vec![0usize; buckets + 1];
+    for &k in keys {
+        starts[k + 1] += 1;
+    }
+    for k in 0..buckets {
+        starts[k + 1] += starts[k];
+    }
+    let mut fill = starts.clone();
+    let mut order = vec![0usize; keys.len()];
+    for (i, &k) in keys.iter().enumerate() {
+        order[fill[k]] = i;
+        fill[k] += 1;
+    }
+    (order, starts)
+}
+
+/// Copies this rank's rows `local` (converted) into a new buffer.
+fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[u64]) -> Vec<u8> {
+    let rows: Vec<usize> = local.iter().map(|&r| r as usize).collect();
+    let mut buf = vec![0u8; rows.len() * conv.dst_bytes()];
+    let n = mem.local_rows().len();
+    assert!(rows.iter().all(|&r| r < n), "a peer asked for a row this rank does not own");
+    // SAFETY: every row is below this rank's row count (asserted: a peer's
+    // request is not trusted blindly) and `buf` is sized for them.
+    unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), &rows, None, conv, &mut buf, threads(mem)) };
+    buf
+}
+
+/// Copies row `k` of `rows` into output row `positions[k]`.
+fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
+    for (k, &p) in positions.iter().enumerate() {
+        out[p * row_bytes..][..row_bytes].copy_from_slice(&rows[k * row_bytes..][..row_bytes]);
+    }
+}
+
+pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+    let comm = mem.comm();
+    let (n, me) = (comm.size(), comm.rank());
+    let p = mem.partition();
+    let rows = ids.to_rows();
+    let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
+    let (order, starts) = bucket(&owners, n);
+    let requests: Vec<Vec<u64>> =
+        (0..n)
+            .map(|r| {
+                if r == me { Vec::new() } else { order[starts[r]..starts[r + 1]].iter().map(|&i| (rows[i] - p.offset(r)) as u64).collect() }
+            })
+            .collect();
+    let refs: Vec<&[u64]> = requests.iter().map(Vec::as_slice).collect();
+    let asked = comm.alltoallv_pod(&refs)?;
+    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect();
+    // Own rows go straight into place while the others travel.
+    let mine = &order[starts[me]..starts[me + 1]];
+    let local: Vec<usize> = mine.iter().map(|&i| rows[i] - p.offset(me)).collect();
+    // SAFETY: local rows are below this rank's count (ids were validated and
+    // bucketed by owner); `mine` holds distinct positions below ids.len().
+    unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), &local, Some(mine), conv, out, threads(mem)) };
+    let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
+    let got = comm.alltoallv(&refs)?;
+    let db = conv.dst_bytes();
+    for r in (0..n).filter(|&r| r != me) {
+        place(out, &got[r], &order[starts[r]..starts[r + 1]], db);
+    }
+    Ok(())
+}
+
+/// Each rank's node index (nodes in order of their lowest rank) and local
+/// rank, the numbering `local()` and `cross()` use.
+fn node_layout(comm: &dyn Communicator) -> (Vec<usize>, Vec<usize>) {
+    let nodes = comm.nodes();
+    let mut seen: Vec<&wm_topology::NodeIdentity> = Vec::new();
+    let mut node = Vec::with_capacity(nodes.len());
+    let mut local = Vec::with_capacity(nodes.len());
+    for (r, n) in nodes.iter().enumerate() {
+        let idx = seen.iter().position(|s| *s == n).unwrap_or_else(|| {
+            seen.push(n);
+            seen.len() - 1
+        });
+        node.push(idx);
+        local.push((0..r).filter(|&q| nodes[q] == *n).count());
+    }
+    (node, local)
+}
+
+fn hierarchy_comms(mem: &WholeMemory) -> (&Arc<dyn Communicator>, &Arc<dyn Communicator>) {
+    (mem.local_comm().expect("hierarchy memory has a local communicator"), mem.cross_comm().expect("and a cross communicator"))
+}
+
+pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+    let comm = mem.comm();
+    let (local, cross) = hierarchy_comms(mem);
+    let p = mem.partition();
+    let (node_of, local_rank_of) = node_layout(comm.as_ref());
+    let db = conv.dst_bytes();
+    let rows = ids.to_rows();
+
+    // 1. Within the node: each id goes to the local rank with its owner's
+    //    local rank (that rank's cross communicator reaches the owner).
+    let via: Vec<usize> = rows.iter().map(|&r| local_rank_of[p.owner(r)]).collect();
+    let (order, starts) = bucket(&via, local.size());
+    let to_local: Vec<Vec<u64>> =
+        (0..local.size()).map(|q| order[starts[q]..starts[q + 1]].iter().map(|&i| rows[i] as u64).collect()).collect();
+    let refs: Vec<&[u64]> = to_local.iter().map(Vec::as_slice).collect();
+    let from_local = local.alltoallv_pod(&refs)?;
+
+    // 2. De-duplicate what the node asked of this rank.
+    let mut unique: Vec<u64> = from_local.concat();
+    unique.sort_unstable();
+    unique.dedup();
+
+    // 3. Across nodes, unique ids only: the owner is this cross
+    //    communicator's member on the owner's node.
+    let owner_node: Vec<usize> = unique.iter().map(|&id| node_of[p.owner(id as usize)]).collect();
+    let (uorder, ustarts) = bucket(&owner_node, cross.size());
+    let to_cross: Vec<Vec<u64>> = (0..cross.size())
+        .map(|c| {
+            uorder[ustarts[c]..ustarts[c + 1]]
+                .iter()
+                .map(|&k| {
+                    let id = unique[k] as usize;
+                    let o = p.owner(id);
+                    debug_assert_eq!(cross.world_ranks()[c], comm.world_ranks()[o]);
+                    (id - p.offset(o)) as u64
+                })
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
+    let asked = cross.alltoallv_pod(&refs)?;
+    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect();
+    let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
+    let got = cross.alltoallv(&refs)?;
+    let mut unique_rows = vec![0u8; unique.len() * db];
+    for c in 0..cross.size() {
+        place(&mut unique_rows, &got[c], &uorder[ustarts[c]..ustarts[c + 1]], db);
+    }
+
+    // 4. Back within the node: each local rank gets its rows in the order it
+    //    asked for them.
+    let answers: Vec<Vec<u8>> = from_local
+        .iter()
+        .map(|asked| {
+            let mut buf = vec![0u8; asked.len() * db];
+            for (k, id) in asked.iter().enumerate() {
+                let u = unique.binary_search(id).expect("every asked id is in the unique set");
+                buf[k * db..][..db].copy_from_slice(&unique_rows[u * db..][..db]);
+            }
+            buf
+        })
+        .collect();
+    let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
+    let back = local.alltoallv(&refs)?;
+    for q in 0..local.size() {
+        place(out, &back[q], &order[starts[q]..starts[q + 1]], db);
+    }
+    Ok(())
+}
+
+/// Scatter for distributed and hierarchy memory: ids and rows (converted to
+/// the table's type by the sender) travel to their owners, which write them
+/// in rank order, each rank's in its order — so the last occurrence of the
+/// highest rank wins.
+pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, src: &[u8]) -> Result<()> {
+    let comm = mem.comm().clone();
+    let n = comm.size();
+    let p = mem.partition().clone();
+    let rows = ids.to_rows();
+    let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
+    let (order, starts) = bucket(&owners, n);
+    let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
+    let input = BufferRows(SendPtr(src.as_ptr().cast_mut()), sb);
+    let mut index_out = Vec::with_capacity(n);
+    let mut rows_out = Vec::with_capacity(n);
+    for r in 0..n {
+        let positions = &order[starts[r]..starts[r + 1]];
+        index_out.push(positions.iter().map(|&i| (rows[i] - p.offset(r)) as u64).collect::<Vec<u64>>());
+        let mut buf = vec![0u8; positions.len() * tb];
+        // SAFETY: every position is below ids.len(), and `src` holds that
+        // many rows of `sb` bytes (checked); `buf` is sized for them.
+        unsafe { kernel::gather_rows(&input, positions, None, conv, &mut buf, 1) };
+        rows_out.push(buf);
+    }
+    let refs: Vec<&[u64]> = index_out.iter().map(Vec::as_slice).collect();
+    let got_index = comm.alltoallv_pod(&refs)?;
+    let refs: Vec<&[u8]> = rows_out.iter().map(Vec::as_slice).collect();
+    let got_rows = comm.alltoallv(&refs)?;
+    let (granularity, skip, count) = (mem.granularity(), layout.offset * layout.dtype.size(), mem.local_rows().len());
+    let local = mem.local_bytes_mut();
+    for (idx, data) in got_index.iter().zip(&got_rows) {
+        for (k, &row) in idx.iter().enumerate() {
+            let row = row as usize;
+            assert!(row < count, "a peer sent a row this rank does not own");
+            local[row * granularity + skip..][..tb].copy_from_slice(&data[k * tb..][..tb]);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,325 @@
+//! The CPU row kernels: copy (and convert) rows between raw pointers, split
+//! over threads. The only unsafe code of this crate lives here.
+
+use half::{bf16, f16};
+
+use crate::DType;
+
+/// A pointer that may cross threads: into table memory or an output buffer
+/// that outlives the scoped threads using it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SendPtr(pub *mut u8);
+// SAFETY: SendPtr is only used inside `std::thread::scope` over memory that
+// outlives the scope; each thread writes disjoint rows.
+unsafe impl Send for SendPtr {}
+// SAFETY: as above.
+unsafe impl Sync for SendPtr {}
+
+impl SendPtr {
+    /// The pointer (a method, so closures capture the whole `SendPtr`).
+    #[inline(always)]
+    pub(crate) fn get(self) -> *mut u8 {
+        self.0
+    }
+}
+
+trait Float: Copy {
+    const WIDE: bool;
+    fn to_f32(self) -> f32;
+    fn from_f32(v: f32) -> Self;
+    fn to_f64(self) -> f64;
+    fn from_f64(v: f64) -> Self;
+}
+
+macro_rules! float {
+    ($t:ty, $wide:expr, $to32:expr, $from32:expr, $to64:expr, $from64:expr) => {
+        impl Float for $t {
+            const WIDE: bool = $wide;
+            #[inline(always)]
+            fn to_f32(self) -> f32 {
+                $to32(self)
+            }
+            #[inline(always)]
+            fn from_f32(v: f32) -> Self {
+                $from32(v)
+            }
+            #[inline(always)]
+            fn to_f64(self) -> f64 {
+                $to64(self)
+            }
+            #[inline(always)]
+            fn from_f64(v: f64) -> Self {
+                $from64(v)
+            }
+        }
+    };
+}
+float!(f16, false, f16::to_f32, f16::from_f32, f16::to_f64, f16::from_f64);
+float!(bf16, false, bf16::to_f32, bf16::from_f32, bf16::to_f64, bf16::from_f64);
+float!(f32, false, |v| v, |v| v, f64::from, |v| v as f32);
+float!(f64, true, |v| v as f32, f64::from, |v| v, |v| v);
+
+trait Int: Copy {
+    fn to_i64(self) -> i64;
+    fn from_i64(v: i64) -> Self;
+}
+macro_rules! int {
+    ($($t:ty),*) => {$(
+        impl Int for $t {
+            #[inline(always)]
+            fn to_i64(self) -> i64 { self as i64 }
+            #[inline(always)]
+            fn from_i64(v: i64) -> Self { v as $t }
+        }
+    )*};
+}
+int!(i8, i16, i32, i64);
+
+/// # Safety
+/// `src` readable for `n` `S`, `dst` writable for `n` `D`, not overlapping.
+unsafe fn floats<S: Float, D: Float>(src: *const u8, dst: *mut u8, n: usize) {
+    let (s, d) = (src.cast::<S>(), dst.cast::<D>());
+    for i in 0..n {
+        // SAFETY: i < n, within both buffers by the caller's contract;
+        // unaligned access because output buffers may be byte buffers.
+        unsafe {
+            let v = s.add(i).read_unaligned();
+            let out = if S::WIDE || D::WIDE { D::from_f64(v.to_f64()) } else { D::from_f32(v.to_f32()) };
+            d.add(i).write_unaligned(out);
+        }
+    }
+}
+
+/// # Safety
+/// As [`floats`].
+unsafe fn ints<S: Int, D: Int>(src: *const u8, dst: *mut u8, n: usize) {
+    let (s, d) = (src.cast::<S>(), dst.cast::<D>());
+    for i in 0..n {
+        // SAFETY: as in `floats`.
+        unsafe { d.add(i).write_unaligned(D::from_i64(s.add(i).read_unaligned().to_i64())) }
+    }
+}
+
+/// How one row becomes another: `cols` elements from `from` to `to`.
+/// Built only for allowed pairs (see [`DType::check_conversion`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RowConv {
+    from: DType,
+    to: DType,
+    cols: usize,
+}
+
+impl RowConv {
+    pub(crate) fn new(from: DType, to: DType, cols: usize) -> Result<Self, crate::ConversionError> {
+        from.check_conversion(to)?;
+        Ok(Self { from, to, cols })
+    }
+
+    /// The conversion the other way (for scatter).
+    pub(crate) fn reversed(self) -> Self {
+        Self { from: self.to, to: self.from, cols: self.cols }
+    }
+
+    /// Bytes a source row occupies.
+    pub(crate) fn src_bytes(&self) -> usize {
+        self.cols * self.from.size()
+    }
+
+    /// Bytes a destination row occupies.
+    pub(crate) fn dst_bytes(&self) -> usize {
+        self.cols * self.to.size()
+    }
+
+    /// Converts one row.
+    ///
+    /// # Safety
+    /// `src` is readable for [`src_bytes`](Self::src_bytes), `dst` writable
+    /// for [`dst_bytes`](Self::dst_bytes), and the two do not overlap.
+    #[inline]
+    pub(crate) unsafe fn row(&self, src: *const u8, dst: *mut u8) {
+        let n = self.cols;
+        if self.from == self.to {
+            // SAFETY: the caller's contract, with src_bytes == dst_bytes.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, self.src_bytes()) };
+            return;
+        }
+        type Kernel = unsafe fn(*const u8, *mut u8, usize);
+        macro_rules! to_float {
+            ($s:ty) => {
+                match self.to {
+                    DType::F16 => floats::<$s, f16> as Kernel,
+                    DType::Bf16 => floats::<$s, bf16>,
+                    DType::F32 => floats::<$s, f32>,
+                    DType::F64 => floats::<$s, f64>,
+                    _ => unreachable!("checked at construction"),
+                }
+            };
+        }
+        macro_rules! to_int {
+            ($s:ty) => {
+                match self.to {
+                    DType::I8 => ints::<$s, i8> as Kernel,
+                    DType::I16 => ints::<$s, i16>,
+                    DType::I32 => ints::<$s, i32>,
+                    DType::I64 => ints::<$s, i64>,
+                    _ => unreachable!("checked at construction"),
+                }
+            };
+        }
+        let kernel: Kernel = match self.from {
+            DType::F16 => to_float!(f16),
+            DType::Bf16 => to_float!(bf16),
+            DType::F32 => to_float!(f32),
+            DType::F64 => to_float!(f64),
+            DType::I8 => to_int!(i8),
+            DType::I16 => to_int!(i16),
+            DType::I32 => to_int!(i32),
+            DType::I64 => to_int!(i64),
+        };
+        // SAFETY: the caller's contract covers `n` elements of each type.
+        unsafe { kernel(src, dst, n) }
+    }
+}
+
+/// Where a row comes from or goes to, in table memory.
+pub(crate) trait RowAddr: Sync {
+    /// The first byte of the row with this (already validated) index.
+    fn addr(&self, index: usize) -> *mut u8;
+}
+
+/// Copies `rows[i]` of the source into output row `i` — or output row
+/// `to[i]` when `to` is given — for every `i`, split over `threads`.
+///
+/// # Safety
+/// Every `src.addr(rows[i])` is readable for `conv.src_bytes()`; `out` holds
+/// `rows.len()` rows of `conv.dst_bytes()` (with `to`: more than every
+/// `to[i]`, all distinct) and does not overlap the source.
+pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&[usize]>, conv: RowConv, out: &mut [u8], threads: usize) {
+    let db = conv.dst_bytes();
+    debug_assert!(to.map_or(out.len() == rows.len() * db, |t| t.len() == rows.len() && t.iter().all(|&p| (p + 1) * db <= out.len())));
+    let base = SendPtr(out.as_mut_ptr());
+    let run = |first: usize, rows: &[usize]| {
+        for (i, &r) in rows.iter().enumerate() {
+            let slot = to.map_or(first + i, |t| t[first + i]);
+            // SAFETY: the caller's contract; output rows are disjoint.
+            unsafe { conv.row(src.addr(r), base.get().add(slot * db)) };
+        }
+    };
+    let threads = threads.clamp(1, rows.len().div_ceil(2048).max(1));
+    if threads == 1 {
+        run(0, rows);
+        return;
+    }
+    let per = rows.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (t, chunk) in rows.chunks(per).enumerate() {
+            let run = &run;
+            s.spawn(move || run(t * per, chunk));
+        }
+    });
+}
+
+/// Copies input row `i` into table row `rows[i]` for every `i`, converting;
+/// when a row appears more than once the last occurrence wins. Split over
+/// `threads` by row (a row is always written by one thread, in order).
+///
+/// # Safety
+/// Every `dst.addr(rows[i])` is writable for `conv.dst_bytes()`; `src` holds
+/// `rows.len() * conv.src_bytes()` bytes and does not overlap the table; no
+/// one else in this process accesses those rows meanwhile.
+pub(crate) unsafe fn scatter_rows(dst: &dyn RowAddr, rows: &[usize], conv: RowConv, src: &[u8], threads: usize) {
+    let sb = conv.src_bytes();
+    debug_assert_eq!(src.len(), rows.len() * sb);
+    let input = SendPtr(src.as_ptr().cast_mut());
+    let run = move |t: usize, nt: usize| {
+        for (i, &r) in rows.iter().enumerate() {
+            if r % nt == t {
+                // SAFETY: the caller's contract; rows with r % nt == t are
+                // written only by thread t, in input order.
+                unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };
+            }
+        }
+    };
+    let threads = threads.clamp(1, rows.len().div_ceil(2048).max(1));
+    if threads == 1 {
+        run(0, 1);
+        return;
+    }
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            s.spawn(move || run(t, threads));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn convert(from: DType, to: DType, src: &[u8]) -> Vec<u8> {
+        let n = src.len() / from.size();
+        let c = RowConv::new(from, to, n).unwrap();
+        let mut out = vec![0u8; c.dst_bytes()];
+        // SAFETY: buffers sized for the conversion.
+        unsafe { c.row(src.as_ptr(), out.as_mut_ptr()) };
+        out
+    }
+
+    #[test]
+    fn floats_round_like_the_half_crate() {
+        let v = [1.0f32, -2.5, 65504.0, 1e-8, 1234.567, f32::INFINITY];
+        let h: Vec<f16> = bytemuck::pod_collect_to_vec(&convert(DType::F32, DType::F16, bytemuck::cast_slice(&v)));
+        assert_eq!(h, v.map(f16::from_f32).to_vec());
+        let b: Vec<bf16> = bytemuck::pod_collect_to_vec(&convert(DType::F32, DType::Bf16, bytemuck::cast_slice(&v)));
+        assert_eq!(b, v.map(bf16::from_f32).to_vec());
+        let d: Vec<f64> = bytemuck::pod_collect_to_vec(&convert(DType::F16, DType::F64, bytemuck::cast_slice(&h)));
+        assert_eq!(d, h.iter().map(|x| x.to_f64()).collect::<Vec<_>>());
+        let back: Vec<f32> = bytemuck::pod_collect_to_vec(&convert(DType::F64, DType::F32, bytemuck::cast_slice(&[0.1f64, 1e300])));
+        assert_eq!(back, vec![0.1f32, f32::INFINITY]);
+    }
+
+    #[test]
+    fn ints_convert_like_as_casts() {
+        let v = [1i64, -1, 300, i64::MAX];
+        let n: Vec<i8> = bytemuck::pod_collect_to_vec(&convert(DType::I64, DType::I8, bytemuck::cast_slice(&v)));
+        assert_eq!(n, vec![1i8, -1, 300i64 as i8, -1]);
+        let w: Vec<i32> = bytemuck::pod_collect_to_vec(&convert(DType::I8, DType::I32, bytemuck::cast_slice(&[-5i8, 7])));
+        assert_eq!(w, vec![-5, 7]);
+    }
+
+    struct Slab(SendPtr, usize);
+    impl RowAddr for Slab {
+        fn addr(&self, index: usize) -> *mut u8 {
+            self.0.0.wrapping_add(index * self.1)
+        }
+    }
+
+    #[test]
+    fn threaded_gather_and_scatter_match_a_plain_loop() {
+        let (rows, cols) = (5000usize, 3usize);
+        let mut table: Vec<u32> = (0..rows * cols).map(|i| i as u32).collect();
+        let ids: Vec<usize> = (0..20_000).map(|i| (i * 7919) % rows).collect();
+        let conv = RowConv::new(DType::I32, DType::I32, cols).unwrap();
+        let slab = Slab(SendPtr(table.as_mut_ptr().cast()), cols * 4);
+        let mut out = vec![0u8; ids.len() * cols * 4];
+        // SAFETY: every id is below `rows`; `out` is sized for the ids.
+        unsafe { gather_rows(&slab, &ids, None, conv, &mut out, 4) };
+        let out: Vec<u32> = bytemuck::pod_collect_to_vec(&out);
+        for (i, &id) in ids.iter().enumerate() {
+            assert_eq!(out[i * cols..][..cols], table[id * cols..][..cols]);
+        }
+        // Scatter: repeated ids, the last occurrence wins.
+        let src: Vec<u32> = (0..ids.len() * cols).map(|i| 1_000_000 + i as u32).collect();
+        // SAFETY: as above, the table is only reached through `slab` meanwhile.
+        unsafe { scatter_rows(&slab, &ids, conv, bytemuck::cast_slice(&src), 4) };
+        let mut last = vec![usize::MAX; rows];
+        for (i, &id) in ids.iter().enumerate() {
+            last[id] = i;
+        }
+        for (id, &i) in last.iter().enumerate() {
+            if i != usize::MAX {
+                assert_eq!(table[id * cols..][..cols], src[i * cols..][..cols], "row {id}");
+            }
+        }
+    }
+}

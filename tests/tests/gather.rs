@@ -1,0 +1,23 @@
+//! Gather and scatter on every host type with real rank processes: ids i32
+//! and i64 × widths 1, 7, 128, 129 × output f32, f16, bf16, random
+//! partitions with zero-row ranks, repeated ids, ranks with no ids; results
+//! compared with values computed by the test itself (the `half` crate for
+//! rounding); out-of-range and negative ids fail on every rank of a
+//! collective call and the next call works.
+
+use wm_tests::World;
+
+const RANK: &str = env!("CARGO_BIN_EXE_wm-test-rank");
+
+#[test]
+fn gather_and_scatter_every_type_on_1_to_4_ranks() {
+    for n in 1..=4 {
+        World::new(n).run_ok(RANK, &["gather"]);
+    }
+}
+
+#[test]
+fn distributed_and_hierarchy_across_simulated_nodes() {
+    World::new(4).nodes_of(2).run_ok(RANK, &["gather"]);
+    World::new(6).nodes_of(2).run_ok(RANK, &["gather"]);
+}
