@@ -161,6 +161,10 @@ fn hierarchy_comms(mem: &WholeMemory) -> (&Arc<dyn Communicator>, &Arc<dyn Commu
 pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
     let comm = mem.comm();
     let (local, cross) = hierarchy_comms(mem);
+    if cross.size() == 1 {
+        // One node: nothing crosses nodes, so there is nothing to de-duplicate.
+        return gather_distributed(mem, layout, conv, ids, out);
+    }
     let p = mem.partition();
     let (node_of, local_rank_of) = node_layout(comm.as_ref());
     let db = conv.dst_bytes();
@@ -184,7 +188,7 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     //    communicator's member on the owner's node.
     let owner_node: Vec<usize> = unique.iter().map(|&id| node_of[p.owner(id as usize)]).collect();
     let (uorder, ustarts) = bucket(&owner_node, cross.size());
-    let to_cross: Vec<Vec<u64>> = (0..cross.size())
+    let mut to_cross: Vec<Vec<u64>> = (0..cross.size())
         .map(|c| {
             uorder[ustarts[c]..ustarts[c + 1]]
                 .iter()
@@ -197,21 +201,43 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
                 .collect()
         })
         .collect();
+    // This rank's own unique ids stay out of the exchange.
+    let cme = cross.rank();
+    let own = std::mem::take(&mut to_cross[cme]);
     let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
     let asked = cross.alltoallv_pod(&refs)?;
     let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect();
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = cross.alltoallv(&refs)?;
     let mut unique_rows = vec![0u8; unique.len() * db];
-    for c in 0..cross.size() {
+    let own_rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
+    assert!(own_rows.iter().all(|&r| r < mem.local_rows().len()), "unique ids bucketed to this rank are its own");
+    // SAFETY: the rows are this rank's own (asserted); their positions in
+    // `unique_rows` are distinct and below unique.len().
+    unsafe {
+        kernel::gather_rows(
+            &LocalRows::new(mem, layout),
+            &own_rows,
+            Some(&uorder[ustarts[cme]..ustarts[cme + 1]]),
+            conv,
+            &mut unique_rows,
+            threads(mem),
+        )
+    };
+    for c in (0..cross.size()).filter(|&c| c != cme) {
         place(&mut unique_rows, &got[c], &uorder[ustarts[c]..ustarts[c + 1]], db);
     }
 
     // 4. Back within the node: each local rank gets its rows in the order it
-    //    asked for them.
+    //    asked for them; this rank's own requests go straight to `out`.
+    let lme = local.rank();
     let answers: Vec<Vec<u8>> = from_local
         .iter()
-        .map(|asked| {
+        .enumerate()
+        .map(|(q, asked)| {
+            if q == lme {
+                return Vec::new();
+            }
             let mut buf = vec![0u8; asked.len() * db];
             for (k, id) in asked.iter().enumerate() {
                 let u = unique.binary_search(id).expect("every asked id is in the unique set");
@@ -220,9 +246,14 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
             buf
         })
         .collect();
+    for (k, id) in from_local[lme].iter().enumerate() {
+        let u = unique.binary_search(id).expect("every asked id is in the unique set");
+        let p = order[starts[lme] + k];
+        out[p * db..][..db].copy_from_slice(&unique_rows[u * db..][..db]);
+    }
     let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
     let back = local.alltoallv(&refs)?;
-    for q in 0..local.size() {
+    for q in (0..local.size()).filter(|&q| q != lme) {
         place(out, &back[q], &order[starts[q]..starts[q + 1]], db);
     }
     Ok(())

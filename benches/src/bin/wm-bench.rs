@@ -1,25 +1,27 @@
-//! `wm-bench`: wholemem's benchmarks and demos.
+//! `wm-bench`: wholemem's benchmarks.
 //!
-//! `wm-bench fill` allocates a table of one memory type across the ranks,
-//! has every rank write its own rows (a known function of row and column),
-//! then read back every row it can reach — all rows through the mapping for
-//! continuous and chunked memory, its own rows otherwise — and verifies each
-//! value. It reports per-rank write and read GB/s (decimal) and exits
-//! non-zero if any value is wrong. Without a launcher it starts `--ranks`
-//! local ranks itself.
+//! `wm-bench gather` and `wm-bench scatter` move batches of random rows
+//! between a table spread over the ranks and a local buffer, verify every
+//! value moved, and report per-rank GB/s (decimal, output bytes for gather,
+//! input bytes for scatter) beside a baseline measured in the same run: the
+//! same batches moved by plain single-threaded code in one process, from or
+//! into a private table of the same shape. Without a launcher it starts
+//! `--ranks` local ranks itself.
 #![forbid(unsafe_code)]
 
+use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 
-use anyhow::{Context, Result, bail};
-use clap::{Parser, Subcommand};
-use wholemem::{Location, MemoryType, WholeTensor};
-use wm_bench::{Spread, default_ranks, run_as_ranks, under_launcher};
+use anyhow::{Context, Result, bail, ensure};
+use clap::{Parser, Subcommand, ValueEnum};
+use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
+use wm_bench::{Spread, default_ranks, run_as_ranks, under_launcher, values};
 use wm_comm::{CommExt, Communicator};
+use wm_gather::{DType, Ids, RowLayout};
 
 #[derive(Debug, Parser)]
-#[command(name = "wm-bench", version, about = "wholemem benchmarks and demos")]
+#[command(name = "wm-bench", version, about = "wholemem benchmarks")]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -27,41 +29,86 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Cmd {
-    /// Allocate a table, write every rank's rows, read back and verify.
-    Fill(FillArgs),
+    /// Gather random rows of a table spread over the ranks into a local buffer.
+    Gather(MoveArgs),
+    /// Scatter a local buffer into random rows of a table spread over the ranks.
+    Scatter(MoveArgs),
 }
 
-#[derive(Debug, clap::Args)]
-struct FillArgs {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum IdType {
+    I32,
+    I64,
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct MoveArgs {
     /// Memory type: continuous, chunked, distributed or hierarchy.
     #[arg(long = "type", default_value = "chunked")]
     ty: MemoryType,
     /// Location: host or device.
     #[arg(long, default_value = "host")]
     location: Location,
-    /// Ranks to start when no launcher started this process (default: cores, at most 4).
+    /// Ranks to start when no launcher (wm-run, mpirun, srun) started this process [default: cores, at most 4].
     #[arg(long)]
     ranks: Option<usize>,
     /// Pose as nodes of K ranks each (with --ranks).
     #[arg(long)]
     node_size: Option<usize>,
-    /// Rows in the table.
-    #[arg(long, default_value_t = 1 << 20)]
-    rows: usize,
-    /// f32 values per row.
+    /// Rows in the table [default: a 2 GiB table].
+    #[arg(long)]
+    rows: Option<usize>,
+    /// Elements per row.
     #[arg(long, default_value_t = 128)]
     dim: usize,
+    /// The table's element type.
+    #[arg(long, default_value = "f32")]
+    dtype: DType,
+    /// The local buffer's element type (gather output, scatter input) [default: --dtype].
+    #[arg(long)]
+    out_dtype: Option<DType>,
+    /// Id type.
+    #[arg(long, value_enum, default_value = "i64")]
+    ids: IdType,
+    /// Ids per batch, per rank.
+    #[arg(long, default_value_t = 65_536)]
+    batch: usize,
+    /// Timed batches.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 3)]
+    warmup: usize,
+    /// Seed of the random ids.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Gather,
+    Scatter,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Op::Gather => "gather",
+            Op::Scatter => "scatter",
+        }
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
-    let code = match cli.cmd {
-        Cmd::Fill(a) => fill_main(&a),
+    let result = match cli.cmd {
+        Cmd::Gather(a) => start(Op::Gather, a),
+        Cmd::Scatter(a) => start(Op::Scatter, a),
     };
-    match code {
+    match result {
         Ok(c) => std::process::exit(c),
         Err(e) => {
             eprintln!("wm-bench: {e:#}");
@@ -70,14 +117,11 @@ fn main() {
     }
 }
 
-fn value(row: usize, col: usize) -> f32 {
-    ((row * 131 + col * 7) % 65_521) as f32
-}
+const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
-fn fill_main(a: &FillArgs) -> Result<i32> {
-    if a.rows == 0 || a.dim == 0 {
-        bail!("--rows {} --dim {}: a table needs at least one row and one column", a.rows, a.dim);
-    }
+fn start(op: Op, a: MoveArgs) -> Result<i32> {
+    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
     if !under_launcher()? {
         let ranks = a.ranks.unwrap_or_else(default_ranks);
         if ranks > 1 {
@@ -85,78 +129,212 @@ fn fill_main(a: &FillArgs) -> Result<i32> {
         }
     }
     let world = wm_comm::init().context("starting the communicator")?;
-    fill(&world, a)
+    bench(op, &world, &a)
 }
 
-fn fill(world: &Arc<dyn Communicator>, a: &FillArgs) -> Result<i32> {
-    let support = wholemem::query(world.as_ref(), a.ty, a.location);
-    if let Some(reason) = support.reason() {
-        bail!("{} {} memory on {} ranks: {reason}", a.location, a.ty, world.size());
+/// A small fast generator (xorshift64*), seeded per rank and batch.
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64, rank: usize, batch: usize) -> Self {
+        let mut s = seed ^ ((rank as u64) << 40) ^ ((batch as u64) << 20) ^ 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..4 {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+        }
+        Self(s | 1)
     }
-    let mut t = WholeTensor::<f32>::matrix(world, a.ty, a.location, a.rows, a.dim, None)?;
-    let first = t.local_rows().start;
-    world.barrier()?;
-    let start = Instant::now();
-    for (i, row) in t.local_mut().chunks_mut(a.dim).enumerate() {
-        for (c, v) in row.iter_mut().enumerate() {
-            *v = value(first + i, c);
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) % n
+    }
+}
+
+fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
+    let mut rng = Rng::new(a.seed, rank, b);
+    (0..a.batch).map(|_| rng.below(rows as u64) as i64).collect()
+}
+
+fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let out_dt = a.out_dtype.unwrap_or(a.dtype);
+    let row_bytes = a.dim * a.dtype.size();
+    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
+    ensure!(rows > 0, "--rows must be positive");
+    if a.ids == IdType::I32 && rows > i32::MAX as usize {
+        bail!("--ids i32 cannot address {rows} rows");
+    }
+    if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
+        bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
+    }
+    let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
+    let mut mem = WholeMemory::allocate(world, &req)?;
+    fill(&mut mem, a);
+    let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
+    let buf_row = a.dim * out_dt.size();
+    let mut buf = vec![0u8; a.batch * buf_row];
+    let mut expect = vec![0u8; buf_row];
+    let progress = me == 0 && std::io::stderr().is_terminal();
+    let mut seconds = 0.0f64;
+    let mut wrong = 0u64;
+    let mut scattered: Vec<i64> = Vec::new();
+    for b in 0..a.warmup + a.iters {
+        let ids = batch_ids(a, rows, me, b);
+        let narrow: Vec<i32> = if a.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
+        let id_arg = || if a.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
+        if op == Op::Scatter {
+            // Every rank writes the same function of (row, column), so rows
+            // written by several ranks are the same whoever wins.
+            for (i, &id) in ids.iter().enumerate() {
+                values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut buf[i * buf_row..][..buf_row]);
+            }
+        }
+        world.barrier()?;
+        let t0 = Instant::now();
+        match op {
+            Op::Gather => wm_gather::gather(&mem, &layout, id_arg(), &mut buf, out_dt)?,
+            Op::Scatter => wm_gather::scatter(&mut mem, &layout, id_arg(), &buf, out_dt)?,
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        if b >= a.warmup {
+            seconds += dt;
+        }
+        match op {
+            Op::Gather => {
+                for (i, &id) in ids.iter().enumerate() {
+                    values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+                    wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
+                }
+            }
+            Op::Scatter if b + 1 == a.warmup + a.iters => scattered = ids,
+            Op::Scatter => {}
+        }
+        if progress {
+            eprint!("\r{} batch {}/{}", op.name(), b + 1, a.warmup + a.iters);
         }
     }
-    let write_s = start.elapsed().as_secs_f64();
-    let written = t.local().len() * 4;
-    world.barrier()?;
-    let rows: Vec<usize> = if a.ty.is_mapped() { (0..a.rows).collect() } else { t.local_rows().collect() };
-    let mut buf = vec![0f32; a.dim];
-    let mut wrong = 0u64;
-    let start = Instant::now();
-    for &row in &rows {
-        t.read_row(row, &mut buf)?;
-        wrong += buf.iter().enumerate().filter(|&(c, &v)| v != value(row, c)).count() as u64;
+    if progress {
+        eprintln!();
     }
-    let read_s = start.elapsed().as_secs_f64();
-    let read = rows.len() * a.dim * 4;
-    let stats = world.allgather_pod(&[written as f64 / write_s.max(1e-9) / 1e9, read as f64 / read_s.max(1e-9) / 1e9, wrong as f64])?;
-    let write_gbps: Vec<f64> = stats.chunks(3).map(|s| s[0]).collect();
-    let read_gbps: Vec<f64> = stats.chunks(3).map(|s| s[1]).collect();
+    if op == Op::Scatter {
+        // Read back the last batch's rows: each holds the scattered value.
+        world.barrier()?;
+        let mut back = vec![0u8; scattered.len() * row_bytes];
+        wm_gather::gather(&mem, &layout, Ids::I64(&scattered), &mut back, a.dtype)?;
+        let mut stored = vec![0u8; row_bytes];
+        for (i, &id) in scattered.iter().enumerate() {
+            values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut expect);
+            // What the table holds after converting the buffer's row back.
+            for c in 0..a.dim {
+                let v = values::get(out_dt, &expect[c * out_dt.size()..][..out_dt.size()]);
+                values::put(a.dtype, &mut stored[c * a.dtype.size()..][..a.dtype.size()], v);
+            }
+            wrong += u64::from(back[i * row_bytes..][..row_bytes] != stored[..]);
+        }
+    }
+    let bytes = (a.iters * a.batch * buf_row) as f64;
+    let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
+    world.barrier()?;
+    // The baseline: rank 0 alone, after everyone is done.
+    let baseline = if me == 0 { baseline(op, a, rows, out_dt)? } else { 0.0 };
+    world.barrier()?;
+    let nodes = {
+        let mut ids: Vec<&str> = world.nodes().iter().map(|n| n.id()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids.len()
+    };
+    mem.free()?;
+    let per_rank: Vec<f64> = stats.chunks(3).map(|s| s[0]).collect();
+    let slowest = stats.chunks(3).map(|s| s[1]).fold(0.0f64, f64::max);
     let wrong_total: f64 = stats.chunks(3).map(|s| s[2]).sum();
     let verified = wrong_total == 0.0;
-    let nodes = {
-        let mut n = world.nodes().to_vec();
-        n.dedup();
-        n.len()
-    };
-    t.free()?;
-    if world.rank() == 0 {
-        let (w, r) = (Spread::of(&write_gbps), Spread::of(&read_gbps));
+    if me == 0 {
+        let s = Spread::of(&per_rank);
+        let total = bytes * n as f64 / slowest.max(1e-12) / 1e9;
+        let ratio = s.median / baseline;
         if a.json {
             let j = serde_json::json!({
-                "op": "fill", "type": a.ty.name(), "location": a.location.name(), "ranks": world.size(), "nodes": nodes,
-                "rows": a.rows, "dim": a.dim, "dtype": "f32",
-                "write_gbps_per_rank": w, "read_gbps_per_rank": r, "rows_read_per_rank": rows.len(),
-                "verified": verified,
+                "op": op.name(), "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
+                "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
+                "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
+                "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
             });
             println!("{j}");
         } else {
             println!(
-                "fill: {} {} memory, {} ranks on {nodes} node(s), {} rows x {} f32 ({:.1} MiB)",
+                "{} {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} ids -> {}, {} timed",
+                op.name(),
                 a.location,
                 a.ty,
-                world.size(),
-                a.rows,
                 a.dim,
-                (a.rows * a.dim * 4) as f64 / 1048576.0
+                a.dtype,
+                (rows * row_bytes) as f64 / (1u64 << 30) as f64,
+                a.batch,
+                out_dt,
+                a.iters
             );
-            println!("{:<28} {:>9} {:>9} {:>9}", "per rank (GB/s)", "min", "median", "max");
-            println!("{:<28} {:>9.2} {:>9.2} {:>9.2}", "write own rows", w.min, w.median, w.max);
-            println!(
-                "{:<28} {:>9.2} {:>9.2} {:>9.2}",
-                if a.ty.is_mapped() { "read every row (mapped)" } else { "read own rows" },
-                r.min,
-                r.median,
-                r.max
-            );
-            println!("verified: {verified}{}", if verified { String::new() } else { format!(" ({wrong_total} wrong values)") });
+            println!("  per rank GB/s   min {:.2}   median {:.2}   max {:.2}", s.min, s.median, s.max);
+            println!("  all ranks GB/s  {total:.2}");
+            println!("  baseline GB/s   {baseline:.2}   (one process, one thread, private table)");
+            println!("  ratio           {ratio:.2}   (per-rank median / baseline)");
+            println!("  verified        {verified}{}", if verified { String::new() } else { format!(" ({wrong_total} wrong rows)") });
         }
     }
     Ok(if verified { 0 } else { 3 })
+}
+
+/// Fills this rank's rows with the known function of (row, column).
+fn fill(mem: &mut WholeMemory, a: &MoveArgs) {
+    let first = mem.local_rows().start;
+    let (es, row_bytes) = (a.dtype.size(), a.dim * a.dtype.size());
+    for (i, row) in mem.local_bytes_mut().chunks_mut(row_bytes).enumerate() {
+        for c in 0..a.dim {
+            values::put(a.dtype, &mut row[c * es..][..es], values::at(first + i, c, a.dtype));
+        }
+    }
+}
+
+/// The same batches (rank 0's) moved by plain single-threaded code from or
+/// into a private table of the same shape; GB/s of buffer bytes.
+fn baseline(op: Op, a: &MoveArgs, rows: usize, out_dt: DType) -> Result<f64> {
+    let (es, os) = (a.dtype.size(), out_dt.size());
+    let row_bytes = a.dim * es;
+    let buf_row = a.dim * os;
+    let mut table = vec![0u8; rows * row_bytes];
+    for (r, row) in table.chunks_mut(row_bytes).enumerate() {
+        for c in 0..a.dim {
+            values::put(a.dtype, &mut row[c * es..][..es], values::at(r, c, a.dtype));
+        }
+    }
+    let mut buf = vec![0u8; a.batch * buf_row];
+    let mut seconds = 0.0;
+    for b in 0..a.warmup + a.iters {
+        let ids = batch_ids(a, rows, 0, b);
+        let t0 = Instant::now();
+        for (i, &id) in ids.iter().enumerate() {
+            let (t, o) = (&mut table[id as usize * row_bytes..][..row_bytes], &mut buf[i * buf_row..][..buf_row]);
+            match (op, a.dtype == out_dt) {
+                (Op::Gather, true) => o.copy_from_slice(t),
+                (Op::Scatter, true) => t.copy_from_slice(o),
+                (Op::Gather, false) => {
+                    for c in 0..a.dim {
+                        values::put(out_dt, &mut o[c * os..][..os], values::get(a.dtype, &t[c * es..][..es]));
+                    }
+                }
+                (Op::Scatter, false) => {
+                    for c in 0..a.dim {
+                        values::put(a.dtype, &mut t[c * es..][..es], values::get(out_dt, &o[c * os..][..os]));
+                    }
+                }
+            }
+        }
+        if b >= a.warmup {
+            seconds += t0.elapsed().as_secs_f64();
+        }
+        std::hint::black_box(&buf);
+    }
+    Ok((a.iters * a.batch * buf_row) as f64 / seconds.max(1e-12) / 1e9)
 }
