@@ -94,6 +94,13 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// timeout.
     fn recv_fds(&self, src: usize, count: usize) -> Result<Vec<OwnedFd>>;
 
+    /// Hands back buffers that a collective returned, so the backend can
+    /// reuse them for later large messages instead of faulting in fresh
+    /// pages. Optional; the default drops them.
+    fn recycle(&self, bufs: Vec<Vec<u8>>) {
+        drop(bufs);
+    }
+
     /// This rank's world rank.
     fn world_rank(&self) -> usize {
         self.world_ranks()[self.rank()]

@@ -86,10 +86,45 @@ fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
     (order, starts)
 }
 
-/// Copies this rank's rows `local` (converted) into a new buffer.
+thread_local! {
+    /// Reply buffers of earlier calls, reused so that large exchanges do not
+    /// fault in fresh pages every time.
+    static SCRATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of `len` bytes, reused when one is at hand.
+fn scratch(len: usize) -> Vec<u8> {
+    let reused = SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        let best = s.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
+        best.map(|i| s.swap_remove(i))
+    });
+    match reused {
+        Some(mut b) => {
+            b.resize(len, 0);
+            b.truncate(len);
+            b
+        }
+        None => vec![0u8; len],
+    }
+}
+
+/// Keeps large buffers for [`scratch`].
+fn give_back(bufs: Vec<Vec<u8>>) {
+    SCRATCH.with(|s| {
+        let mut s = s.borrow_mut();
+        for b in bufs {
+            if b.capacity() >= 64 << 10 && s.len() < 16 {
+                s.push(b);
+            }
+        }
+    });
+}
+
+/// Copies this rank's rows `local` (converted) into a buffer.
 fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[u64]) -> Vec<u8> {
     let rows: Vec<usize> = local.iter().map(|&r| r as usize).collect();
-    let mut buf = vec![0u8; rows.len() * conv.dst_bytes()];
+    let mut buf = scratch(rows.len() * conv.dst_bytes());
     let n = mem.local_rows().len();
     assert!(rows.iter().all(|&r| r < n), "a peer asked for a row this rank does not own");
     // SAFETY: every row is below this rank's row count (asserted: a peer's
@@ -129,10 +164,12 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
     unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), &local, Some(mine), conv, out, threads(mem)) };
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = comm.alltoallv(&refs)?;
+    give_back(replies);
     let db = conv.dst_bytes();
     for r in (0..n).filter(|&r| r != me) {
         place(out, &got[r], &order[starts[r]..starts[r + 1]], db);
     }
+    comm.recycle(got);
     Ok(())
 }
 
@@ -209,7 +246,8 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect();
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = cross.alltoallv(&refs)?;
-    let mut unique_rows = vec![0u8; unique.len() * db];
+    give_back(replies);
+    let mut unique_rows = scratch(unique.len() * db);
     let own_rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
     assert!(own_rows.iter().all(|&r| r < mem.local_rows().len()), "unique ids bucketed to this rank are its own");
     // SAFETY: the rows are this rank's own (asserted); their positions in
@@ -227,6 +265,7 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     for c in (0..cross.size()).filter(|&c| c != cme) {
         place(&mut unique_rows, &got[c], &uorder[ustarts[c]..ustarts[c + 1]], db);
     }
+    cross.recycle(got);
 
     // 4. Back within the node: each local rank gets its rows in the order it
     //    asked for them; this rank's own requests go straight to `out`.
@@ -238,7 +277,7 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
             if q == lme {
                 return Vec::new();
             }
-            let mut buf = vec![0u8; asked.len() * db];
+            let mut buf = scratch(asked.len() * db);
             for (k, id) in asked.iter().enumerate() {
                 let u = unique.binary_search(id).expect("every asked id is in the unique set");
                 buf[k * db..][..db].copy_from_slice(&unique_rows[u * db..][..db]);
@@ -253,9 +292,12 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     }
     let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
     let back = local.alltoallv(&refs)?;
+    give_back(answers);
     for q in (0..local.size()).filter(|&q| q != lme) {
         place(out, &back[q], &order[starts[q]..starts[q + 1]], db);
     }
+    local.recycle(back);
+    give_back(vec![unique_rows]);
     Ok(())
 }
 
@@ -277,7 +319,7 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
     for r in 0..n {
         let positions = &order[starts[r]..starts[r + 1]];
         index_out.push(positions.iter().map(|&i| (rows[i] - p.offset(r)) as u64).collect::<Vec<u64>>());
-        let mut buf = vec![0u8; positions.len() * tb];
+        let mut buf = scratch(positions.len() * tb);
         // SAFETY: every position is below ids.len(), and `src` holds that
         // many rows of `sb` bytes (checked); `buf` is sized for them.
         unsafe { kernel::gather_rows(&input, positions, None, conv, &mut buf, 1) };
@@ -287,6 +329,7 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
     let got_index = comm.alltoallv_pod(&refs)?;
     let refs: Vec<&[u8]> = rows_out.iter().map(Vec::as_slice).collect();
     let got_rows = comm.alltoallv(&refs)?;
+    give_back(rows_out);
     let (granularity, skip, count) = (mem.granularity(), layout.offset * layout.dtype.size(), mem.local_rows().len());
     let local = mem.local_bytes_mut();
     for (idx, data) in got_index.iter().zip(&got_rows) {
@@ -296,5 +339,6 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
             local[row * granularity + skip..][..tb].copy_from_slice(&data[k * tb..][..tb]);
         }
     }
+    comm.recycle(got_rows);
     Ok(())
 }

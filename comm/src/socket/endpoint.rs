@@ -89,7 +89,15 @@ struct State {
     /// Communicators whose ranks fell out of step (a collective mismatch):
     /// their frames can no longer be matched, so every later call fails.
     poisoned: Vec<(u64, String)>,
+    /// Payload buffers handed back by callers, reused for large frames so a
+    /// steady stream of exchanges does not fault in fresh pages each time.
+    spare: Vec<Vec<u8>>,
 }
+
+/// Frames at least this large take their buffer from the spares.
+const SPARE_MIN: usize = 64 << 10;
+/// Spares kept at most.
+const SPARE_MAX: usize = 16;
 
 /// A frame to send within one operation.
 pub(crate) struct Outgoing<'a> {
@@ -128,7 +136,7 @@ impl Endpoint {
     /// An endpoint over established connections (`conns[world_rank]` is `None`).
     pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
-        Self { world_rank, nodes, timeout, state: Mutex::new(State { peers, broken: None, poisoned: Vec::new() }) }
+        Self { world_rank, nodes, timeout, state: Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: Vec::new() }) }
     }
 
     /// Number of ranks in the world.
@@ -336,7 +344,8 @@ impl Endpoint {
     fn read_frames(&self, st: &mut State, rank: usize) -> Result<ReadOutcome> {
         let mut progress = false;
         loop {
-            let peer = &mut st.peers[rank];
+            let State { peers, spare, broken, .. } = &mut *st;
+            let peer = &mut peers[rank];
             let Some(conn) = &peer.conn else { return Ok(ReadOutcome::Closed) };
             let fd = conn.fd();
             let unix = conn.is_unix();
@@ -371,8 +380,10 @@ impl Endpoint {
                 }
                 peer.hdr_got = 0;
                 let hdr = Header::decode(&peer.hdr).map_err(|e| self.lost(rank, "receiving", &format!("its stream is garbled: {e}")))?;
-                let len = usize::try_from(hdr.len).map_err(|_| Error::Bootstrap(format!("frame of {} bytes from rank {rank}", hdr.len)))?;
-                peer.body = Some((hdr, vec![0u8; len], 0));
+                let len =
+                    usize::try_from(hdr.len).map_err(|_| self.lost(rank, "receiving", &format!("it sent a frame of {} bytes", hdr.len)))?;
+                let buf = if len >= SPARE_MIN { take_spare(spare, len) } else { vec![0u8; len] };
+                peer.body = Some((hdr, buf, 0));
                 len == 0
             };
             if complete {
@@ -389,11 +400,21 @@ impl Endpoint {
                         let lost = hdr.seq as usize;
                         let detail = format!("rank {rank} reported that it lost rank {lost}");
                         let b = Broken { rank: lost, detail: detail.clone() };
-                        st.broken = Some(b);
+                        *broken = Some(b);
                         return Err(Error::PeerLost { rank: lost, op: "a collective", detail });
                     }
                     Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds }),
                 }
+            }
+        }
+    }
+
+    /// Keeps buffers for reuse by later large frames.
+    pub fn recycle(&self, bufs: impl IntoIterator<Item = Vec<u8>>) {
+        let mut st = self.lock();
+        for b in bufs {
+            if b.capacity() >= SPARE_MIN && st.spare.len() < SPARE_MAX {
+                st.spare.push(b);
             }
         }
     }
@@ -447,5 +468,21 @@ impl Drop for Endpoint {
                 let _ = sys::send(c.fd(), &bye);
             }
         }
+    }
+}
+
+/// A buffer of exactly `len` bytes: the smallest spare that fits, or new.
+fn take_spare(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+    let best = spare.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
+    match best {
+        Some(i) => {
+            let mut b = spare.swap_remove(i);
+            // Contents are overwritten by the frame; resizing only touches
+            // bytes beyond the old length.
+            b.resize(len, 0);
+            b.truncate(len);
+            b
+        }
+        None => vec![0u8; len],
     }
 }

@@ -297,6 +297,10 @@ impl Communicator for SocketComm {
         i.ep.transact(Op::Fds.name(), &out, &[]).map(drop)
     }
 
+    fn recycle(&self, bufs: Vec<Vec<u8>>) {
+        self.inner.ep.recycle(bufs);
+    }
+
     fn recv_fds(&self, src: usize, count: usize) -> Result<Vec<OwnedFd>> {
         self.check_rank(src, "recv_fds source")?;
         let i = &self.inner;
