@@ -5,8 +5,10 @@
 //! value moved, and report per-rank GB/s (decimal, output bytes for gather,
 //! input bytes for scatter) beside a baseline measured in the same run: the
 //! same batches moved by plain single-threaded code in one process, from or
-//! into a private table of the same shape. Without a launcher it starts
-//! `--ranks` local ranks itself.
+//! into a private table of the same shape. The baseline batches interleave
+//! with the timed ones (rank 0 runs one alone after each batch, while the
+//! other ranks wait), so both see the machine in the same state. Without a
+//! launcher it starts `--ranks` local ranks itself.
 #![forbid(unsafe_code)]
 
 use std::io::IsTerminal;
@@ -177,6 +179,8 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
     let progress = me == 0 && std::io::stderr().is_terminal();
+    let mut base = if me == 0 { Some(Baseline::new(op, a, rows, out_dt)) } else { None };
+    world.barrier()?;
     let mut seconds = 0.0f64;
     let mut wrong = 0u64;
     let mut scattered: Vec<i64> = Vec::new();
@@ -208,8 +212,13 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
                     wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
                 }
             }
-            Op::Scatter if b + 1 == a.warmup + a.iters => scattered = ids,
+            Op::Scatter if b + 1 == a.warmup + a.iters => scattered = ids.clone(),
             Op::Scatter => {}
+        }
+        // The baseline's batch, by rank 0 alone.
+        world.barrier()?;
+        if let Some(base) = &mut base {
+            base.batch(&ids, b >= a.warmup);
         }
         if progress {
             eprint!("\r{} batch {}/{}", op.name(), b + 1, a.warmup + a.iters);
@@ -236,10 +245,8 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     }
     let bytes = (a.iters * a.batch * buf_row) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
-    world.barrier()?;
-    // The baseline: rank 0 alone, after everyone is done.
-    let baseline = if me == 0 { baseline(op, a, rows, out_dt)? } else { 0.0 };
-    world.barrier()?;
+    let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
+    drop(base);
     let nodes = {
         let mut ids: Vec<&str> = world.nodes().iter().map(|n| n.id()).collect();
         ids.sort_unstable();
@@ -298,43 +305,65 @@ fn fill(mem: &mut WholeMemory, a: &MoveArgs) {
 }
 
 /// The same batches (rank 0's) moved by plain single-threaded code from or
-/// into a private table of the same shape; GB/s of buffer bytes.
-fn baseline(op: Op, a: &MoveArgs, rows: usize, out_dt: DType) -> Result<f64> {
-    let (es, os) = (a.dtype.size(), out_dt.size());
-    let row_bytes = a.dim * es;
-    let buf_row = a.dim * os;
-    let mut table = vec![0u8; rows * row_bytes];
-    for (r, row) in table.chunks_mut(row_bytes).enumerate() {
-        for c in 0..a.dim {
-            values::put(a.dtype, &mut row[c * es..][..es], values::at(r, c, a.dtype));
+/// into a private table of the same shape.
+struct Baseline {
+    op: Op,
+    table: Vec<u8>,
+    buf: Vec<u8>,
+    dim: usize,
+    dtype: DType,
+    out: DType,
+    seconds: f64,
+    bytes: f64,
+}
+
+impl Baseline {
+    fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
+        let es = a.dtype.size();
+        let row_bytes = a.dim * es;
+        let mut table = vec![0u8; rows * row_bytes];
+        for (r, row) in table.chunks_mut(row_bytes).enumerate() {
+            for c in 0..a.dim {
+                values::put(a.dtype, &mut row[c * es..][..es], values::at(r, c, a.dtype));
+            }
         }
+        let buf = vec![0u8; a.batch * a.dim * out.size()];
+        Self { op, table, buf, dim: a.dim, dtype: a.dtype, out, seconds: 0.0, bytes: 0.0 }
     }
-    let mut buf = vec![0u8; a.batch * buf_row];
-    let mut seconds = 0.0;
-    for b in 0..a.warmup + a.iters {
-        let ids = batch_ids(a, rows, 0, b);
+
+    /// Moves one batch; `timed` adds it to the figures.
+    fn batch(&mut self, ids: &[i64], timed: bool) {
+        let (es, os, dim) = (self.dtype.size(), self.out.size(), self.dim);
+        let (row_bytes, buf_row) = (dim * es, dim * os);
+        let same = self.dtype == self.out;
         let t0 = Instant::now();
         for (i, &id) in ids.iter().enumerate() {
-            let (t, o) = (&mut table[id as usize * row_bytes..][..row_bytes], &mut buf[i * buf_row..][..buf_row]);
-            match (op, a.dtype == out_dt) {
+            let t = &mut self.table[id as usize * row_bytes..][..row_bytes];
+            let o = &mut self.buf[i * buf_row..][..buf_row];
+            match (self.op, same) {
                 (Op::Gather, true) => o.copy_from_slice(t),
                 (Op::Scatter, true) => t.copy_from_slice(o),
                 (Op::Gather, false) => {
-                    for c in 0..a.dim {
-                        values::put(out_dt, &mut o[c * os..][..os], values::get(a.dtype, &t[c * es..][..es]));
+                    for c in 0..dim {
+                        values::put(self.out, &mut o[c * os..][..os], values::get(self.dtype, &t[c * es..][..es]));
                     }
                 }
                 (Op::Scatter, false) => {
-                    for c in 0..a.dim {
-                        values::put(a.dtype, &mut t[c * es..][..es], values::get(out_dt, &o[c * os..][..os]));
+                    for c in 0..dim {
+                        values::put(self.dtype, &mut t[c * es..][..es], values::get(self.out, &o[c * os..][..os]));
                     }
                 }
             }
         }
-        if b >= a.warmup {
-            seconds += t0.elapsed().as_secs_f64();
+        let dt = t0.elapsed().as_secs_f64();
+        std::hint::black_box(&self.buf);
+        if timed {
+            self.seconds += dt;
+            self.bytes += (ids.len() * buf_row) as f64;
         }
-        std::hint::black_box(&buf);
     }
-    Ok((a.iters * a.batch * buf_row) as f64 / seconds.max(1e-12) / 1e9)
+
+    fn gbps(&self) -> f64 {
+        self.bytes / self.seconds.max(1e-12) / 1e9
+    }
 }
