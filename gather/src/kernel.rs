@@ -251,13 +251,22 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
 /// Every `dst.addr(rows[i])` is writable for `conv.dst_bytes()`; `src` holds
 /// `rows.len() * conv.src_bytes()` bytes and does not overlap the table; no
 /// one else in this process accesses those rows meanwhile.
-pub(crate) unsafe fn scatter_rows(dst: &dyn RowAddr, rows: &[usize], conv: RowConv, src: &[u8], threads: usize) {
+pub(crate) unsafe fn scatter_rows(
+    dst: &dyn RowAddr,
+    rows: &[usize],
+    conv: RowConv,
+    src: &[u8],
+    threads: usize,
+    locks: Option<&wholemem::RowLocks>,
+) {
     let sb = conv.src_bytes();
     debug_assert_eq!(src.len(), rows.len() * sb);
     let input = SendPtr(src.as_ptr().cast_mut());
     let run = move |t: usize, nt: usize| {
         for (i, &r) in rows.iter().enumerate() {
             if r % nt == t {
+                // Other ranks may write the same row now: one at a time.
+                let _row = locks.map(|l| l.lock(r));
                 // SAFETY: the caller's contract; rows with r % nt == t are
                 // written only by thread t, in input order.
                 unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };
@@ -335,7 +344,7 @@ mod tests {
         // Scatter: repeated ids, the last occurrence wins.
         let src: Vec<u32> = (0..ids.len() * cols).map(|i| 1_000_000 + i as u32).collect();
         // SAFETY: as above, the table is only reached through `slab` meanwhile.
-        unsafe { scatter_rows(&slab, &ids, conv, bytemuck::cast_slice(&src), 4) };
+        unsafe { scatter_rows(&slab, &ids, conv, bytemuck::cast_slice(&src), 4, None) };
         let mut last = vec![usize::MAX; rows];
         for (i, &id) in ids.iter().enumerate() {
             last[id] = i;

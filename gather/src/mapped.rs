@@ -55,6 +55,6 @@ pub(crate) fn scatter(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, 
     let dst = MappedRows::new(mem, layout);
     // SAFETY: as for gather; `&mut WholeMemory` keeps this process's other
     // users away while the rows are written.
-    unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem)) };
+    unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem), mem.row_locks()) };
     Ok(())
 }

@@ -21,3 +21,8 @@ fn distributed_and_hierarchy_across_simulated_nodes() {
     World::new(4).nodes_of(2).run_ok(RANK, &["gather"]);
     World::new(6).nodes_of(2).run_ok(RANK, &["gather"]);
 }
+
+#[test]
+fn concurrent_scatters_into_one_row_never_tear_it() {
+    World::new(3).run_ok(RANK, &["concurrent-scatter"]);
+}

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use wm_comm::{CommExt, Communicator};
 
 use crate::capability::{Support, query};
+use crate::host::locks::RowLocks;
 use crate::host::{self, HostStorage};
 use crate::partition::Partition;
 use crate::types::{Location, MemoryType};
@@ -91,6 +92,8 @@ pub struct WholeMemory {
     storage: HostStorage,
     /// First byte of each rank's rows, where this rank maps them.
     chunk_ptrs: Vec<Option<RowPtr>>,
+    /// Striped locks shared by the node's ranks (mapped types only).
+    row_locks: Option<RowLocks>,
 }
 
 /// A pointer into memory owned by the handle that holds it.
@@ -156,19 +159,38 @@ impl WholeMemory {
         }
         let me = comm.rank();
         let (total, granularity) = (req.total, req.granularity);
-        let fds = match req.ty {
+        let (fds, lock_fd) = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
-                let mine = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me))?;
-                let exchanged = host::exchange_portions(comm.as_ref(), mine.expect("mapped types create a portion"))?;
-                agree(comm.as_ref(), exchanged)?
+                let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
+                    let locks = if me == 0 {
+                        Some(
+                            host::map::memfd("wholemem-locks", host::locks::BYTES)
+                                .map_err(|e| Error::os("creating the row-lock table", e))?,
+                        )
+                    } else {
+                        None
+                    };
+                    Ok((portion.expect("mapped types create a portion"), locks))
+                });
+                let (mine, locks) = agree(comm.as_ref(), created)?;
+                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks)?;
+                let (fds, lock_fd) = agree(comm.as_ref(), exchanged)?;
+                (fds, Some(lock_fd))
             }
-            MemoryType::Distributed | MemoryType::Hierarchy => Vec::new(),
+            MemoryType::Distributed | MemoryType::Hierarchy => (Vec::new(), None),
         };
-        let storage = agree(comm.as_ref(), host::map_storage(req.ty, &partition, granularity, total, me, &fds))?;
+        let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
+            let locks = lock_fd
+                .map(|fd| host::map::Region::shared(std::os::fd::AsFd::as_fd(&fd), host::locks::BYTES, true))
+                .transpose()
+                .map_err(|e| Error::os("mapping the row-lock table", e))?;
+            Ok((storage, locks.map(RowLocks::new)))
+        });
+        let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
         drop(fds);
         let chunk_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
         let hierarchy = (req.ty == MemoryType::Hierarchy).then(|| (comm.local(), comm.cross()));
-        Ok(Self { comm: comm.clone(), hierarchy, ty: req.ty, loc: req.loc, total, granularity, partition, storage, chunk_ptrs })
+        Ok(Self { comm: comm.clone(), hierarchy, ty: req.ty, loc: req.loc, total, granularity, partition, storage, chunk_ptrs, row_locks })
     }
 
     /// Frees the table collectively: returns once every rank has stopped
@@ -239,6 +261,13 @@ impl WholeMemory {
         self.chunk_ptrs.get(r).copied().flatten().map(|p| p.0)
     }
 
+    /// The striped row locks that writers through the mapping take, so
+    /// concurrent writes to one row from several ranks never tear it
+    /// (Continuous and Chunked only).
+    pub fn row_locks(&self) -> Option<&RowLocks> {
+        self.row_locks.as_ref()
+    }
+
     /// The pointer through which every row is reachable (Continuous only):
     /// row `i` starts at `base + i * granularity`.
     pub fn continuous_base(&self) -> Option<*mut u8> {
@@ -298,7 +327,9 @@ impl WholeMemory {
     /// # Errors
     /// As [`read_rows`](Self::read_rows).
     pub fn write_rows(&mut self, first: usize, src: &[u8]) -> Result<()> {
+        let locks = self.row_locks.as_ref();
         self.each_row(first, src.len(), |dst, i, g| {
+            let _row = locks.map(|l| l.lock(first + i));
             // SAFETY: `dst` points at a mapped row of `g` bytes; `src` is a
             // distinct private buffer.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(i * g), dst, g) }

@@ -31,6 +31,7 @@ mod types;
 pub use capability::{Support, query};
 pub use error::{Error, Result};
 pub use handle::{AllocRequest, WholeMemory};
+pub use host::locks::{RowGuard, RowLocks};
 pub use partition::Partition;
 pub use tensor::{MAX_DIMS, TensorDesc, WholeTensor};
 pub use types::{Location, MemoryType};

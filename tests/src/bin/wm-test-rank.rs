@@ -28,6 +28,7 @@ fn main() {
             "bad-input" => bad_input(&world),
             "lose-peer" => lose_peer(&world, rest),
             "gather" => gather_scatter(&world),
+            "concurrent-scatter" => concurrent_scatter(&world),
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -533,6 +534,38 @@ fn gather_scatter(world: &Comm) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Every rank scatters whole rows of its own constant into the same rows of
+/// mapped memory at the same time, many times: every row must end up whole
+/// (one rank's constant throughout), never torn.
+fn concurrent_scatter(world: &Comm) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (8usize, 16384usize);
+    for ty in [MemoryType::Continuous, MemoryType::Chunked] {
+        let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, cols, None)?;
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        let src = vec![(me + 1) as f32; rows * cols];
+        let mut out = vec![0f32; rows * cols];
+        for round in 0..60 {
+            // Everyone starts together, so the writes overlap.
+            world.barrier()?;
+            wm_gather::scatter_from(&mut t, &ids, &src)?;
+            world.barrier()?;
+            wm_gather::gather_into(&t, &ids, &mut out)?;
+            for (r, row) in out.chunks(cols).enumerate() {
+                let first = row[0];
+                ensure!(first >= 1.0 && first <= n as f32, "{ty}: row {r} holds {first}");
+                ensure!(
+                    row.iter().all(|&v| v == first),
+                    "{ty} round {round}: row {r} is torn: starts with {first}, also holds {:?}",
+                    row.iter().find(|&&v| v != first)
+                );
+            }
+        }
+        t.free()?;
     }
     Ok(())
 }

@@ -11,6 +11,7 @@
 //! next portion's first byte: a rank's rows may end in a page its successor
 //! backs. Ownership of rows (the partition) is unaffected.
 
+pub(crate) mod locks;
 pub(crate) mod map;
 
 use std::os::fd::{AsFd, OwnedFd};
@@ -73,7 +74,10 @@ pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, 
 /// not stop the rounds — an empty frame stands in for the descriptor — so
 /// every rank finishes the exchange and the caller can agree on the inner
 /// result. The outer error is a lost peer or a timeout, which ends it early.
-pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd) -> Result<Result<Vec<OwnedFd>>> {
+///
+/// Rank 0 also hands out the table's row-lock memfd, riding with its portion;
+/// the lock table comes back as the last element.
+pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, locks: Option<OwnedFd>) -> Result<Result<(Vec<OwnedFd>, OwnedFd)>> {
     let fatal = |e: wm_comm::Error| match e {
         e @ (wm_comm::Error::PeerLost { .. } | wm_comm::Error::Timeout { .. }) => Err(Error::Comm(e)),
         e => Ok(Error::Comm(e)),
@@ -85,24 +89,36 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd) -> Resul
         Ok(fd) => all[me] = Some(fd),
         Err(e) => first_err = Some(Error::os("duplicating a descriptor", e)),
     }
+    let mut lock_fd = None;
+    let mut outgoing = vec![mine.as_fd()];
+    if let Some(l) = &locks {
+        outgoing.push(l.as_fd());
+    }
     for k in 1..n {
         let (to, from) = ((me + k) % n, (me + n - k) % n);
-        if let Err(e) = comm.send_fds(to, &[mine.as_fd()]) {
+        if let Err(e) = comm.send_fds(to, &outgoing) {
             let e = fatal(e)?;
             first_err.get_or_insert(e);
             comm.send_fds(to, &[])?;
         }
-        match comm.recv_fds(from, 1) {
-            Ok(mut fds) => all[from] = fds.pop(),
+        match comm.recv_fds(from, if from == 0 { 2 } else { 1 }) {
+            Ok(mut fds) => {
+                if from == 0 {
+                    lock_fd = fds.pop();
+                }
+                all[from] = fds.pop();
+            }
             Err(e) => {
                 let e = fatal(e)?;
                 first_err.get_or_insert(e);
             }
         }
     }
-    Ok(match first_err {
-        Some(e) => Err(e),
-        None => Ok(all.into_iter().map(|f| f.expect("every rank's descriptor arrived")).collect()),
+    let lock_fd = lock_fd.or(locks);
+    Ok(match (first_err, lock_fd) {
+        (Some(e), _) => Err(e),
+        (None, None) => Err(Error::InvalidArgument("rank 0 sent no row-lock table".into())),
+        (None, Some(l)) => Ok((all.into_iter().map(|f| f.expect("every rank's descriptor arrived")).collect(), l)),
     })
 }
 
