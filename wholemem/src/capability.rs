@@ -13,6 +13,7 @@
 use std::fmt;
 
 use wm_comm::Communicator;
+use wm_topology::domains::{self, RankPlace};
 
 use crate::types::{Location, MemoryType};
 
@@ -52,46 +53,26 @@ impl fmt::Display for Support {
     }
 }
 
+/// Why this build has no device memory.
+pub const NO_CUDA: &str = "this build of wholemem has no CUDA support, so device memory is unavailable";
+
 /// Whether `comm` can hold memory of type `ty` at `loc`.
 ///
 /// Local and free: it uses what the communicator already knows (every rank's
-/// node), so every rank gets the same answer without communicating.
+/// node), so every rank gets the same answer without communicating. The
+/// rules are `wm_topology::domains`'.
 pub fn query(comm: &dyn Communicator, ty: MemoryType, loc: Location) -> Support {
-    match loc {
-        Location::Device => {
-            Support::Unsupported { reason: "this build of wholemem has no CUDA support, so device memory is unavailable".to_owned() }
-        }
-        Location::Host if ty.is_mapped() => {
-            let nodes = comm.nodes();
-            match (1..nodes.len()).find(|&r| nodes[r] != nodes[0]) {
-                None => Support::Supported,
-                Some(r) => Support::Unsupported {
-                    reason: format!(
-                        "ranks {} and {} are on different nodes ({} and {}); {ty} memory maps every rank's portion into every rank, which needs all ranks on one node (use distributed or hierarchy)",
-                        comm.world_ranks()[0],
-                        comm.world_ranks()[r],
-                        nodes[0],
-                        nodes[r],
-                    ),
-                },
-            }
-        }
-        Location::Host if ty == MemoryType::Hierarchy => {
-            let nodes = comm.nodes();
-            let count = |n| nodes.iter().filter(|m| *m == n).count();
-            match nodes.iter().find(|n| count(*n) != count(&nodes[0])) {
-                None => Support::Supported,
-                Some(n) => Support::Unsupported {
-                    reason: format!(
-                        "node {} has {} ranks and node {} has {}; hierarchy memory pairs ranks across nodes by local rank, which needs the same number of ranks on every node",
-                        nodes[0],
-                        count(&nodes[0]),
-                        n,
-                        count(n)
-                    ),
-                },
-            }
-        }
-        Location::Host => Support::Supported,
+    let places: Vec<RankPlace<'_>> =
+        comm.nodes().iter().zip(comm.world_ranks()).map(|(n, &rank)| RankPlace { rank, node: n.id(), record: None, gpu: None }).collect();
+    let t = MemoryType::ALL.iter().position(|&x| x == ty).expect("every type is listed");
+    let l = Location::ALL.iter().position(|&x| x == loc).expect("every location is listed");
+    match &domains::matrix(&places, Err(NO_CUDA.to_owned()))[t][l] {
+        Ok(()) => Support::Supported,
+        Err(reason) if loc == Location::Host && ty.is_mapped() => Support::Unsupported {
+            reason: format!(
+                "{reason}; {ty} memory maps every rank's portion into every rank, which needs all ranks on one node (use distributed or hierarchy)"
+            ),
+        },
+        Err(reason) => Support::Unsupported { reason: reason.clone() },
     }
 }

@@ -35,6 +35,22 @@ enum Cmd {
     Gather(MoveArgs),
     /// Scatter a local buffer into random rows of a table spread over the ranks.
     Scatter(MoveArgs),
+    /// Print this machine's topology and which memory types and locations the
+    /// ranks support, with reasons; `--active` also tries each one.
+    Probe(ProbeArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct ProbeArgs {
+    /// Allocate, write and read back a small table of every supported combination, across the ranks.
+    #[arg(long)]
+    active: bool,
+    /// One JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+    /// Exit non-zero unless each TYPE:LOCATION given (comma-separated) is supported (and, with --active, passes).
+    #[arg(long, value_delimiter = ',')]
+    require: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -109,6 +125,7 @@ fn main() {
     let result = match cli.cmd {
         Cmd::Gather(a) => start(Op::Gather, a),
         Cmd::Scatter(a) => start(Op::Scatter, a),
+        Cmd::Probe(a) => probe(&a),
     };
     match result {
         Ok(c) => std::process::exit(c),
@@ -173,7 +190,7 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     }
     let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
-    fill(&mut mem, a);
+    fill(&mut mem, a.dim, a.dtype);
     let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
     let buf_row = a.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
@@ -294,12 +311,12 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
 }
 
 /// Fills this rank's rows with the known function of (row, column).
-fn fill(mem: &mut WholeMemory, a: &MoveArgs) {
+fn fill(mem: &mut WholeMemory, dim: usize, dtype: DType) {
     let first = mem.local_rows().start;
-    let (es, row_bytes) = (a.dtype.size(), a.dim * a.dtype.size());
+    let (es, row_bytes) = (dtype.size(), dim * dtype.size());
     for (i, row) in mem.local_bytes_mut().chunks_mut(row_bytes).enumerate() {
-        for c in 0..a.dim {
-            values::put(a.dtype, &mut row[c * es..][..es], values::at(first + i, c, a.dtype));
+        for c in 0..dim {
+            values::put(dtype, &mut row[c * es..][..es], values::at(first + i, c, dtype));
         }
     }
 }
@@ -365,5 +382,146 @@ impl Baseline {
 
     fn gbps(&self) -> f64 {
         self.bytes / self.seconds.max(1e-12) / 1e9
+    }
+}
+
+/// One cell of the support matrix.
+#[derive(Debug, serde::Serialize)]
+struct Cell {
+    #[serde(rename = "type")]
+    ty: &'static str,
+    location: &'static str,
+    supported: bool,
+    reason: Option<String>,
+    /// With --active: "passed", or what failed.
+    active: Option<String>,
+}
+
+fn parse_requirement(s: &str) -> Result<(MemoryType, Location)> {
+    let (t, l) = s.split_once(':').with_context(|| format!("--require {s:?}: expected TYPE:LOCATION, e.g. chunked:host"))?;
+    Ok((t.parse::<MemoryType>().map_err(anyhow::Error::msg)?, l.parse::<Location>().map_err(anyhow::Error::msg)?))
+}
+
+fn probe(a: &ProbeArgs) -> Result<i32> {
+    let required: Vec<(MemoryType, Location)> = a.require.iter().map(|s| parse_requirement(s)).collect::<Result<_>>()?;
+    let world = wm_comm::init().context("starting the communicator")?;
+    let me = world.rank();
+    let record = wm_topology::TopologyRecord::discover();
+    let records: Vec<wm_topology::TopologyRecord> = world
+        .allgatherv(serde_json::to_string(&record)?.as_bytes())?
+        .iter()
+        .map(|b| serde_json::from_slice(b))
+        .collect::<Result<_, _>>()?;
+    let mut cells = Vec::new();
+    for ty in MemoryType::ALL {
+        for loc in Location::ALL {
+            let support = wholemem::query(world.as_ref(), ty, loc);
+            let active = if a.active && support.is_supported() { Some(try_combination(&world, ty, loc)) } else { None };
+            cells.push(Cell {
+                ty: ty.name(),
+                location: loc.name(),
+                supported: support.is_supported(),
+                reason: support.reason().map(str::to_owned),
+                active,
+            });
+        }
+    }
+    let passes = |c: &Cell| c.supported && c.active.as_deref().is_none_or(|r| r == "passed");
+    let missing: Vec<String> = required
+        .iter()
+        .filter(|(t, l)| !cells.iter().any(|c| c.ty == t.name() && c.location == l.name() && passes(c)))
+        .map(|(t, l)| format!("{t}:{l}"))
+        .collect();
+    if me == 0 {
+        // One record per node.
+        let mut nodes: Vec<&wm_topology::TopologyRecord> = Vec::new();
+        for r in &records {
+            if !nodes.iter().any(|n| n.node_id == r.node_id) {
+                nodes.push(r);
+            }
+        }
+        if a.json {
+            let j = serde_json::json!({ "ranks": world.size(), "nodes": nodes, "matrix": cells, "required_missing": missing });
+            println!("{j}");
+        } else {
+            for n in &nodes {
+                let ranks: Vec<usize> = records.iter().enumerate().filter(|(_, r)| r.node_id == n.node_id).map(|(i, _)| i).collect();
+                println!(
+                    "node {} (ranks {ranks:?}): {} package(s), {} cores, {} threads, {} NUMA node(s)",
+                    n.hostname,
+                    n.cpu.packages,
+                    n.cpu.cores,
+                    n.cpu.pus,
+                    n.numa.len()
+                );
+                for nic in &n.nics {
+                    println!("  nic {} {}", nic.name, nic.pci_bus_id.as_deref().unwrap_or("(virtual)"));
+                }
+                if n.gpus.is_empty() {
+                    println!("  no GPUs: {}", n.gpu_note.as_deref().unwrap_or("none found"));
+                }
+                for g in &n.gpus {
+                    println!(
+                        "  gpu {} {} ({:.0} GiB) at {}, NUMA {:?}, {} NVLinks, nearest NIC {:?}",
+                        g.index,
+                        g.name,
+                        g.memory_bytes as f64 / (1u64 << 30) as f64,
+                        g.pci_bus_id,
+                        g.numa_node,
+                        g.nvlinks_active,
+                        g.nearest_nic
+                    );
+                }
+            }
+            println!("{:<12} {:<7} answer", "type", "where");
+            for c in &cells {
+                let answer = match (&c.reason, &c.active) {
+                    (Some(r), _) => format!("unsupported: {r}"),
+                    (None, Some(r)) if r == "passed" => "supported, active check passed".to_owned(),
+                    (None, Some(r)) => format!("supported, but the active check FAILED: {r}"),
+                    (None, None) => "supported".to_owned(),
+                };
+                println!("{:<12} {:<7} {answer}", c.ty, c.location);
+            }
+            if !missing.is_empty() {
+                println!("required but not passing: {}", missing.join(", "));
+            }
+        }
+    }
+    Ok(if missing.is_empty() && cells.iter().all(|c| c.active.as_deref().is_none_or(|r| r == "passed")) { 0 } else { 4 })
+}
+
+/// Allocates a small table of `ty` at `loc`, has every rank write its rows,
+/// gathers every row on every rank and checks it; "passed" or what failed.
+fn try_combination(world: &Arc<dyn Communicator>, ty: MemoryType, loc: Location) -> String {
+    let (rows, dim) = (4099usize, 33usize);
+    let run = || -> Result<()> {
+        let req = AllocRequest { ty, loc, total: rows * dim * 4, granularity: dim * 4, partition: None };
+        let mut mem = WholeMemory::allocate(world, &req)?;
+        fill(&mut mem, dim, DType::F32);
+        world.barrier()?;
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        let mut out = vec![0u8; rows * dim * 4];
+        wm_gather::gather(&mem, &RowLayout { dtype: DType::F32, cols: dim, offset: 0 }, Ids::I64(&ids), &mut out, DType::F32)?;
+        let mut expect = vec![0u8; dim * 4];
+        let wrong = (0..rows)
+            .filter(|&r| {
+                values::row(r, dim, DType::F32, DType::F32, &mut expect);
+                out[r * dim * 4..][..dim * 4] != expect[..]
+            })
+            .count();
+        mem.free()?;
+        ensure!(wrong == 0, "{wrong} of {rows} rows read back wrong");
+        Ok(())
+    };
+    let mine = run();
+    // Every rank learns every rank's outcome.
+    let msg = mine.as_ref().err().map(|e| format!("{e:#}")).unwrap_or_default();
+    match world.allgatherv(msg.as_bytes()) {
+        Ok(all) => match all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
+            None => "passed".to_owned(),
+            Some((r, m)) => format!("rank {r}: {}", String::from_utf8_lossy(m)),
+        },
+        Err(e) => format!("{e}"),
     }
 }
