@@ -21,6 +21,8 @@
 mod communicator;
 mod error;
 pub mod launch;
+#[cfg(feature = "mpi")]
+pub mod mpi_backend;
 pub mod ranks;
 pub mod socket;
 mod sys;
@@ -34,9 +36,30 @@ pub use socket::{Rendezvous, SocketComm};
 
 /// The world communicator for this process, from the environment.
 ///
+/// The backend: `WM_BACKEND` (`auto`, `socket`, `mpi`); `auto` picks MPI when
+/// built with the `mpi` feature and started by an MPI launcher, else the
+/// embedded sockets.
+///
 /// # Errors
 /// [`Error::Bootstrap`] when the environment names a world of several ranks
 /// but no way to meet; [`Error::Timeout`] naming ranks that never arrived.
 pub fn init() -> Result<Arc<dyn Communicator>> {
-    Ok(Arc::new(SocketComm::from_env()?))
+    let backend = wm_topology::env::WM_BACKEND.get();
+    match backend.as_deref() {
+        None | Some("auto") => {
+            #[cfg(feature = "mpi")]
+            if mpi_backend::launched_by_mpi() {
+                return Ok(Arc::new(mpi_backend::MpiComm::from_env()?));
+            }
+            Ok(Arc::new(SocketComm::from_env()?))
+        }
+        Some("socket") => Ok(Arc::new(SocketComm::from_env()?)),
+        #[cfg(feature = "mpi")]
+        Some("mpi") => Ok(Arc::new(mpi_backend::MpiComm::from_env()?)),
+        #[cfg(not(feature = "mpi"))]
+        Some("mpi") => {
+            Err(Error::Unsupported { what: "WM_BACKEND=mpi".into(), reason: "this build has no MPI support (the `mpi` feature)".into() })
+        }
+        Some(other) => Err(Error::Bootstrap(format!("WM_BACKEND={other:?}: expected auto, socket or mpi"))),
+    }
 }

@@ -66,6 +66,12 @@ pub const WM_TIMEOUT_S: EnvVar = EnvVar {
     default: "300",
     doc: "seconds a blocking call waits for a peer before failing with a timeout that names it",
 };
+/// Which communicator backend to use.
+pub const WM_BACKEND: EnvVar = EnvVar {
+    name: "WM_BACKEND",
+    default: "auto: MPI when built with `mpi` and started by mpirun, else sockets",
+    doc: "`auto`, `socket` or `mpi`",
+};
 /// Threads per rank for local row copies.
 pub const WM_THREADS: EnvVar = EnvVar {
     name: "WM_THREADS",

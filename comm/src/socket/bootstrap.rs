@@ -166,6 +166,26 @@ pub(crate) fn rendezvous(l: &mut Listeners, how: &Rendezvous, timeout: Duration)
     Ok(infos)
 }
 
+/// Another communicator's allgather: this rank's bytes in, every rank's out.
+pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
+
+/// Rendezvous through a caller's exchange (another communicator's
+/// allgather): each rank's record in, everyone's out.
+pub(crate) fn exchange(l: &mut Listeners, exchange: &mut Exchange<'_>) -> Result<Vec<RankInfo>> {
+    l.set_ip(host_addr_override()?.unwrap_or_else(hostname_ip));
+    let mine = serde_json::to_vec(&l.info).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let infos = exchange(&mine)?
+        .iter()
+        .map(|b| serde_json::from_slice::<RankInfo>(b).map_err(|e| Error::Bootstrap(format!("a rank's record does not parse: {e}"))))
+        .collect::<Result<Vec<_>>>()?;
+    for (r, i) in infos.iter().enumerate() {
+        if i.rank != r || i.world != l.info.world {
+            return Err(Error::Bootstrap(format!("the exchange returned rank {}'s record at position {r}", i.rank)));
+        }
+    }
+    Ok(infos)
+}
+
 fn write_frame(s: &mut TcpStream, v: &impl Serialize) -> io::Result<()> {
     let body = serde_json::to_vec(v).map_err(io::Error::other)?;
     s.write_all(&(body.len() as u32).to_le_bytes())?;
@@ -327,7 +347,7 @@ fn hello(from: usize, from_nonce: u64, to_nonce: u64) -> [u8; 32] {
 
 /// Connects every pair of ranks. Returns one connection per rank (`None` at
 /// this rank's index).
-pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: &Rendezvous, deadline: Instant) -> Result<Vec<Option<Conn>>> {
+pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: Option<&Rendezvous>, deadline: Instant) -> Result<Vec<Option<Conn>>> {
     let me = l.info.rank;
     let world = infos.len();
     let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
@@ -342,7 +362,7 @@ pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: &Rendezvous, dead
                     }
                     // A record left by an earlier job: wait for the fresh one.
                     std::thread::sleep(Duration::from_millis(20));
-                    if let Rendezvous::Dir(dir) = how
+                    if let Some(Rendezvous::Dir(dir)) = how
                         && let Some(i) = read_rank_file(dir, r, world)
                     {
                         infos[r] = i;
@@ -377,11 +397,11 @@ pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: &Rendezvous, dead
                         // We read a stale record of rank r; the caller wrote
                         // its fresh one before calling.
                         match how {
-                            Rendezvous::Dir(dir) => match read_rank_file(dir, r, world) {
+                            Some(Rendezvous::Dir(dir)) => match read_rank_file(dir, r, world) {
                                 Some(i) if i.nonce == caller_nonce => infos[r] = i,
                                 _ => continue,
                             },
-                            Rendezvous::Tcp(_) => continue,
+                            _ => continue,
                         }
                     }
                     conns[r] = Some(c);

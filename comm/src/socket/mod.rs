@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-pub use bootstrap::Rendezvous;
+pub use bootstrap::{Exchange, Rendezvous};
 use endpoint::{Endpoint, Outgoing, Wanted};
 use wire::{Header, Kind, Op};
 use wm_topology::NodeIdentity;
@@ -39,8 +39,16 @@ struct Inner {
     me: usize,
     seq: AtomicU64,
     splits: AtomicU64,
-    local: OnceLock<Arc<dyn Communicator>>,
-    cross: OnceLock<Arc<dyn Communicator>>,
+    local: OnceLock<SocketComm>,
+    cross: OnceLock<SocketComm>,
+}
+
+/// A bootstrap timeout reports the configured limit.
+fn with_secs(e: Error, timeout: std::time::Duration) -> Error {
+    match e {
+        Error::Timeout { op, ranks, .. } => Error::Timeout { op, ranks, secs: timeout.as_secs_f64() },
+        e => e,
+    }
 }
 
 /// A stable 64-bit mix for communicator ids (FNV-1a over the parts).
@@ -85,19 +93,43 @@ impl SocketComm {
                 wm_topology::env::WM_RENDEZVOUS.name
             ))
         })?;
-        let fix = |e: Error| match e {
-            Error::Timeout { op, ranks, .. } => Error::Timeout { op, ranks, secs: timeout.as_secs_f64() },
-            e => e,
-        };
         let start = Instant::now();
         let mut l = bootstrap::Listeners::open(rank, world, &node)?;
-        let mut infos = bootstrap::rendezvous(&mut l, how, timeout).map_err(fix)?;
-        let conns = bootstrap::mesh(&l, &mut infos, how, start + timeout).map_err(fix)?;
+        let infos = bootstrap::rendezvous(&mut l, how, timeout).map_err(|e| with_secs(e, timeout))?;
+        let comm = Self::connect(&l, infos, Some(how), start + timeout, timeout)?;
+        bootstrap::remove_rank_file(how, rank);
+        Ok(comm)
+    }
+
+    /// The world communicator, meeting through `exchange` instead of
+    /// `WM_RENDEZVOUS`: it receives this rank's record and returns every
+    /// rank's, in rank order (another communicator's allgather, e.g. MPI's).
+    ///
+    /// # Errors
+    /// As [`SocketComm::from_env`], and whatever `exchange` returns.
+    pub fn bootstrap_with(rank: usize, world: usize, timeout: std::time::Duration, exchange: &mut Exchange<'_>) -> Result<Self> {
+        let node = NodeIdentity::discover();
+        if world == 1 {
+            return Ok(Self::world(Endpoint::new(0, vec![node], vec![None], timeout)));
+        }
+        let start = Instant::now();
+        let mut l = bootstrap::Listeners::open(rank, world, &node)?;
+        let infos = bootstrap::exchange(&mut l, exchange)?;
+        Self::connect(&l, infos, None, start + timeout, timeout)
+    }
+
+    fn connect(
+        l: &bootstrap::Listeners,
+        mut infos: Vec<bootstrap::RankInfo>,
+        how: Option<&Rendezvous>,
+        deadline: Instant,
+        timeout: std::time::Duration,
+    ) -> Result<Self> {
+        let conns = bootstrap::mesh(l, &mut infos, how, deadline).map_err(|e| with_secs(e, timeout))?;
         let nodes = infos.iter().map(|i| i.node()).collect();
-        let comm = Self::world(Endpoint::new(rank, nodes, conns, timeout));
+        let comm = Self::world(Endpoint::new(l.info.rank, nodes, conns, timeout));
         // Everyone has read every record once all are connected.
         comm.barrier()?;
-        bootstrap::remove_rank_file(how, rank);
         Ok(comm)
     }
 
@@ -124,12 +156,60 @@ impl SocketComm {
         }
     }
 
-    fn sub(&self, id: u64, ranks: &[usize]) -> Arc<dyn Communicator> {
+    fn sub(&self, id: u64, ranks: &[usize]) -> SocketComm {
         let i = &self.inner;
         let members: Vec<usize> = ranks.iter().map(|&r| i.members[r]).collect();
         let nodes = ranks.iter().map(|&r| i.nodes[r].clone()).collect();
         let me = ranks.iter().position(|&r| r == i.me).expect("this rank is a member");
-        Arc::new(Self::with_members(i.ep.clone(), id, members, nodes, me))
+        Self::with_members(i.ep.clone(), id, members, nodes, me)
+    }
+
+    /// [`Communicator::split`], as a `SocketComm`.
+    ///
+    /// # Errors
+    /// As [`Communicator::split`].
+    pub fn split_socket(&self, color: u32, key: u32) -> Result<SocketComm> {
+        let mine = [color.to_le_bytes(), key.to_le_bytes()].concat();
+        let all = self.allgather(&mine)?;
+        let word = |i: usize| u32::from_le_bytes(all[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
+        let mut ranks: Vec<usize> = (0..self.size()).filter(|&r| word(2 * r) == color).collect();
+        ranks.sort_by_key(|&r| (word(2 * r + 1), r));
+        let n = self.inner.splits.fetch_add(1, Ordering::Relaxed);
+        Ok(self.sub(mix(&[self.inner.id, 0x5b117, n, u64::from(color)]), &ranks))
+    }
+
+    /// [`Communicator::local`], as a `SocketComm`.
+    pub fn local_socket(&self) -> SocketComm {
+        self.inner
+            .local
+            .get_or_init(|| {
+                let i = &self.inner;
+                let ranks: Vec<usize> = (0..i.members.len()).filter(|&r| i.nodes[r] == i.nodes[i.me]).collect();
+                self.sub(mix(&[i.id, 0x10ca1]), &ranks)
+            })
+            .clone()
+    }
+
+    /// [`Communicator::cross`], as a `SocketComm`.
+    pub fn cross_socket(&self) -> SocketComm {
+        self.inner
+            .cross
+            .get_or_init(|| {
+                let i = &self.inner;
+                // Nodes in order of their lowest rank; local rank = position on the node.
+                let mut node_order: Vec<&NodeIdentity> = Vec::new();
+                for n in &i.nodes {
+                    if !node_order.contains(&n) {
+                        node_order.push(n);
+                    }
+                }
+                let local_rank = |r: usize| (0..r).filter(|&q| i.nodes[q] == i.nodes[r]).count();
+                let mine = local_rank(i.me);
+                let ranks: Vec<usize> =
+                    node_order.iter().filter_map(|n| (0..i.members.len()).filter(|&r| &i.nodes[r] == *n).nth(mine)).collect();
+                self.sub(mix(&[i.id, 0xc2055, mine as u64]), &ranks)
+            })
+            .clone()
     }
 
     /// One collective: sends `send[r]` (if any) to each rank `r` and waits
@@ -234,45 +314,15 @@ impl Communicator for SocketComm {
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
-        let mine = [color.to_le_bytes(), key.to_le_bytes()].concat();
-        let all = self.allgather(&mine)?;
-        let word = |i: usize| u32::from_le_bytes(all[i * 4..i * 4 + 4].try_into().expect("4 bytes"));
-        let mut ranks: Vec<usize> = (0..self.size()).filter(|&r| word(2 * r) == color).collect();
-        ranks.sort_by_key(|&r| (word(2 * r + 1), r));
-        let n = self.inner.splits.fetch_add(1, Ordering::Relaxed);
-        Ok(self.sub(mix(&[self.inner.id, 0x5b117, n, u64::from(color)]), &ranks))
+        Ok(Arc::new(self.split_socket(color, key)?))
     }
 
     fn local(&self) -> Arc<dyn Communicator> {
-        self.inner
-            .local
-            .get_or_init(|| {
-                let i = &self.inner;
-                let ranks: Vec<usize> = (0..i.members.len()).filter(|&r| i.nodes[r] == i.nodes[i.me]).collect();
-                self.sub(mix(&[i.id, 0x10ca1]), &ranks)
-            })
-            .clone()
+        Arc::new(self.local_socket())
     }
 
     fn cross(&self) -> Arc<dyn Communicator> {
-        self.inner
-            .cross
-            .get_or_init(|| {
-                let i = &self.inner;
-                // Nodes in order of their lowest rank; local rank = position on the node.
-                let mut node_order: Vec<&NodeIdentity> = Vec::new();
-                for n in &i.nodes {
-                    if !node_order.contains(&n) {
-                        node_order.push(n);
-                    }
-                }
-                let local_rank = |r: usize| (0..r).filter(|&q| i.nodes[q] == i.nodes[r]).count();
-                let mine = local_rank(i.me);
-                let ranks: Vec<usize> =
-                    node_order.iter().filter_map(|n| (0..i.members.len()).filter(|&r| &i.nodes[r] == *n).nth(mine)).collect();
-                self.sub(mix(&[i.id, 0xc2055, mine as u64]), &ranks)
-            })
-            .clone()
+        Arc::new(self.cross_socket())
     }
 
     fn send_fds(&self, dest: usize, fds: &[BorrowedFd<'_>]) -> Result<()> {

@@ -144,7 +144,10 @@ fn collectives(world: &Comm) -> Result<()> {
     }
 
     // A mismatch is named on a sub-communicator; the world stays usable.
-    if n > 1 {
+    // (MPI cannot detect a mismatch: its collectives would wait forever.)
+    if world.backend() == "mpi" {
+        println!("skip the mismatch check: the MPI backend cannot detect mismatched collectives");
+    } else if n > 1 {
         let sub = world.split(0, me as u32)?;
         let err = if me == 0 { sub.barrier().err() } else { sub.allgatherv(b"x").err() };
         let err = err.context("mismatched collectives must fail")?;
