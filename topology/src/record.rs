@@ -150,6 +150,17 @@ impl TopologyRecord {
     /// empty, and `gpu_note` says why there are no GPUs.
     pub fn discover() -> Self {
         let node = NodeIdentity::discover();
+        #[cfg(feature = "hwloc")]
+        if let Some(mut r) = hwloc::read() {
+            let (mut gpus, p2p, gpu_note) = nvml::gpus();
+            for g in &mut gpus {
+                g.nearest_nic = nearest_nic(&g.pci_bus_id, g.numa_node, &r.pci, &r.nics);
+            }
+            r.node_id = node.id().to_owned();
+            r.hostname = node.hostname().to_owned();
+            (r.gpus, r.p2p, r.gpu_note) = (gpus, p2p, gpu_note);
+            return r;
+        }
         let pci = sysfs::pci_devices();
         let nics = sysfs::nics();
         let (mut gpus, p2p, gpu_note) = nvml::gpus();
@@ -208,10 +219,90 @@ pub fn nearest_nic(gpu_bus: &str, gpu_numa: Option<u32>, pci: &[PciDevice], nics
         .map(|(_, _, name)| name.clone())
 }
 
+#[cfg(feature = "hwloc")]
+mod hwloc {
+    //! CPUs, NUMA nodes and PCI devices through hwloc (hwlocality).
+    use super::*;
+    use hwlocality::Topology;
+    use hwlocality::object::attributes::ObjectAttributes;
+    use hwlocality::object::types::ObjectType;
+    use hwlocality::topology::builder::TypeFilter;
+
+    /// hwloc prints a CPU set as `CpuSet(0-3)`; records hold the list alone.
+    fn cpu_list(s: String) -> String {
+        s.strip_prefix("CpuSet(").and_then(|x| x.strip_suffix(')')).map_or(s.clone(), str::to_owned)
+    }
+
+    /// `None` when hwloc cannot build a topology (the caller falls back to sysfs).
+    pub(super) fn read() -> Option<TopologyRecord> {
+        let topo = Topology::builder().with_io_type_filter(TypeFilter::KeepAll).ok()?.build().ok()?;
+        let count = |t| topo.objects_with_type(t).count();
+        let cpu = CpuSummary { packages: count(ObjectType::Package), cores: count(ObjectType::Core), pus: count(ObjectType::PU) };
+        let numa = topo
+            .objects_with_type(ObjectType::NUMANode)
+            .map(|n| NumaNode {
+                id: n.os_index().unwrap_or(0) as u32,
+                cpus: n.cpuset().map(|c| cpu_list(c.to_string())).unwrap_or_default(),
+                memory_bytes: n.total_memory(),
+            })
+            .collect();
+        let mut pci: Vec<PciDevice> = topo
+            .pci_devices()
+            .filter_map(|d| {
+                let Some(ObjectAttributes::PCIDevice(a)) = d.attributes() else { return None };
+                let bus_id = format!("{:04x}:{:02x}:{:02x}.{:x}", a.domain(), a.bus_id(), a.bus_device(), a.function());
+                let local = d.first_non_io_ancestor();
+                Some(PciDevice {
+                    class: u32::from(a.class_id()) << 8,
+                    vendor: a.vendor_id(),
+                    device: a.device_id(),
+                    numa_node: None,
+                    local_cpus: local.and_then(|o| o.cpuset()).map(|c| cpu_list(c.to_string())).unwrap_or_default(),
+                    path: sysfs::pci_path(&bus_id),
+                    bus_id,
+                })
+            })
+            .collect();
+        pci.sort_by(|a, b| a.bus_id.cmp(&b.bus_id));
+        // hwloc gives no NUMA node per device; sysfs does.
+        for d in &mut pci {
+            d.numa_node = sysfs::pci_numa(&d.bus_id);
+        }
+        Some(TopologyRecord {
+            node_id: String::new(),
+            hostname: String::new(),
+            source: "hwloc".to_owned(),
+            cpu,
+            numa,
+            pci,
+            nics: sysfs::nics(),
+            gpus: Vec::new(),
+            p2p: Vec::new(),
+            gpu_note: None,
+        })
+    }
+}
+
 mod sysfs {
     //! Plain sysfs readers: the fallback when hwloc is not compiled in.
     use super::*;
     use std::collections::BTreeSet;
+
+    /// A device's path in the PCI tree.
+    #[cfg_attr(not(feature = "hwloc"), allow(dead_code))]
+    pub(super) fn pci_path(bus_id: &str) -> String {
+        std::fs::canonicalize(Path::new("/sys/bus/pci/devices").join(bus_id))
+            .map(|c| c.to_string_lossy().trim_start_matches("/sys/devices/").to_owned())
+            .unwrap_or_else(|_| bus_id.to_owned())
+    }
+
+    /// A device's NUMA node.
+    #[cfg_attr(not(feature = "hwloc"), allow(dead_code))]
+    pub(super) fn pci_numa(bus_id: &str) -> Option<u32> {
+        read(Path::new("/sys/bus/pci/devices").join(bus_id).join("numa_node"))
+            .and_then(|n| n.parse::<i64>().ok())
+            .and_then(|n| u32::try_from(n).ok())
+    }
 
     fn read(p: impl AsRef<Path>) -> Option<String> {
         std::fs::read_to_string(p).ok().map(|s| s.trim().to_owned())
@@ -267,14 +358,12 @@ mod sysfs {
             for e in dir.flatten() {
                 let p = e.path();
                 let bus_id = e.file_name().to_string_lossy().into_owned();
-                let path = std::fs::canonicalize(&p)
-                    .map(|c| c.to_string_lossy().trim_start_matches("/sys/devices/").to_owned())
-                    .unwrap_or_else(|_| bus_id.clone());
+                let path = pci_path(&bus_id);
                 out.push(PciDevice {
                     class: hex(read(p.join("class"))).unwrap_or(0),
                     vendor: hex(read(p.join("vendor"))).unwrap_or(0),
                     device: hex(read(p.join("device"))).unwrap_or(0),
-                    numa_node: read(p.join("numa_node")).and_then(|n| n.parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok()),
+                    numa_node: pci_numa(&bus_id),
                     local_cpus: read(p.join("local_cpulist")).unwrap_or_default(),
                     path,
                     bus_id,
@@ -402,7 +491,19 @@ mod tests {
         if r.gpus.is_empty() {
             assert!(r.gpu_note.is_some(), "no GPUs and no reason");
         }
+        assert_eq!(r.source, if cfg!(feature = "hwloc") { "hwloc" } else { "sysfs" });
+        assert_eq!(r.numa.is_empty(), std::fs::read_dir("/sys/devices/system/node").is_err());
         assert_eq!(TopologyRecord::from_json(&r.to_json()).unwrap(), r);
+    }
+
+    #[cfg(feature = "hwloc")]
+    #[test]
+    fn hwloc_and_sysfs_agree_on_this_machine() {
+        let h = hwloc::read().expect("hwloc builds a topology");
+        assert_eq!(h.cpu, sysfs::cpu_summary());
+        assert_eq!(h.numa, sysfs::numa_nodes());
+        let buses = |v: &[PciDevice]| v.iter().map(|d| (d.bus_id.clone(), d.vendor, d.device, d.path.clone())).collect::<Vec<_>>();
+        assert_eq!(buses(&h.pci), buses(&sysfs::pci_devices()));
     }
 
     #[test]
