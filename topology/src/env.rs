@@ -66,6 +66,12 @@ pub const WM_TIMEOUT_S: EnvVar = EnvVar {
     default: "300",
     doc: "seconds a blocking call waits for a peer before failing with a timeout that names it",
 };
+/// The GPU this rank uses.
+pub const WM_DEVICE: EnvVar = EnvVar {
+    name: "WM_DEVICE",
+    default: "local rank modulo the node's GPU count",
+    doc: "the NVML index of the GPU this rank uses (several ranks may share one)",
+};
 /// Which communicator backend to use.
 pub const WM_BACKEND: EnvVar = EnvVar {
     name: "WM_BACKEND",

@@ -13,6 +13,7 @@
 use std::fmt;
 
 use wm_comm::Communicator;
+use wm_topology::TopologyRecord;
 use wm_topology::domains::{self, RankPlace};
 
 use crate::types::{Location, MemoryType};
@@ -64,9 +65,84 @@ pub const NO_CUDA: &str = "this build of wholemem has no CUDA support, so device
 pub fn query(comm: &dyn Communicator, ty: MemoryType, loc: Location) -> Support {
     let places: Vec<RankPlace<'_>> =
         comm.nodes().iter().zip(comm.world_ranks()).map(|(n, &rank)| RankPlace { rank, node: n.id(), record: None, gpu: None }).collect();
+    answer(&places, ty, loc, Err(NO_CUDA.to_owned()))
+}
+
+/// The capability query over every rank's hardware record: built once,
+/// collectively, then asked as often as needed.
+///
+/// Where [`query`] knows only which node each rank is on, this also knows
+/// each rank's GPU (by `WM_DEVICE`, else local rank modulo the node's GPU
+/// count) and the P2P matrix between them, so device answers name ranks and
+/// GPUs.
+#[derive(Debug, Clone)]
+pub struct Capabilities {
+    records: Vec<TopologyRecord>,
+    ranks: Vec<usize>,
+    gpus: Vec<Option<u32>>,
+    cuda: Result<(), String>,
+}
+
+impl Capabilities {
+    /// Discovers this rank's hardware and allgathers every rank's record.
+    /// Collective.
+    ///
+    /// # Errors
+    /// A lost peer or a timeout; a record that does not parse.
+    pub fn gather(comm: &dyn Communicator) -> crate::Result<Self> {
+        let mine = TopologyRecord::discover();
+        let text = serde_json::to_vec(&mine).map_err(|e| crate::Error::InvalidArgument(e.to_string()))?;
+        let records = comm
+            .allgatherv(&text)?
+            .iter()
+            .map(|b| serde_json::from_slice(b).map_err(|e| crate::Error::InvalidArgument(format!("a rank's topology record: {e}"))))
+            .collect::<crate::Result<Vec<TopologyRecord>>>()?;
+        let requested: Vec<Option<u32>> = comm
+            .allgatherv(&wm_topology::env::WM_DEVICE.get().unwrap_or_default().into_bytes())?
+            .iter()
+            .map(|b| std::str::from_utf8(b).ok().and_then(|s| s.trim().parse().ok()))
+            .collect();
+        Ok(Self::from_records(records, comm.world_ranks().to_vec(), &requested, Err(NO_CUDA.to_owned())))
+    }
+
+    /// From records already at hand (one per rank, in rank order).
+    pub fn from_records(records: Vec<TopologyRecord>, ranks: Vec<usize>, requested: &[Option<u32>], cuda: Result<(), String>) -> Self {
+        let gpus = (0..records.len())
+            .map(|r| {
+                let local = (0..r).filter(|&q| records[q].node_id == records[r].node_id).count();
+                domains::bind_gpu(local, &records[r], requested.get(r).copied().flatten())
+            })
+            .collect();
+        Self { records, ranks, gpus, cuda }
+    }
+
+    /// Every rank's record, in rank order.
+    pub fn records(&self) -> &[TopologyRecord] {
+        &self.records
+    }
+
+    /// The GPU each rank would use.
+    pub fn gpus(&self) -> &[Option<u32>] {
+        &self.gpus
+    }
+
+    /// Whether the ranks can hold memory of type `ty` at `loc`, and why not.
+    pub fn query(&self, ty: MemoryType, loc: Location) -> Support {
+        let places: Vec<RankPlace<'_>> = self
+            .records
+            .iter()
+            .zip(&self.ranks)
+            .zip(&self.gpus)
+            .map(|((rec, &rank), &gpu)| RankPlace { rank, node: &rec.node_id, record: Some(rec), gpu })
+            .collect();
+        answer(&places, ty, loc, self.cuda.clone())
+    }
+}
+
+fn answer(places: &[RankPlace<'_>], ty: MemoryType, loc: Location, cuda: Result<(), String>) -> Support {
     let t = MemoryType::ALL.iter().position(|&x| x == ty).expect("every type is listed");
     let l = Location::ALL.iter().position(|&x| x == loc).expect("every location is listed");
-    match &domains::matrix(&places, Err(NO_CUDA.to_owned()))[t][l] {
+    match &domains::matrix(places, cuda)[t][l] {
         Ok(()) => Support::Supported,
         Err(reason) if loc == Location::Host && ty.is_mapped() => Support::Unsupported {
             reason: format!(
@@ -74,5 +150,31 @@ pub fn query(comm: &dyn Communicator, ty: MemoryType, loc: Location) -> Support 
             ),
         },
         Err(reason) => Support::Unsupported { reason: reason.clone() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pcie() -> TopologyRecord {
+        let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../topology/fixtures/pcie-2socket-4gpu.json");
+        TopologyRecord::load(&p).unwrap()
+    }
+
+    #[test]
+    fn device_answers_name_ranks_and_gpus_and_follow_wm_device() {
+        let four = vec![pcie(); 4];
+        let caps = Capabilities::from_records(four.clone(), vec![0, 1, 2, 3], &[None; 4], Ok(()));
+        assert_eq!(caps.gpus(), &[Some(0), Some(1), Some(2), Some(3)]);
+        let no = caps.query(MemoryType::Continuous, Location::Device);
+        assert!(no.reason().unwrap().contains("rank 0 (GPU 0) cannot reach rank 2 (GPU 2): no P2P"), "{no}");
+        assert!(caps.query(MemoryType::Distributed, Location::Device).is_supported());
+        // WM_DEVICE puts all four ranks on the first socket's GPUs.
+        let caps = Capabilities::from_records(four, vec![0, 1, 2, 3], &[Some(0), Some(1), Some(0), Some(1)], Ok(()));
+        assert!(caps.query(MemoryType::Chunked, Location::Device).is_supported());
+        let caps = Capabilities::from_records(vec![pcie()], vec![0], &[None], Err(NO_CUDA.to_owned()));
+        assert_eq!(caps.query(MemoryType::Chunked, Location::Device).reason(), Some(NO_CUDA));
+        assert!(caps.query(MemoryType::Chunked, Location::Host).is_supported());
     }
 }

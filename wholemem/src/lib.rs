@@ -28,7 +28,7 @@ mod partition;
 mod tensor;
 mod types;
 
-pub use capability::{NO_CUDA, Support, query};
+pub use capability::{Capabilities, NO_CUDA, Support, query};
 pub use error::{Error, Result};
 pub use handle::{AllocRequest, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};

@@ -406,16 +406,14 @@ fn probe(a: &ProbeArgs) -> Result<i32> {
     let required: Vec<(MemoryType, Location)> = a.require.iter().map(|s| parse_requirement(s)).collect::<Result<_>>()?;
     let world = wm_comm::init().context("starting the communicator")?;
     let me = world.rank();
-    let record = wm_topology::TopologyRecord::discover();
-    let records: Vec<wm_topology::TopologyRecord> = world
-        .allgatherv(serde_json::to_string(&record)?.as_bytes())?
-        .iter()
-        .map(|b| serde_json::from_slice(b))
-        .collect::<Result<_, _>>()?;
+    let caps = wholemem::Capabilities::gather(world.as_ref())?;
+    let records = caps.records();
     let mut cells = Vec::new();
     for ty in MemoryType::ALL {
         for loc in Location::ALL {
-            let support = wholemem::query(world.as_ref(), ty, loc);
+            let support = caps.query(ty, loc);
+            // The allocator asks the node-level query; the two must agree.
+            debug_assert!(support.is_supported() <= wholemem::query(world.as_ref(), ty, loc).is_supported());
             let active = if a.active && support.is_supported() { Some(try_combination(&world, ty, loc)) } else { None };
             cells.push(Cell {
                 ty: ty.name(),
@@ -435,7 +433,7 @@ fn probe(a: &ProbeArgs) -> Result<i32> {
     if me == 0 {
         // One record per node.
         let mut nodes: Vec<&wm_topology::TopologyRecord> = Vec::new();
-        for r in &records {
+        for r in records {
             if !nodes.iter().any(|n| n.node_id == r.node_id) {
                 nodes.push(r);
             }
