@@ -219,13 +219,25 @@ impl Communicator for MpiComm {
         self.sub(c, k, sock)
     }
 
-    /// Collective on its first call (it splits the MPI communicator).
+    /// Collective on its first call: `MPI_Comm_split_type(SHARED)`, or a
+    /// split by node id when `WM_NODE_ID` poses ranks as other nodes.
     fn local(&self) -> Arc<dyn Communicator> {
         self.inner
             .local
             .get_or_init(|| {
                 let sock = self.inner.sock.local_socket();
                 let nodes = self.nodes();
+                if nodes.iter().all(|n| !n.overridden()) {
+                    let shared = self.mpi().0.split_shared(self.rank() as i32);
+                    // The MPI library's idea of a node and ours (host name +
+                    // boot id) must agree on every rank, or descriptors would
+                    // go to ranks that cannot receive them; decided together.
+                    let agrees = u8::from(shared.size() as usize == sock.size());
+                    let all = self.allgatherv(&[agrees]).expect("MPI allgather on a valid communicator");
+                    if all.iter().all(|v| v.first() == Some(&1)) {
+                        return Arc::new(Self::wrap(Handle(shared), sock, self.inner.runtime.clone())) as Arc<dyn Communicator>;
+                    }
+                }
                 let color = (0..nodes.len()).find(|&r| nodes[r] == nodes[self.rank()]).expect("this rank's node") as i32;
                 self.sub(color, self.rank() as i32, sock).expect("MPI split of a valid communicator")
             })
