@@ -251,7 +251,7 @@ impl Communicator for MpiComm {
             .get_or_init(|| {
                 let sock = self.inner.sock.cross_socket();
                 let nodes = self.nodes();
-                let local_rank = (0..self.rank()).filter(|&q| nodes[q] == nodes[self.rank()]).count() as i32;
+                let local_rank = wm_topology::NodeLayout::of(nodes).local[self.rank()] as i32;
                 self.sub(local_rank, self.rank() as i32, sock).expect("MPI split of a valid communicator")
             })
             .clone()

@@ -173,24 +173,6 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
     Ok(())
 }
 
-/// Each rank's node index (nodes in order of their lowest rank) and local
-/// rank, the numbering `local()` and `cross()` use.
-fn node_layout(comm: &dyn Communicator) -> (Vec<usize>, Vec<usize>) {
-    let nodes = comm.nodes();
-    let mut seen: Vec<&wm_topology::NodeIdentity> = Vec::new();
-    let mut node = Vec::with_capacity(nodes.len());
-    let mut local = Vec::with_capacity(nodes.len());
-    for (r, n) in nodes.iter().enumerate() {
-        let idx = seen.iter().position(|s| *s == n).unwrap_or_else(|| {
-            seen.push(n);
-            seen.len() - 1
-        });
-        node.push(idx);
-        local.push((0..r).filter(|&q| nodes[q] == *n).count());
-    }
-    (node, local)
-}
-
 fn hierarchy_comms(mem: &WholeMemory) -> (&Arc<dyn Communicator>, &Arc<dyn Communicator>) {
     (mem.local_comm().expect("hierarchy memory has a local communicator"), mem.cross_comm().expect("and a cross communicator"))
 }
@@ -203,7 +185,8 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
         return gather_distributed(mem, layout, conv, ids, out);
     }
     let p = mem.partition();
-    let (node_of, local_rank_of) = node_layout(comm.as_ref());
+    let placement = wm_topology::NodeLayout::of(comm.nodes());
+    let (node_of, local_rank_of) = (&placement.node, &placement.local);
     let db = conv.dst_bytes();
     let rows = ids.to_rows();
 

@@ -14,5 +14,5 @@ pub mod env;
 pub mod node;
 pub mod record;
 
-pub use node::NodeIdentity;
+pub use node::{NodeIdentity, NodeLayout};
 pub use record::TopologyRecord;

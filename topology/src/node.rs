@@ -58,6 +58,44 @@ impl fmt::Display for NodeIdentity {
     }
 }
 
+/// Where each rank sits among the nodes: nodes numbered in order of their
+/// lowest rank, and each rank's position on its node (its local rank). The
+/// numbering the local and cross communicators use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeLayout {
+    /// Node index of each rank.
+    pub node: Vec<usize>,
+    /// Local rank of each rank.
+    pub local: Vec<usize>,
+    /// Number of nodes.
+    pub nodes: usize,
+}
+
+impl NodeLayout {
+    /// The layout of ranks whose nodes are `ids` (anything comparable).
+    pub fn of<T: PartialEq>(ids: &[T]) -> Self {
+        let mut firsts: Vec<&T> = Vec::new();
+        let mut per_node: Vec<usize> = Vec::new();
+        let (mut node, mut local) = (Vec::with_capacity(ids.len()), Vec::with_capacity(ids.len()));
+        for id in ids {
+            let n = firsts.iter().position(|f| *f == id).unwrap_or_else(|| {
+                firsts.push(id);
+                per_node.push(0);
+                firsts.len() - 1
+            });
+            node.push(n);
+            local.push(per_node[n]);
+            per_node[n] += 1;
+        }
+        Self { node, local, nodes: firsts.len() }
+    }
+
+    /// The rank with local rank `l` on node `n`, if that node has one.
+    pub fn rank_at(&self, n: usize, l: usize) -> Option<usize> {
+        (0..self.node.len()).find(|&r| self.node[r] == n && self.local[r] == l)
+    }
+}
+
 /// The host name from the kernel, or `localhost` when it cannot be read.
 pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -70,6 +108,16 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layout_numbers_nodes_by_lowest_rank() {
+        let l = NodeLayout::of(&["b", "a", "b", "a", "c"]);
+        assert_eq!(l.node, vec![0, 1, 0, 1, 2]);
+        assert_eq!(l.local, vec![0, 0, 1, 1, 0]);
+        assert_eq!(l.nodes, 3);
+        assert_eq!(l.rank_at(1, 1), Some(3));
+        assert_eq!(l.rank_at(2, 1), None);
+    }
 
     #[test]
     fn discovered_identity_contains_hostname() {

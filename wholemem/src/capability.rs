@@ -107,12 +107,10 @@ impl Capabilities {
 
     /// From records already at hand (one per rank, in rank order).
     pub fn from_records(records: Vec<TopologyRecord>, ranks: Vec<usize>, requested: &[Option<u32>], cuda: Result<(), String>) -> Self {
-        let gpus = (0..records.len())
-            .map(|r| {
-                let local = (0..r).filter(|&q| records[q].node_id == records[r].node_id).count();
-                domains::bind_gpu(local, &records[r], requested.get(r).copied().flatten())
-            })
-            .collect();
+        let ids: Vec<&str> = records.iter().map(|r| r.node_id.as_str()).collect();
+        let layout = wm_topology::NodeLayout::of(&ids);
+        let gpus =
+            (0..records.len()).map(|r| domains::bind_gpu(layout.local[r], &records[r], requested.get(r).copied().flatten())).collect();
         Self { records, ranks, gpus, cuda }
     }
 

@@ -181,7 +181,7 @@ impl WholeMemory {
         };
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
             let locks = lock_fd
-                .map(|fd| host::map::Region::shared(std::os::fd::AsFd::as_fd(&fd), host::locks::BYTES, true))
+                .map(|fd| host::map::Region::shared(std::os::fd::AsFd::as_fd(&fd), host::locks::BYTES))
                 .transpose()
                 .map_err(|e| Error::os("mapping the row-lock table", e))?;
             Ok((storage, locks.map(RowLocks::new)))

@@ -18,7 +18,7 @@ use std::time::Instant;
 pub use bootstrap::{Exchange, Rendezvous};
 use endpoint::{Endpoint, Outgoing, Wanted};
 use wire::{Header, Kind, Op};
-use wm_topology::NodeIdentity;
+use wm_topology::{NodeIdentity, NodeLayout};
 
 use crate::communicator::Communicator;
 use crate::ranks::RankEnv;
@@ -196,17 +196,9 @@ impl SocketComm {
             .cross
             .get_or_init(|| {
                 let i = &self.inner;
-                // Nodes in order of their lowest rank; local rank = position on the node.
-                let mut node_order: Vec<&NodeIdentity> = Vec::new();
-                for n in &i.nodes {
-                    if !node_order.contains(&n) {
-                        node_order.push(n);
-                    }
-                }
-                let local_rank = |r: usize| (0..r).filter(|&q| i.nodes[q] == i.nodes[r]).count();
-                let mine = local_rank(i.me);
-                let ranks: Vec<usize> =
-                    node_order.iter().filter_map(|n| (0..i.members.len()).filter(|&r| &i.nodes[r] == *n).nth(mine)).collect();
+                let layout = NodeLayout::of(&i.nodes);
+                let mine = layout.local[i.me];
+                let ranks: Vec<usize> = (0..layout.nodes).filter_map(|n| layout.rank_at(n, mine)).collect();
                 self.sub(mix(&[i.id, 0xc2055, mine as u64]), &ranks)
             })
             .clone()

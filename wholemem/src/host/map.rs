@@ -76,11 +76,11 @@ impl Region {
         Ok(region)
     }
 
-    /// `len` bytes of a shared file from offset 0 (`len > 0`). `populate`
-    /// fills in the page tables now, so the first access does not fault.
-    pub fn shared(fd: BorrowedFd<'_>, len: usize, populate: bool) -> io::Result<Self> {
+    /// `len` bytes of a shared file from offset 0 (`len > 0`), page tables
+    /// filled in now so that no later access faults.
+    pub fn shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
         assert!(len > 0);
-        let flags = libc::MAP_SHARED | if populate { libc::MAP_POPULATE } else { 0 };
+        let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
         let ptr = mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd())?;
         let region = Self { ptr, len };
         region.advise_huge_pages();
@@ -102,9 +102,9 @@ impl Region {
     /// No reference into `offset..offset + len` of this region may be alive:
     /// the old pages vanish. Call it while building a reservation, before
     /// handing out pointers.
-    pub unsafe fn place(&self, offset: usize, fd: BorrowedFd<'_>, len: usize, populate: bool) -> io::Result<()> {
+    pub unsafe fn place(&self, offset: usize, fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
         assert!(offset % page_size() == 0 && len > 0 && offset + len <= self.len, "placement outside the reservation");
-        let flags = libc::MAP_SHARED | libc::MAP_FIXED | if populate { libc::MAP_POPULATE } else { 0 };
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE;
         // SAFETY: the target range is inside this reservation (asserted), so
         // MAP_FIXED replaces only pages this Region owns.
         let at = unsafe { self.ptr.as_ptr().add(offset) };
@@ -146,10 +146,10 @@ mod tests {
         let res = Region::reserve(3 * page).unwrap();
         // SAFETY: nothing points into the fresh reservation.
         unsafe {
-            res.place(0, a.as_fd(), page, true).unwrap();
-            res.place(page, b.as_fd(), 2 * page, false).unwrap();
+            res.place(0, a.as_fd(), page).unwrap();
+            res.place(page, b.as_fd(), 2 * page).unwrap();
         }
-        let other = Region::shared(b.as_fd(), 2 * page, false).unwrap();
+        let other = Region::shared(b.as_fd(), 2 * page).unwrap();
         // SAFETY: both ranges are mapped read-write and exclusively used here.
         unsafe {
             res.ptr().add(page + 5).write(42);

@@ -141,7 +141,7 @@ pub(crate) fn map_storage(
                 if end > at {
                     // SAFETY: the reservation is fresh; no pointer into it
                     // has been handed out yet.
-                    unsafe { res.place(at, fd.as_fd(), end - at, true) }.map_err(oops("mapping a rank's portion"))?;
+                    unsafe { res.place(at, fd.as_fd(), end - at) }.map_err(oops("mapping a rank's portion"))?;
                 }
             }
             Ok(HostStorage::Continuous(res))
@@ -152,7 +152,7 @@ pub(crate) fn map_storage(
                 .enumerate()
                 .map(|(r, fd)| {
                     let len = p.count(r) * granularity;
-                    (len > 0).then(|| Region::shared(fd.as_fd(), len, true)).transpose().map_err(oops("mapping a rank's portion"))
+                    (len > 0).then(|| Region::shared(fd.as_fd(), len)).transpose().map_err(oops("mapping a rank's portion"))
                 })
                 .collect::<Result<Vec<_>>>()?;
             Ok(HostStorage::Chunked(maps))
