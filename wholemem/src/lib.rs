@@ -3,7 +3,8 @@
 //! A [`WholeMemory`] is allocated collectively over a communicator, as one of
 //! four [`MemoryType`]s at a [`Location`]. Before allocating, [`query`] says
 //! whether the combination can work here and, when not, why. A
-//! [`WholeTensor`] gives the bytes a shape and an element type.
+//! [`WholeTensor`] gives the bytes a shape and an element type. [`files`]
+//! loads a table from sharded NPY or raw files and stores it back.
 //!
 //! ```no_run
 //! use wholemem::{Location, MemoryType, WholeTensor};
@@ -22,6 +23,7 @@
 
 mod capability;
 mod error;
+pub mod files;
 mod handle;
 mod host;
 mod partition;
@@ -29,7 +31,7 @@ mod tensor;
 mod types;
 
 pub use capability::{Capabilities, NO_CUDA, Support, query};
-pub use error::{Error, Result};
+pub use error::{Error, Result, ShardProblem};
 pub use handle::{AllocRequest, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};
 pub use partition::Partition;

@@ -1,0 +1,333 @@
+//! Discovering which rows each file holds, before any data is read.
+
+use std::fs::File;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use super::npy::Header;
+use super::{ElementType, FileKind, RowFormat, ShardSet, Source};
+use crate::error::ShardProblem;
+use crate::{Error, Result};
+
+/// One file of a [`Layout`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardFile {
+    /// Where it is.
+    pub path: PathBuf,
+    /// Rows it holds.
+    pub rows: u64,
+    /// Byte offset of its first row (0 for raw files).
+    pub data_offset: u64,
+}
+
+/// What a set of shard files holds: the files in order, the rows of each
+/// and their cumulative offsets, the element type and the row shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    files: Vec<ShardFile>,
+    /// `offsets[i]` is the first global row of file `i`; one more entry
+    /// holds the total.
+    offsets: Vec<u64>,
+    elem: ElementType,
+    row_shape: Vec<u64>,
+}
+
+/// A piece of a read: rows `file_rows` of file `file` go to the
+/// destination's rows starting at `dest_row` (relative to the range asked
+/// for).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    /// Index into [`Layout::files`].
+    pub file: usize,
+    /// Rows within the file.
+    pub file_rows: Range<u64>,
+    /// Where they go, in rows from the start of the range asked for.
+    pub dest_row: u64,
+}
+
+impl Layout {
+    /// The files, in row order.
+    pub fn files(&self) -> &[ShardFile] {
+        &self.files
+    }
+
+    /// Rows in all files together.
+    pub fn rows(&self) -> u64 {
+        *self.offsets.last().expect("offsets has files + 1 entries")
+    }
+
+    /// The first global row of each file, then the total.
+    pub fn offsets(&self) -> &[u64] {
+        &self.offsets
+    }
+
+    /// The element type of every file.
+    pub fn element_type(&self) -> ElementType {
+        self.elem
+    }
+
+    /// The shape of one row (the dimensions after the first).
+    pub fn row_shape(&self) -> &[u64] {
+        &self.row_shape
+    }
+
+    /// Bytes per row.
+    pub fn row_bytes(&self) -> u64 {
+        self.elem.size() as u64 * self.row_shape.iter().product::<u64>()
+    }
+
+    /// The pieces of files that hold global rows `rows`, in order: a binary
+    /// search for the first file, then every file up to the end of the
+    /// range (files without rows are skipped).
+    pub fn pieces(&self, rows: Range<u64>) -> Vec<Piece> {
+        let mut out = Vec::new();
+        if rows.is_empty() {
+            return out;
+        }
+        let n = self.files.len();
+        let mut f = self.offsets[..n].partition_point(|&o| o <= rows.start).saturating_sub(1);
+        while f < n && self.offsets[f] < rows.end {
+            let (lo, hi) = (rows.start.max(self.offsets[f]), rows.end.min(self.offsets[f + 1]));
+            if lo < hi {
+                out.push(Piece { file: f, file_rows: lo - self.offsets[f]..hi - self.offsets[f], dest_row: lo - rows.start });
+            }
+            f += 1;
+        }
+        out
+    }
+
+    /// A text that two ranks produce alike exactly when they see the same
+    /// layout: one line per file.
+    pub(crate) fn canonical(&self) -> String {
+        let mut s = format!("element type {}, row shape {:?}, {} files\n", self.elem, self.row_shape, self.files.len());
+        for f in &self.files {
+            s.push_str(&format!("{}: {} rows from byte {}\n", f.path.display(), f.rows, f.data_offset));
+        }
+        s
+    }
+
+    /// Checks the layout against the table it is loaded into.
+    pub(crate) fn check_table(&self, row: &RowFormat, table_rows: usize, place: &Path) -> Result<()> {
+        let first = self.files.first().map_or(place, |f| f.path.as_path());
+        if self.elem != row.elem {
+            return Err(Error::shards(first, ShardProblem::ElementType { file: self.elem.name(), table: row.elem.name() }));
+        }
+        if self.row_shape != row.shape {
+            return Err(Error::shards(first, ShardProblem::RowShape { file: self.row_shape.clone(), table: row.shape.clone() }));
+        }
+        if self.rows() != table_rows as u64 {
+            return Err(Error::shards(place, ShardProblem::RowCount { files: self.rows(), table: table_rows as u64 }));
+        }
+        Ok(())
+    }
+}
+
+/// The first line where two canonical layouts differ.
+pub(crate) fn first_difference(mine: &str, other: &str) -> String {
+    let (a, b): (Vec<&str>, Vec<&str>) = (mine.lines().collect(), other.lines().collect());
+    for i in 0..a.len().max(b.len()) {
+        match (a.get(i), b.get(i)) {
+            (Some(x), Some(y)) if x == y => {}
+            (x, y) => return format!("{:?} vs {:?}", y.copied().unwrap_or("(nothing)"), x.copied().unwrap_or("(nothing)")),
+        }
+    }
+    "(no difference)".to_owned()
+}
+
+/// Parses `shard_<digits>.npy`.
+fn shard_number(name: &str) -> Option<u64> {
+    let digits = name.strip_prefix("shard_")?.strip_suffix(".npy")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Whether `name` is a shard file's name, `shard_<digits>.npy`.
+pub(crate) fn is_shard_name(name: &str) -> bool {
+    shard_number(name).is_some()
+}
+
+/// The canonical name of shard `n`.
+pub(crate) fn shard_name(n: u64) -> String {
+    format!("shard_{n:04}.npy")
+}
+
+/// The `shard_NNNN.npy` files of `dir`, in numbering order, checked to run
+/// from 0 without gaps or duplicates.
+pub(crate) fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Error::shards(dir, ShardProblem::MissingDirectory)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => return Err(Error::shards(dir, ShardProblem::NotADirectory)),
+        Err(e) => return Err(Error::os(format!("listing {}", dir.display()), e)),
+    };
+    let mut found: Vec<(u64, String)> = Vec::new();
+    for e in entries {
+        let e = e.map_err(|e| Error::os(format!("listing {}", dir.display()), e))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        if let Some(n) = shard_number(&name) {
+            found.push((n, name));
+        }
+    }
+    if found.is_empty() {
+        return Err(Error::shards(dir, ShardProblem::NoShards));
+    }
+    found.sort();
+    for (i, w) in found.windows(2).enumerate() {
+        if w[0].0 == w[1].0 {
+            let problem = ShardProblem::DuplicateShard { number: w[0].0, first: w[0].1.clone(), second: w[1].1.clone() };
+            return Err(Error::shards(dir.join(&found[i + 1].1), problem));
+        }
+    }
+    for (expect, (n, name)) in found.iter().enumerate() {
+        if *n != expect as u64 {
+            let problem = ShardProblem::MissingShard { missing: shard_name(expect as u64), next: Some(name.clone()) };
+            return Err(Error::shards(dir, problem));
+        }
+    }
+    Ok(found.into_iter().map(|(_, name)| dir.join(name)).collect())
+}
+
+/// Opens `path` for reading.
+pub(crate) fn open(path: &Path) -> Result<File> {
+    File::open(path).map_err(|e| Error::os(format!("opening {}", path.display()), e))
+}
+
+fn file_size(file: &File, path: &Path) -> Result<u64> {
+    Ok(file.metadata().map_err(|e| Error::os(format!("reading the size of {}", path.display()), e))?.len())
+}
+
+/// Reads every file's header (or size, for raw files) and builds the layout.
+/// Fails on the first file that is unusable or differs from the first.
+pub(crate) fn discover(set: &ShardSet, row: &RowFormat) -> Result<Layout> {
+    let paths = match &set.source {
+        Source::Dir(dir) => shard_paths(dir)?,
+        Source::Files(list) => list.clone(),
+    };
+    let mut files = Vec::with_capacity(paths.len());
+    let mut first: Option<(ElementType, Vec<u64>, String)> = None;
+    for path in paths {
+        let file = open(&path)?;
+        let size = file_size(&file, &path)?;
+        let (rows, data_offset, elem, row_shape) = match set.kind {
+            FileKind::Raw => {
+                let rb = row.row_bytes() as u64;
+                if size % rb != 0 {
+                    return Err(Error::shards(path, ShardProblem::RawSize { bytes: size, row_bytes: rb }));
+                }
+                (size / rb, 0, row.elem, row.shape.clone())
+            }
+            FileKind::Npy => {
+                let p = Header::read(&file).map_err(|p| Error::shards(&path, p))?;
+                let elem = p.header.element_type().map_err(|p| Error::shards(&path, p))?;
+                if p.header.fortran_order {
+                    return Err(Error::shards(path, ShardProblem::FortranOrder));
+                }
+                let Some((&rows, rest)) = p.header.shape.split_first() else {
+                    return Err(Error::shards(path, ShardProblem::NoRowAxis));
+                };
+                let expected = rest
+                    .iter()
+                    .chain([&rows, &(elem.size() as u64)])
+                    .try_fold(1u64, |a, &d| a.checked_mul(d))
+                    .and_then(|d| d.checked_add(p.data_offset));
+                if expected != Some(size) {
+                    let problem = ShardProblem::FileSize { expected: expected.unwrap_or(u64::MAX), offset: p.data_offset, actual: size };
+                    return Err(Error::shards(path, problem));
+                }
+                (rows, p.data_offset, elem, rest.to_vec())
+            }
+        };
+        let name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        match &first {
+            None => first = Some((elem, row_shape.clone(), name)),
+            Some((e, s, first_name)) => {
+                let differs = |field, this: String, that: String| {
+                    Error::shards(&path, ShardProblem::FilesDiffer { field, this, that, first: first_name.clone() })
+                };
+                if *e != elem {
+                    return Err(differs("element type", elem.name().to_owned(), e.name().to_owned()));
+                }
+                if *s != row_shape {
+                    return Err(differs("row shape", format!("{row_shape:?}"), format!("{s:?}")));
+                }
+            }
+        }
+        files.push(ShardFile { path, rows, data_offset });
+    }
+    let Some((elem, row_shape, _)) = first else {
+        return Err(Error::InvalidArgument("an empty list of shard files".into()));
+    };
+    let mut offsets = Vec::with_capacity(files.len() + 1);
+    let mut acc = 0u64;
+    offsets.push(0);
+    for f in &files {
+        acc = acc.checked_add(f.rows).ok_or_else(|| Error::InvalidArgument("the files hold more than 2^64 rows".into()))?;
+        offsets.push(acc);
+    }
+    Ok(Layout { files, offsets, elem, row_shape })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(rows: &[u64]) -> Layout {
+        let files =
+            rows.iter().enumerate().map(|(i, &r)| ShardFile { path: shard_name(i as u64).into(), rows: r, data_offset: 128 }).collect();
+        let mut offsets = vec![0];
+        for r in rows {
+            offsets.push(offsets.last().unwrap() + r);
+        }
+        Layout { files, offsets, elem: ElementType::F32, row_shape: vec![3] }
+    }
+
+    /// Every row of `range` is covered once, in order, by the right file.
+    fn check_cover(l: &Layout, range: Range<u64>) {
+        let mut next = range.start;
+        for p in l.pieces(range.clone()) {
+            assert!(!p.file_rows.is_empty());
+            assert_eq!(l.offsets[p.file] + p.file_rows.start, next, "{range:?}: {p:?}");
+            assert_eq!(p.dest_row, next - range.start);
+            assert!(p.file_rows.end <= l.files[p.file].rows);
+            next += p.file_rows.end - p.file_rows.start;
+        }
+        assert_eq!(next, range.end.max(range.start));
+    }
+
+    #[test]
+    fn pieces_cover_any_range_once() {
+        for rows in [vec![10, 10, 10], vec![0, 7, 0, 0, 1, 22, 0], vec![30], vec![1; 30], vec![5, 0, 0, 25, 0]] {
+            let l = layout(&rows);
+            let total = l.rows();
+            assert_eq!(total, rows.iter().sum::<u64>());
+            for lo in 0..=total {
+                for hi in lo..=total {
+                    check_cover(&l, lo..hi);
+                }
+            }
+        }
+        let l = layout(&[4, 0, 6]);
+        let p = l.pieces(2..8);
+        assert_eq!(p, vec![Piece { file: 0, file_rows: 2..4, dest_row: 0 }, Piece { file: 2, file_rows: 0..4, dest_row: 2 }]);
+    }
+
+    #[test]
+    fn shard_names_parse_strictly() {
+        assert_eq!(shard_number("shard_0000.npy"), Some(0));
+        assert_eq!(shard_number("shard_12345.npy"), Some(12345));
+        assert_eq!(shard_number("shard_7.npy"), Some(7));
+        for bad in ["shard_.npy", "shard_00a1.npy", "shard_0001.npy.tmp", "Shard_0001.npy", "shard_-1.npy", "shard_0001.bin"] {
+            assert_eq!(shard_number(bad), None, "{bad}");
+        }
+        assert_eq!(shard_name(3), "shard_0003.npy");
+        assert_eq!(shard_name(12345), "shard_12345.npy");
+    }
+
+    #[test]
+    fn differences_name_the_first_differing_line() {
+        assert_eq!(first_difference("a\nb\nc\n", "a\nx\nc\n"), "\"x\" vs \"b\"");
+        assert_eq!(first_difference("a\n", "a\nb\n"), "\"b\" vs \"(nothing)\"");
+    }
+}
