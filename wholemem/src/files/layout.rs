@@ -97,12 +97,15 @@ impl Layout {
     }
 
     /// A text that two ranks produce alike exactly when they see the same
-    /// layout: one line per file.
+    /// layout: one line per file, by file name (not the full path: nodes may
+    /// mount a shared file system at different places), then the totals.
     pub(crate) fn canonical(&self) -> String {
-        let mut s = format!("element type {}, row shape {:?}, {} files\n", self.elem, self.row_shape, self.files.len());
+        let mut s = String::new();
         for f in &self.files {
-            s.push_str(&format!("{}: {} rows from byte {}\n", f.path.display(), f.rows, f.data_offset));
+            let name = f.path.file_name().map_or_else(|| f.path.display().to_string(), |n| n.to_string_lossy().into_owned());
+            s.push_str(&format!("{name}: {} rows from byte {}\n", f.rows, f.data_offset));
         }
+        s.push_str(&format!("{} files, element type {}, row shape {:?}\n", self.files.len(), self.elem, self.row_shape));
         s
     }
 
@@ -122,16 +125,17 @@ impl Layout {
     }
 }
 
-/// The first line where two canonical layouts differ.
-pub(crate) fn first_difference(mine: &str, other: &str) -> String {
-    let (a, b): (Vec<&str>, Vec<&str>) = (mine.lines().collect(), other.lines().collect());
+/// The first line where two canonical layouts differ, as
+/// `(reference's line, other's line)`.
+pub(crate) fn first_difference<'a>(reference: &'a str, other: &'a str) -> (&'a str, &'a str) {
+    let (a, b): (Vec<&str>, Vec<&str>) = (reference.lines().collect(), other.lines().collect());
     for i in 0..a.len().max(b.len()) {
         match (a.get(i), b.get(i)) {
             (Some(x), Some(y)) if x == y => {}
-            (x, y) => return format!("{:?} vs {:?}", y.copied().unwrap_or("(nothing)"), x.copied().unwrap_or("(nothing)")),
+            (x, y) => return (x.copied().unwrap_or("(no more files)"), y.copied().unwrap_or("(no more files)")),
         }
     }
-    "(no difference)".to_owned()
+    ("", "")
 }
 
 /// Parses `shard_<digits>.npy`.
@@ -327,7 +331,7 @@ mod tests {
 
     #[test]
     fn differences_name_the_first_differing_line() {
-        assert_eq!(first_difference("a\nb\nc\n", "a\nx\nc\n"), "\"x\" vs \"b\"");
-        assert_eq!(first_difference("a\n", "a\nb\n"), "\"b\" vs \"(nothing)\"");
+        assert_eq!(first_difference("a\nb\nc\n", "a\nx\nc\n"), ("b", "x"));
+        assert_eq!(first_difference("a\n", "a\nb\n"), ("(no more files)", "b"));
     }
 }

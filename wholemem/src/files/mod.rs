@@ -419,7 +419,8 @@ fn same_layout(comm: &dyn Communicator, layout: &Layout, place: &Path) -> Result
         let other = String::from_utf8_lossy(other);
         if other != reference {
             let ranks = comm.world_ranks();
-            let detail = layout::first_difference(&reference, &other);
+            let (theirs, its) = layout::first_difference(&reference, &other);
+            let detail = format!("{its:?} where rank {} sees {theirs:?}", ranks[0]);
             return Err(Error::shards(place, ShardProblem::LayoutDiffers { rank: ranks[r], reference: ranks[0], detail }));
         }
     }
