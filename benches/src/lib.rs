@@ -7,6 +7,8 @@ use std::ffi::OsString;
 use wm_comm::launch::{self, Launch};
 use wm_comm::{RankEnv, RankSource};
 
+pub mod load;
+
 /// Whether a launcher (wm-run, mpirun, srun, PMI) started this process.
 pub fn under_launcher() -> anyhow::Result<bool> {
     Ok(RankEnv::from_env()?.source != RankSource::Singleton)

@@ -35,6 +35,9 @@ enum Cmd {
     Gather(MoveArgs),
     /// Scatter a local buffer into random rows of a table spread over the ranks.
     Scatter(MoveArgs),
+    /// Write sharded files of known content, load them with every rank reading its own rows, verify,
+    /// and compare with one process reading the files sequentially.
+    Load(wm_bench::load::LoadArgs),
     /// Print this machine's topology and which memory types and locations the
     /// ranks support, with reasons; `--active` also tries each one.
     Probe(ProbeArgs),
@@ -126,6 +129,7 @@ fn main() {
         Cmd::Gather(a) => start(Op::Gather, a),
         Cmd::Scatter(a) => start(Op::Scatter, a),
         Cmd::Probe(a) => probe(&a),
+        Cmd::Load(a) => wm_bench::load::start(&a),
     };
     match result {
         Ok(c) => std::process::exit(c),

@@ -441,12 +441,17 @@ fn good_dir(dir: &Path, rows: usize) -> Result<PathBuf> {
     Ok(good)
 }
 
+/// What rank 0 writes into a case's directory.
+type Setup = Box<dyn Fn(&Path) -> Result<()>>;
+/// What rank `r` loads from a case's directory.
+type SetFor = Box<dyn Fn(&Path, usize) -> ShardSet>;
+
 /// One malformed case: what rank 0 writes, what each rank loads, and what
 /// every rank's error must say.
 struct Bad {
     name: &'static str,
-    setup: Box<dyn Fn(&Path) -> Result<()>>,
-    set: Box<dyn Fn(&Path, usize) -> ShardSet>,
+    setup: Setup,
+    set: SetFor,
     needles: Vec<String>,
 }
 

@@ -400,12 +400,10 @@ fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
     };
     let msg = if mine.is_err() && msg.is_empty() { b"failed".to_vec() } else { msg };
     let all = comm.allgatherv(&msg)?;
-    if mine.is_err() {
-        return mine;
-    }
+    let value = mine?;
     match all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
         Some((r, m)) => Err(Error::PeerFailed { rank: comm.world_ranks()[r], detail: String::from_utf8_lossy(m).into_owned() }),
-        None => mine,
+        None => Ok(value),
     }
 }
 
