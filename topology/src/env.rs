@@ -82,7 +82,7 @@ pub const WM_BACKEND: EnvVar = EnvVar {
 pub const WM_THREADS: EnvVar = EnvVar {
     name: "WM_THREADS",
     default: "the machine's cores divided by the ranks on this node",
-    doc: "threads a rank uses to copy rows in gather and scatter",
+    doc: "threads a rank uses to copy rows in gather and scatter, and to read and write files in load and store",
 };
 /// Forces GPU tests to fail rather than skip.
 pub const WM_REQUIRE_GPU: EnvVar =
