@@ -329,6 +329,48 @@ mod tests {
         assert_eq!(shard_name(12345), "shard_12345.npy");
     }
 
+    /// A fresh directory under the system's temporary directory.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("wholemem-layout-test.{}.{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn npy(path: &Path, descr: &str, shape: &[u64], data_bytes: usize) {
+        let mut b = Header::new(descr, shape).to_bytes();
+        b.resize(b.len() + data_bytes, 7);
+        std::fs::write(path, b).unwrap();
+    }
+
+    #[test]
+    fn discovery_reads_headers_and_sizes() {
+        let d = scratch("discover");
+        for (i, rows) in [4u64, 0, 9].into_iter().enumerate() {
+            npy(&d.join(shard_name(i as u64)), "<i2", &[rows, 3], rows as usize * 6);
+        }
+        std::fs::write(d.join("shard_0001.npy.tmp"), b"ignored").unwrap();
+        let row = RowFormat::vector(ElementType::I16, 3);
+        let l = ShardSet::npy_dir(&d).discover(&row).unwrap();
+        assert_eq!((l.offsets(), l.element_type(), l.row_shape(), l.row_bytes()), (&[0, 4, 4, 13][..], ElementType::I16, &[3][..], 6));
+        assert!(l.files().iter().all(|f| f.data_offset == 128));
+        l.check_table(&row, 13, &d).unwrap();
+        let e = l.check_table(&row, 14, &d).unwrap_err();
+        assert!(matches!(&e, Error::Shards { problem: ShardProblem::RowCount { files: 13, table: 14 }, .. }), "{e}");
+
+        std::fs::remove_file(d.join(shard_name(1))).unwrap();
+        let e = ShardSet::npy_dir(&d).discover(&row).unwrap_err();
+        assert!(e.to_string().ends_with("shard_0001.npy is missing (the next file is shard_0002.npy)"), "{e}");
+
+        let raw = d.join("rows.bin");
+        std::fs::write(&raw, vec![0u8; 6 * 5 + 1]).unwrap();
+        let e = ShardSet::raw_files([&raw]).discover(&row).unwrap_err();
+        assert!(matches!(&e, Error::Shards { problem: ShardProblem::RawSize { bytes: 31, row_bytes: 6 }, .. }), "{e}");
+        std::fs::write(&raw, vec![0u8; 6 * 5]).unwrap();
+        assert_eq!(ShardSet::raw_files([&raw, &raw]).discover(&row).unwrap().offsets(), &[0, 5, 10]);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
     #[test]
     fn differences_name_the_first_differing_line() {
         assert_eq!(first_difference("a\nb\nc\n", "a\nx\nc\n"), ("b", "x"));
