@@ -5,9 +5,10 @@
 //! First the ranks write `--write-shards N` files of known content (the
 //! table holds [`values::at`] of row and column), with deliberately uneven
 //! rows per shard, into `--dir` (default: a fresh directory under the
-//! system's temporary directory, removed afterwards). The files stay in the
-//! page cache, so the figures are of reading cached files: memory copies
-//! out of the page cache, not disk bandwidth. Then, `--iters` times: every
+//! system's temporary directory, removed afterwards). The files are synced
+//! (so no writeback runs during the timed loads) and stay in the page
+//! cache, so the figures are of reading cached files: memory copies out of
+//! the page cache, not disk bandwidth. Then, `--iters` times: every
 //! rank loads its rows ([`wholemem::files::load`], timed from a barrier to
 //! the end of the call, layout discovery and agreement included), and rank
 //! 0 alone, while the others wait, runs the baseline: the same files read
@@ -141,8 +142,9 @@ fn write_shard(path: &Path, first: usize, count: usize, dim: usize, dtype: DType
         }
         f.write_all(&row)?;
     }
-    // Not synced: the files are to stay in the page cache, as the figures assume.
-    f.flush()?;
+    // Flushed to disk now, so that background writeback does not compete
+    // with the timed loads; the pages stay in the page cache.
+    f.into_inner().map_err(|e| e.into_error())?.sync_data().with_context(|| format!("syncing {}", path.display()))?;
     Ok(())
 }
 
