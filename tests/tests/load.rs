@@ -42,10 +42,14 @@ fn layouts_load_on_1_to_4_ranks() {
     }
 }
 
+/// Two simulated nodes: mapped types are skipped (with a line saying why),
+/// distributed and hierarchy tables load and store across the nodes.
 #[test]
-fn layouts_load_across_simulated_nodes() {
-    let dir = Scratch::new("layouts-nodes");
-    World::new(4).nodes_of(2).run_ok(LOAD, &["layouts", dir.arg()]);
+fn load_and_store_across_simulated_nodes() {
+    for scenario in ["layouts", "round-trip", "malformed"] {
+        let dir = Scratch::new(&format!("{scenario}-nodes"));
+        World::new(4).nodes_of(2).run_ok(LOAD, &[scenario, dir.arg()]);
+    }
 }
 
 #[test]
@@ -58,7 +62,7 @@ fn store_then_load_round_trips_on_1_to_4_ranks() {
 
 #[test]
 fn malformed_layouts_fail_on_every_rank_then_a_load_works() {
-    for n in 1..=3 {
+    for n in 1..=4 {
         let dir = Scratch::new(&format!("malformed-{n}"));
         World::new(n).run_ok(LOAD, &["malformed", dir.arg()]);
     }
