@@ -286,7 +286,7 @@ const MIN_BYTES_PER_THREAD: usize = 1 << 20;
 /// - [`Error::Comm`] when a peer is lost.
 pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result<Loaded> {
     let comm = mem.comm().clone();
-    let discovered = check_row_format(mem, row).and_then(|()| {
+    let discovered = check_row_format(mem, row).and_then(|()| check_reachable(mem, "loading files into")).and_then(|()| {
         let layout = shards.discover(row)?;
         layout.check_table(row, mem.rows(), shards.place())?;
         Ok(layout)
@@ -311,7 +311,7 @@ pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result
 /// [`Error::Os`] when a file or directory cannot be written.
 pub fn store(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget) -> Result<()> {
     let comm = mem.comm().clone();
-    let checked = check_row_format(mem, row).and_then(|()| {
+    let checked = check_row_format(mem, row).and_then(|()| check_reachable(mem, "storing files from")).and_then(|()| {
         if matches!(target, StoreTarget::NpyDir(_)) && row.elem.npy_descr().is_none() {
             return Err(Error::Unsupported {
                 what: format!("storing a {} table as NPY files", row.elem),
@@ -438,29 +438,31 @@ fn check_row_format(mem: &WholeMemory, row: &RowFormat) -> Result<()> {
     Ok(())
 }
 
-/// This rank's rows as bytes to load into. The one place that knows where
-/// the local rows live: host memory for now.
-fn local_destination(mem: &mut WholeMemory) -> Result<&mut [u8]> {
+/// Whether this rank's rows can be reached for `what` (before any file is
+/// touched). Host memory only for now; device memory plugs in here and in
+/// [`local_destination`] / [`local_source`].
+fn check_reachable(mem: &WholeMemory, what: &str) -> Result<()> {
     match mem.location() {
-        Location::Host => Ok(mem.local_bytes_mut()),
-        Location::Device => Err(device_unsupported("loading files into")),
+        Location::Host => Ok(()),
+        Location::Device => Err(Error::Unsupported {
+            what: format!("{what} device memory"),
+            reason: "file loading and storing reach host memory only for now; load into a host table and copy".into(),
+        }),
     }
+}
+
+/// This rank's rows as bytes to load into: the one place that knows where
+/// the local rows live.
+fn local_destination(mem: &mut WholeMemory) -> Result<&mut [u8]> {
+    check_reachable(mem, "loading files into")?;
+    Ok(mem.local_bytes_mut())
 }
 
 /// This rank's rows as bytes to store, the counterpart of
 /// [`local_destination`].
 fn local_source(mem: &WholeMemory) -> Result<&[u8]> {
-    match mem.location() {
-        Location::Host => Ok(mem.local_bytes()),
-        Location::Device => Err(device_unsupported("storing files from")),
-    }
-}
-
-fn device_unsupported(what: &str) -> Error {
-    Error::Unsupported {
-        what: format!("{what} device memory"),
-        reason: "file loading and storing reach host memory only for now; load into a host table and copy".into(),
-    }
+    check_reachable(mem, "storing files from")?;
+    Ok(mem.local_bytes())
 }
 
 /// Splits `rows` rows of `row_bytes` each over at most `threads` threads,
