@@ -307,7 +307,12 @@ fn bf16_raw(world: &Comm, dir: &Path) -> Result<()> {
         paths = write_shards::<half::bf16>(&sub, &counts, &[9], true)?;
         Ok(())
     })?;
+    // What ml_dtypes saves for bf16 (an anonymous '<V2') names no element type.
+    let npy = dir.join("bf16-npy");
+    on_rank0(world, || write_shards::<half::bf16>(&npy, &counts, &[9], false).map(|_| ()))?;
     let mut t = WholeTensor::<half::bf16>::matrix(world, MemoryType::Distributed, Location::Host, rows, 9, None)?;
+    let err = t.load(&ShardSet::npy_dir(&npy)).expect_err("'<V2' is no element type");
+    ensure!(err.to_string().contains("shard_0000.npy: element type '<V2' is not one a table holds"), "{err}");
     t.load(&ShardSet::raw_files(&paths))?;
     check_local(&t, "bf16 raw", world.rank())?;
     t.free()?;
