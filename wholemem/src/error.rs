@@ -34,6 +34,14 @@ pub enum Error {
     /// Talking to the other ranks failed.
     #[error(transparent)]
     Comm(#[from] wm_comm::Error),
+    /// A CUDA driver call failed.
+    #[error("CUDA: {call} failed: {detail}")]
+    Cuda {
+        /// The driver entry point.
+        call: &'static str,
+        /// The driver's error name and description.
+        detail: String,
+    },
     /// An operating-system call failed.
     #[error("{context}: {source}")]
     Os {

@@ -21,6 +21,8 @@
 //! ```
 
 mod capability;
+#[cfg(feature = "cuda")]
+pub mod device;
 mod error;
 mod handle;
 mod host;
