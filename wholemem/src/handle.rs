@@ -104,6 +104,10 @@ pub struct WholeMemory {
     /// This rank's GPU, or why it has none.
     #[cfg(feature = "cuda")]
     gpu: std::result::Result<Arc<crate::device::driver::Gpu>, String>,
+    /// NCCL over the table's ranks (device distributed and hierarchy
+    /// memory), or why rows travel through the host instead.
+    #[cfg(feature = "cuda")]
+    nccl: std::result::Result<Arc<wm_comm::nccl::NcclComm>, String>,
 }
 
 /// What a rank holds: host or device storage.
@@ -229,6 +233,8 @@ impl WholeMemory {
             row_locks,
             #[cfg(feature = "cuda")]
             gpu: Err(String::new()),
+            #[cfg(feature = "cuda")]
+            nccl: Err("host memory".into()),
         };
         #[cfg(feature = "cuda")]
         mem.register_host();
@@ -265,6 +271,18 @@ impl WholeMemory {
         let me = comm.rank();
         let storage = crate::device::storage::allocate(comm.as_ref(), &gpu, req.ty, &partition, req.granularity, req.total)?;
         let device_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, req.granularity)).collect();
+        let nccl = if req.ty.is_mapped() {
+            Err(format!("{} memory is reached through the mapping", req.ty))
+        } else if comm.size() == 1 {
+            Err("one rank: nothing to exchange".into())
+        } else {
+            gpu.bind()?;
+            match wm_comm::nccl::NcclComm::new(comm.as_ref(), &gpu.bus_id) {
+                Ok(c) => Ok(Arc::new(c)),
+                Err(wm_comm::Error::Unsupported { reason, .. }) => Err(reason),
+                Err(e) => return Err(e.into()),
+            }
+        };
         Ok(Self {
             comm: comm.clone(),
             hierarchy,
@@ -279,6 +297,7 @@ impl WholeMemory {
             device_ptrs,
             row_locks: None,
             gpu: Ok(gpu),
+            nccl,
         })
     }
 
@@ -321,6 +340,17 @@ impl WholeMemory {
                 self.device_ptrs[r] = Some(reg.device_ptr());
             }
             self.registrations.push(reg);
+        }
+    }
+
+    /// The NCCL communicator device rows of distributed and hierarchy
+    /// memory travel through, or why they travel through the host
+    /// communicator instead (e.g. "ranks 0 and 1 share GPU …").
+    #[cfg(feature = "cuda")]
+    pub fn device_comm(&self) -> std::result::Result<&dyn wm_comm::nccl::DeviceCommunicator, &str> {
+        match &self.nccl {
+            Ok(c) => Ok(c.as_ref()),
+            Err(why) => Err(why),
         }
     }
 
