@@ -341,6 +341,14 @@ impl WholeMemory {
             }
             self.registrations.push(reg);
         }
+        // Ranks without rows have nothing to register and nothing to reach.
+        if let HostStorage::Chunked(_) = storage {
+            for (r, p) in self.device_ptrs.iter_mut().enumerate() {
+                if p.is_none() && self.partition.count(r) == 0 {
+                    *p = Some(0);
+                }
+            }
+        }
     }
 
     /// The NCCL communicator device rows of distributed and hierarchy
