@@ -95,7 +95,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 const OUT_OF_RANGE: u8 = 1;
 const GRADIENT_LENGTH: u8 = 2;
-const OTHER: u8 = 3;
+const NO_OPTIMIZER: u8 = 3;
+const OTHER: u8 = 4;
 
 /// One rank's outcome of its checks, as bytes for an allgather (empty: ok).
 fn encode(mine: &Result<()>) -> Vec<u8> {
@@ -108,6 +109,7 @@ fn encode(mine: &Result<()>) -> Vec<u8> {
         Ok(()) => Vec::new(),
         Err(Error::IndexOutOfRange { index, position, rows, .. }) => words(OUT_OF_RANGE, &[*index as u64, *position as u64, *rows as u64]),
         Err(Error::GradientLength { ids, dim, len, .. }) => words(GRADIENT_LENGTH, &[*ids as u64, *dim as u64, *len as u64]),
+        Err(Error::NoOptimizer) => vec![NO_OPTIMIZER],
         Err(e) => [&[OTHER][..], e.to_string().as_bytes()].concat(),
     }
 }
@@ -122,6 +124,7 @@ fn decode(rank: usize, m: &[u8]) -> Error {
         (GRADIENT_LENGTH, Some(ids), Some(dim), Some(len)) => {
             Error::GradientLength { rank, ids: ids as usize, dim: dim as usize, len: len as usize }
         }
+        (NO_OPTIMIZER, ..) => Error::NoOptimizer,
         _ => Error::PeerFailed { rank, detail: String::from_utf8_lossy(&m[1..]).into_owned() },
     }
 }
@@ -131,17 +134,24 @@ fn decode(rank: usize, m: &[u8]) -> Error {
 /// any data moves and the communicator stays in step. `extra` travels with
 /// the outcome (a value that must agree); every rank's is returned.
 pub(crate) fn agree(comm: &dyn Communicator, mine: Result<()>, extra: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let mut msg = extra.to_vec();
+    let mut msg = (extra.len() as u64).to_le_bytes().to_vec();
+    msg.extend_from_slice(extra);
     msg.extend_from_slice(&encode(&mine));
     let all = comm.allgatherv(&msg)?;
-    let failed = all.iter().enumerate().find(|(_, m)| m.len() > extra.len());
-    if let Some((r, m)) = failed {
+    // Each message: the length of its extra, the extra, the outcome.
+    let split = |m: &[u8]| {
+        let n = m.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
+        let n = n.min(m.len().saturating_sub(8));
+        (m[8.min(m.len())..8 + n].to_vec(), m[(8 + n).min(m.len())..].to_vec())
+    };
+    let parts: Vec<(Vec<u8>, Vec<u8>)> = all.iter().map(|m| split(m)).collect();
+    if let Some((r, (_, outcome))) = parts.iter().enumerate().find(|(_, (_, o))| !o.is_empty()) {
         if r == comm.rank() {
             mine?;
         }
-        return Err(decode(comm.world_ranks()[r], &m[extra.len()..]));
+        return Err(decode(comm.world_ranks()[r], outcome));
     }
-    Ok(all)
+    Ok(parts.into_iter().map(|(e, _)| e).collect())
 }
 
 #[cfg(test)]
@@ -156,9 +166,10 @@ mod tests {
         let e = Error::GradientLength { rank: 0, ids: 3, dim: 8, len: 23 };
         let back = decode(2, &encode(&Err(e)));
         assert_eq!(back.to_string(), "rank 2 passed 23 gradient values for 3 ids of dimension 8; expected 24");
-        let back = decode(1, &encode(&Err(Error::NoOptimizer)));
+        assert!(matches!(decode(1, &encode(&Err(Error::NoOptimizer))), Error::NoOptimizer));
+        let back = decode(1, &encode(&Err(Error::InvalidArgument("learning rate NaN".into()))));
         assert!(matches!(back, Error::PeerFailed { rank: 1, .. }), "{back:?}");
-        assert!(back.to_string().contains("has no optimizer"), "{back}");
+        assert!(back.to_string().contains("rank 1 failed: invalid argument: learning rate NaN"), "{back}");
         assert!(encode(&Ok(())).is_empty());
     }
 }

@@ -194,6 +194,14 @@ impl<T: EmbeddingElement> Embedding<T> {
         &self.table
     }
 
+    /// The weights, writable: to load them, for example with
+    /// `wm_gather::scatter_from`. Such writes follow the table's rules
+    /// (collective for Distributed and Hierarchy; separate them from reads
+    /// on other ranks with a barrier).
+    pub fn table_mut(&mut self) -> &mut WholeTensor<T> {
+        &mut self.table
+    }
+
     /// The optimizer, if any.
     pub fn optimizer(&self) -> Option<&Optimizer> {
         self.optimizer.as_ref()
