@@ -65,18 +65,19 @@ fn rows_of(ids: Ids<'_>) -> Vec<u64> {
 /// each the sum of its rows in input order (starting from 0).
 pub(crate) fn sum_repeats(rows: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>, Vec<f32>) {
     debug_assert_eq!(grads.len(), rows.len() * dim);
-    let mut order: Vec<usize> = (0..rows.len()).collect();
-    order.sort_by_key(|&i| rows[i]); // stable: repeats stay in input order
+    // (id, position) pairs sort like a stable sort by id: repeats stay in
+    // input order.
+    let mut order: Vec<(u64, usize)> = rows.iter().copied().zip(0..).collect();
+    order.sort_unstable();
     let mut ids = Vec::with_capacity(rows.len());
     let mut sums: Vec<f32> = Vec::with_capacity(grads.len());
-    for &i in &order {
-        if ids.last() != Some(&rows[i]) {
-            ids.push(rows[i]);
+    for &(id, i) in &order {
+        if ids.last() != Some(&id) {
+            ids.push(id);
             sums.resize(sums.len() + dim, 0.0);
         }
         let start = sums.len() - dim;
-        let acc = &mut sums[start..];
-        for (a, g) in acc.iter_mut().zip(&grads[i * dim..(i + 1) * dim]) {
+        for (a, g) in sums[start..].iter_mut().zip(&grads[i * dim..(i + 1) * dim]) {
             *a += g;
         }
     }
