@@ -205,7 +205,15 @@ fn run(args: Args) -> Result<()> {
     ));
 
     let dim = args.dim;
-    let mut emb = Embedding::<f32>::allocate(&world, args.ty, args.location, graph.nodes as usize, dim, None, Some(Optimizer::adam().with_weight_decay(args.weight_decay)))?;
+    let mut emb = Embedding::<f32>::allocate(
+        &world,
+        args.ty,
+        args.location,
+        graph.nodes as usize,
+        dim,
+        None,
+        Some(Optimizer::adam().with_weight_decay(args.weight_decay)),
+    )?;
     emb.init(Init::Normal { mean: 0.0, std: 0.1 }, args.seed)?;
 
     let per = 2 + args.negatives;

@@ -88,8 +88,17 @@ pub const WM_THREADS: EnvVar = EnvVar {
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
 
+/// Set by the launcher (`wm-run`) for each rank it starts: a line the rank
+/// writes that begins with this value is shown without it and without the
+/// `[rank] ` tag — for a result line that scripts read.
+pub const WM_UNTAGGED: EnvVar = EnvVar {
+    name: "WM_UNTAGGED",
+    default: "unset (set by wm-run for the ranks it starts)",
+    doc: "a line of rank output beginning with this value is printed by wm-run without it and without the `[rank]` tag",
+};
+
 /// Every variable, for documentation and `--help` output.
-pub const ALL: &[EnvVar] = &[WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS, WM_HOST_ADDR, WM_NODE_ID, WM_TIMEOUT_S, WM_REQUIRE_GPU];
+pub const ALL: &[EnvVar] = &[WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS, WM_HOST_ADDR, WM_NODE_ID, WM_TIMEOUT_S, WM_REQUIRE_GPU, WM_UNTAGGED];
 
 /// The default of [`WM_TIMEOUT_S`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
