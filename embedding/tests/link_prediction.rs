@@ -22,6 +22,19 @@ fn example() -> PathBuf {
     path
 }
 
+/// Entries of `/dev/shm` named like wholemem's (there should never be any:
+/// shared memory is memfd).
+fn shm_leftovers() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().to_ascii_lowercase())
+                .filter(|n| n.contains("wholemem") || n.starts_with("wm-") || n.starts_with("wm_"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn train(ty: &str, node_size: Option<usize>) {
     let args = ["--epochs", "5", "--nodes", "3000", "--blocks", "30", "--batch", "1024", "--dim", "16", "--lr", "0.05", "--type", ty];
     let mut l = Launch::new(2, example(), args);
@@ -31,6 +44,7 @@ fn train(ty: &str, node_size: Option<usize>) {
     let report = launch::run(&l).expect("start the ranks");
     let all: Vec<String> = report.ranks.iter().flat_map(|r| r.output.iter().map(move |l| format!("[{}] {l}", r.rank))).collect();
     assert!(report.success(), "{ty}: {:?}\n{}", report.failures(), all.join("\n"));
+    assert!(shm_leftovers().is_empty(), "{ty}: left in /dev/shm: {:?}", shm_leftovers());
     assert!(report.ranks[1].output.is_empty(), "{ty}: only rank 0 prints:\n{}", all.join("\n"));
     let out = &report.ranks[0].output;
     let losses: Vec<f64> = out
