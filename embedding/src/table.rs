@@ -280,14 +280,12 @@ impl<T: EmbeddingElement> Embedding<T> {
                 String::from_utf8_lossy(other)
             )));
         }
-        let dim = self.dim();
         let layout = self.layout;
         fill_own(&mut self.table, &layout, |row, out| {
             for (c, v) in out.iter_mut().enumerate() {
                 *v = init.value(seed, row, c as u64);
             }
         })?;
-        debug_assert_eq!(layout.cols, dim);
         comm.barrier()?;
         Ok(())
     }
