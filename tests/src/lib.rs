@@ -92,7 +92,7 @@ impl World {
 /// copied to a machine without the build tree, as `scripts/gpu-check.sh`
 /// does).
 pub fn relocated(program: &str) -> String {
-    let Some(dir) = std::env::var_os("WM_TEST_BIN_DIR") else { return program.to_owned() };
+    let Some(dir) = wm_topology::env::WM_TEST_BIN_DIR.get() else { return program.to_owned() };
     let name = std::path::Path::new(program).file_name().unwrap_or_default();
     let moved = std::path::Path::new(&dir).join(name);
     if moved.exists() { moved.to_string_lossy().into_owned() } else { program.to_owned() }
