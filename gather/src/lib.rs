@@ -17,6 +17,8 @@
 //! scatter (for collective types: the highest rank's last occurrence).
 #![deny(unsafe_code)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[allow(unsafe_code)]
 mod exchange;
 #[allow(unsafe_code)]

@@ -88,8 +88,16 @@ pub const WM_THREADS: EnvVar = EnvVar {
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
 
+/// Where compiled CUDA kernels are cached.
+pub const WM_KERNEL_CACHE: EnvVar = EnvVar {
+    name: "WM_KERNEL_CACHE",
+    default: "$XDG_CACHE_HOME/wholemem/kernels, else ~/.cache/wholemem/kernels",
+    doc: "directory of the NVRTC-compiled kernel cache; `off` disables it",
+};
+
 /// Every variable, for documentation and `--help` output.
-pub const ALL: &[EnvVar] = &[WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS, WM_HOST_ADDR, WM_NODE_ID, WM_TIMEOUT_S, WM_REQUIRE_GPU];
+pub const ALL: &[EnvVar] =
+    &[WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS, WM_HOST_ADDR, WM_NODE_ID, WM_TIMEOUT_S, WM_REQUIRE_GPU, WM_KERNEL_CACHE];
 
 /// The default of [`WM_TIMEOUT_S`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
