@@ -27,6 +27,9 @@ use std::str::FromStr;
 use crate::DType;
 
 mod geometry;
+#[cfg(test)]
+#[allow(unsafe_code)]
+mod host_check;
 #[allow(unsafe_code)]
 mod launch;
 #[allow(unsafe_code)]

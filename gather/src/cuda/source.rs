@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 use super::IdType;
 use crate::DType;
 
-/// The hand-written templates.
+/// Element types and conversions (first in the translation unit).
+pub(crate) const CONVERT: &str = include_str!("convert.cuh");
+/// The kernel templates.
 const TEMPLATES: &str = include_str!("kernels.cu");
 
 /// Widths, in bytes, of the plain copy kernels (same element type on both
@@ -92,7 +94,8 @@ pub(crate) fn entries() -> Vec<Entry> {
 
 /// The whole translation unit handed to NVRTC.
 pub(crate) fn source() -> String {
-    let mut s = String::with_capacity(TEMPLATES.len() + 32 * 1024);
+    let mut s = String::with_capacity(CONVERT.len() + TEMPLATES.len() + 32 * 1024);
+    s.push_str(CONVERT);
     s.push_str(TEMPLATES);
     for e in entries() {
         s.push_str(&e.definition());
@@ -102,7 +105,7 @@ pub(crate) fn source() -> String {
     s
 }
 
-fn c_type(d: DType) -> &'static str {
+pub(crate) fn c_type(d: DType) -> &'static str {
     match d {
         DType::F16 => "wm_f16",
         DType::Bf16 => "wm_bf16",
@@ -172,5 +175,6 @@ mod tests {
         let src = source();
         assert!(!src.lines().any(|l| l.trim_start().starts_with("#include")), "NVRTC compiles without system headers");
         assert!(src.contains("wm_bf16, float>(p);"), "templates are instantiated with the storage types");
+        assert!(src.contains(&format!("#define WM_BLOCK {}\n", super::super::BLOCK_THREADS)), "one block size on both sides");
     }
 }
