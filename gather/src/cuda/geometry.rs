@@ -403,6 +403,12 @@ mod tests {
     }
 
     #[test]
+    fn kernels_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<super::super::Kernels>();
+    }
+
+    #[test]
     fn bucket_layout_and_cursors() {
         let b = BucketArgs {
             first_rows: 1,

@@ -96,7 +96,9 @@ impl Kernels {
     /// each owner's rows are readable at `bases[r] + k * row_stride_bytes`
     /// for `dim` elements, aligned to the table's element size; `out` is
     /// writable for `n_ids` rows of `out_stride_bytes` and overlaps neither
-    /// the table nor the ids.
+    /// the table nor the ids. cudarc's event tracking does not see raw
+    /// addresses: the caller keeps the memory alive and orders other work on
+    /// it against `stream`.
     ///
     /// # Errors
     /// [`KernelError::InvalidArgument`] or [`KernelError::UnsupportedPair`]
@@ -125,8 +127,8 @@ impl Kernels {
         unsafe { self.launch_rows(stream, &plan, params) }
     }
 
-    /// Enqueues the first bucket step on `stream`: zeroes `counts`, writes
-    /// `owner` and adds up `counts`.
+    /// Enqueues the first bucket step on `stream`: zeroes `counts` (also
+    /// when there are no ids), writes `owner` and adds up `counts`.
     ///
     /// # Safety
     /// On the device of `stream`: `first_rows` holds `ranks + 1` ascending
@@ -140,11 +142,14 @@ impl Kernels {
     pub unsafe fn bucket_count(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<(), KernelError> {
         let plan = args.plan_params(self.sm_count)?;
         self.check_stream(stream)?;
+        if args.counts != 0 {
+            // SAFETY: `counts` is writable for `ranks` u32 by the caller's contract; the memset is ordered on `stream`.
+            unsafe { cudarc::driver::result::memset_d8_async(args.counts, 0, args.ranks as usize * 4, stream.cu_stream()) }
+                .map_err(driver)?;
+        }
         if args.n_ids == 0 {
             return Ok(());
         }
-        // SAFETY: `counts` is writable for `ranks` u32 by the caller's contract; the memset is ordered on `stream`.
-        unsafe { cudarc::driver::result::memset_d8_async(args.counts, 0, args.ranks as usize * 4, stream.cu_stream()) }.map_err(driver)?;
         // SAFETY: the caller's contract covers every address in `params`.
         unsafe { self.launch(stream, &plan.count, plan.params) }
     }
@@ -197,7 +202,7 @@ impl Kernels {
     }
 
     fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<(), KernelError> {
-        if Arc::ptr_eq(stream.context(), &self.ctx) {
+        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
             Ok(())
         } else {
             Err(KernelError::InvalidArgument("the stream belongs to another CUDA context than the loaded kernels".into()))

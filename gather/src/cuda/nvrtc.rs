@@ -121,25 +121,26 @@ pub(crate) fn compile_as(arch: Arch, format: ImageFormat) -> Result<Compiled, Ke
     if let Some(c) = memory.lock().unwrap_or_else(|e| e.into_inner()).get(&(arch, format)) {
         return Ok(Compiled { from: CacheHit::Memory, ..c.clone() });
     }
-    ensure_nvrtc()?;
-    let src = source::source();
-    let (major, minor) = nvrtc_version()?;
-    let key = cache_key(&src, &options(arch, format), (major, minor));
-    let file = cache_dir().map(|d| d.join(cache_file_name(arch, format, key)));
-    let kernels = source::entries().len();
-    let (image, from) = match file.as_deref().and_then(|f| read_cache(f, format)) {
-        Some(image) => (image, CacheHit::Disk),
-        None => {
-            let image = run_nvrtc(arch, format, &src)?;
-            if let Some(f) = &file {
-                write_cache(f, &image);
-            }
-            (image, CacheHit::Compiled)
-        }
-    };
-    let compiled = Compiled { arch, format, image: image.into(), kernels, from };
+    let (image, from) = compile_through_disk(arch, format, cache_dir().as_deref())?;
+    let compiled = Compiled { arch, format, image: image.into(), kernels: source::entries().len(), from };
     memory.lock().unwrap_or_else(|e| e.into_inner()).insert((arch, format), compiled.clone());
     Ok(compiled)
+}
+
+/// The image from the disk cache in `dir`, or compiled (and stored there).
+fn compile_through_disk(arch: Arch, format: ImageFormat, dir: Option<&Path>) -> Result<(Vec<u8>, CacheHit), KernelError> {
+    ensure_nvrtc()?;
+    let src = source::source();
+    let key = cache_key(&src, &options(arch, format), nvrtc_version()?);
+    let file = dir.map(|d| d.join(cache_file_name(arch, format, key)));
+    if let Some(image) = file.as_deref().and_then(|f| read_cache(f, format)) {
+        return Ok((image, CacheHit::Disk));
+    }
+    let image = run_nvrtc(arch, format, &src)?;
+    if let Some(f) = &file {
+        write_cache(f, &image);
+    }
+    Ok((image, CacheHit::Compiled))
 }
 
 fn options(arch: Arch, format: ImageFormat) -> Vec<String> {
@@ -382,9 +383,14 @@ mod tests {
         assert_eq!(first.kernels, n);
         let again = compile(Arch::SM90).unwrap();
         assert_eq!((again.from, again.image.len()), (CacheHit::Memory, first.image.len()));
-        // PTX for a virtual architecture names every entry point.
-        let ptx = compile_as(Arch::SM80, ImageFormat::Ptx).unwrap();
-        let text = String::from_utf8_lossy(&ptx.image);
+        // PTX for a virtual architecture names every entry point; the disk
+        // cache serves it the second time.
+        let dir = std::env::temp_dir().join(format!("wm-kernel-disk-cache-{}", std::process::id()));
+        let (ptx, from) = compile_through_disk(Arch::SM80, ImageFormat::Ptx, Some(&dir)).unwrap();
+        assert_eq!(from, CacheHit::Compiled);
+        assert_eq!(compile_through_disk(Arch::SM80, ImageFormat::Ptx, Some(&dir)).unwrap(), (ptx.clone(), CacheHit::Disk));
+        let _ = std::fs::remove_dir_all(&dir);
+        let text = String::from_utf8_lossy(&ptx);
         for e in source::entries() {
             assert!(text.contains(&format!(".entry {}(", e.name())), "{} missing from the PTX", e.name());
         }
