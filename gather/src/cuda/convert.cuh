@@ -40,6 +40,11 @@ __device__ __forceinline__ wm_u64 wm_f64_bits(double d) {
     asm("mov.b64 %0, %1;" : "=l"(r) : "d"(d));
     return r;
 }
+__device__ __forceinline__ double wm_bits_f64(wm_u64 b) {
+    double r;
+    asm("mov.b64 %0, %1;" : "=d"(r) : "l"(b));
+    return r;
+}
 
 // f16 -> f32 and f16 -> f64 are exact.
 __device__ __forceinline__ float wm_f16_to_f32(wm_u16 h) {
@@ -75,6 +80,11 @@ inline wm_u64 wm_f64_bits(double d) {
     __builtin_memcpy(&r, &d, 8);
     return r;
 }
+inline double wm_bits_f64(wm_u64 b) {
+    double r;
+    __builtin_memcpy(&r, &b, 8);
+    return r;
+}
 inline float wm_f16_to_f32(wm_u16 h) {
     _Float16 v;
     __builtin_memcpy(&v, &h, 2);
@@ -104,6 +114,16 @@ __device__ __forceinline__ float wm_bf16_to_f32(wm_u16 b) {
         x |= 0x0040u;
     }
     return wm_bits_f32(x << 16);
+}
+// bf16 -> f64: exact; a NaN keeps sign and payload and gets its quiet bit,
+// as in half's `bf16_to_f64` (spelled out: the hardware f32 -> f64
+// conversion does not promise NaN payloads).
+__device__ __forceinline__ double wm_bf16_to_f64(wm_u16 b) {
+    const wm_u64 x = (wm_u64)b;
+    if ((x & 0x7FFFu) > 0x7F80u) {
+        return wm_bits_f64(((x & 0x8000u) << 48) | 0x7FF8000000000000ull | ((x & 0x7Fu) << 45));
+    }
+    return (double)wm_bf16_to_f32(b);
 }
 // f32 -> bf16, round to nearest even: half's `f32_to_bf16`, line for line
 // (keeps NaN payloads the way half does, which cvt.rn.bf16.f32 would not).
@@ -201,7 +221,7 @@ template <> struct WmFloat<wm_bf16> {
         r.bits = wm_f32_to_bf16(v);
         return r;
     }
-    static __device__ __forceinline__ double to64(wm_bf16 v) { return (double)wm_bf16_to_f32(v.bits); }
+    static __device__ __forceinline__ double to64(wm_bf16 v) { return wm_bf16_to_f64(v.bits); }
     static __device__ __forceinline__ wm_bf16 from64(double v) {
         wm_bf16 r;
         r.bits = wm_f64_to_bf16(v);
