@@ -370,6 +370,7 @@ mod tests {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { sys::is_culib_present() } {
             assert!(matches!(compile(Arch::SM90), Err(KernelError::NoNvrtc(m)) if m == NO_NVRTC));
+            assert!(!wm_topology::env::require_gpu(), "WM_REQUIRE_GPU is set but {NO_NVRTC}");
             println!("SKIP kernels_compile_with_nvrtc_when_present: {NO_NVRTC}");
             return;
         }
