@@ -29,6 +29,9 @@ use crate::DType;
 mod geometry;
 #[cfg(test)]
 #[allow(unsafe_code)]
+mod gpu_check;
+#[cfg(test)]
+#[allow(unsafe_code)]
 mod host_check;
 #[allow(unsafe_code)]
 mod launch;
