@@ -183,12 +183,11 @@ impl Kernels {
     /// As [`bucket_count`](Self::bucket_count).
     pub unsafe fn bucket(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<Vec<u32>, KernelError> {
         let mut counts = vec![0u32; args.ranks as usize];
-        if args.n_ids == 0 {
-            args.plan_params(self.sm_count)?;
-            return Ok(counts);
-        }
         // SAFETY: the caller's contract.
         unsafe { self.bucket_count(stream, args) }?;
+        if args.n_ids == 0 {
+            return Ok(counts);
+        }
         // SAFETY: `counts` is `ranks` u32 on both sides and outlives the copy (synchronised below).
         unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut counts, args.counts, stream.cu_stream()) }.map_err(driver)?;
         stream.synchronize().map_err(driver)?;
