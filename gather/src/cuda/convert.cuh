@@ -98,11 +98,54 @@ inline wm_u16 wm_f32_to_f16(float f) {
     return h;
 }
 #endif
+
+// ------------------------------------------------------------ NaN, exact
+//
+// The hardware conversions above give a canonical NaN; the CPU path (x86
+// F16C and SSE, and half's software fallbacks) keeps the sign and the
+// leading payload bits and sets the quiet bit. These wrappers do the
+// latter by hand and leave every other value to the hardware.
+
+__device__ __forceinline__ double wm_f32_to_f64(float f) {
+    const wm_u32 x = wm_f32_bits(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+        return wm_bits_f64(((wm_u64)(x & 0x80000000u) << 32) | 0x7FF8000000000000ull | ((wm_u64)(x & 0x007FFFFFu) << 29));
+    }
+    return (double)f;
+}
+__device__ __forceinline__ float wm_f64_to_f32(double d) {
+    const wm_u64 x = wm_f64_bits(d);
+    if ((x & 0x7FFFFFFFFFFFFFFFull) > 0x7FF0000000000000ull) {
+        return wm_bits_f32((wm_u32)((x >> 32) & 0x80000000u) | 0x7FC00000u | (wm_u32)((x >> 29) & 0x007FFFFFu));
+    }
+    return (float)d;
+}
+__device__ __forceinline__ float wm_f16_to_f32_exact(wm_u16 h) {
+    const wm_u32 x = (wm_u32)h;
+    if ((x & 0x7FFFu) > 0x7C00u) {
+        return wm_bits_f32(((x & 0x8000u) << 16) | 0x7FC00000u | ((x & 0x03FFu) << 13));
+    }
+    return wm_f16_to_f32(h);
+}
+__device__ __forceinline__ double wm_f16_to_f64_exact(wm_u16 h) {
+    const wm_u64 x = (wm_u64)h;
+    if ((x & 0x7FFFu) > 0x7C00u) {
+        return wm_bits_f64(((x & 0x8000u) << 48) | 0x7FF8000000000000ull | ((x & 0x03FFu) << 42));
+    }
+    return wm_f16_to_f64(h);
+}
+__device__ __forceinline__ wm_u16 wm_f32_to_f16_exact(float f) {
+    const wm_u32 x = wm_f32_bits(f);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) {
+        return (wm_u16)(((x >> 16) & 0x8000u) | 0x7E00u | ((x >> 13) & 0x03FFu));
+    }
+    return wm_f32_to_f16(f);
+}
 // f64 -> f16 rounds through f32 (two roundings), which is what `half`
 // computes on x86-64 with F16C (every x86 host of a CUDA GPU):
 // `f16::from_f64(v)` is `f32_to_f16_f16c(v as f32)` there.
 __device__ __forceinline__ wm_u16 wm_f64_to_f16(double d) {
-    return wm_f32_to_f16((float)d);
+    return wm_f32_to_f16_exact(wm_f64_to_f32(d));
 }
 
 // ------------------------------------------------------ bf16 (bit exact)
@@ -123,7 +166,7 @@ __device__ __forceinline__ double wm_bf16_to_f64(wm_u16 b) {
     if ((x & 0x7FFFu) > 0x7F80u) {
         return wm_bits_f64(((x & 0x8000u) << 48) | 0x7FF8000000000000ull | ((x & 0x7Fu) << 45));
     }
-    return (double)wm_bf16_to_f32(b);
+    return (double)wm_bf16_to_f32(b); // exact: not a NaN
 }
 // f32 -> bf16, round to nearest even: half's `f32_to_bf16`, line for line
 // (keeps NaN payloads the way half does, which cvt.rn.bf16.f32 would not).
@@ -188,25 +231,25 @@ template <> struct WmFloat<float> {
     static const bool wide = false;
     static __device__ __forceinline__ float to32(float v) { return v; }
     static __device__ __forceinline__ float from32(float v) { return v; }
-    static __device__ __forceinline__ double to64(float v) { return (double)v; }
-    static __device__ __forceinline__ float from64(double v) { return (float)v; }
+    static __device__ __forceinline__ double to64(float v) { return wm_f32_to_f64(v); }
+    static __device__ __forceinline__ float from64(double v) { return wm_f64_to_f32(v); }
 };
 template <> struct WmFloat<double> {
     static const bool wide = true;
-    static __device__ __forceinline__ float to32(double v) { return (float)v; }
-    static __device__ __forceinline__ double from32(float v) { return (double)v; }
+    static __device__ __forceinline__ float to32(double v) { return wm_f64_to_f32(v); }
+    static __device__ __forceinline__ double from32(float v) { return wm_f32_to_f64(v); }
     static __device__ __forceinline__ double to64(double v) { return v; }
     static __device__ __forceinline__ double from64(double v) { return v; }
 };
 template <> struct WmFloat<wm_f16> {
     static const bool wide = false;
-    static __device__ __forceinline__ float to32(wm_f16 v) { return wm_f16_to_f32(v.bits); }
+    static __device__ __forceinline__ float to32(wm_f16 v) { return wm_f16_to_f32_exact(v.bits); }
     static __device__ __forceinline__ wm_f16 from32(float v) {
         wm_f16 r;
-        r.bits = wm_f32_to_f16(v);
+        r.bits = wm_f32_to_f16_exact(v);
         return r;
     }
-    static __device__ __forceinline__ double to64(wm_f16 v) { return wm_f16_to_f64(v.bits); }
+    static __device__ __forceinline__ double to64(wm_f16 v) { return wm_f16_to_f64_exact(v.bits); }
     static __device__ __forceinline__ wm_f16 from64(double v) {
         wm_f16 r;
         r.bits = wm_f64_to_f16(v);
@@ -256,6 +299,13 @@ template <typename S, typename D> struct WmConvert<S, D, true, true> {
 };
 template <typename S, typename D> struct WmConvert<S, D, false, false> {
     static __device__ __forceinline__ D run(S v) { return (D)(wm_i64)v; }
+};
+// The same type: the bits, unchanged (NaN payloads and all), as the CPU's copy.
+template <typename T> struct WmConvert<T, T, true, true> {
+    static __device__ __forceinline__ T run(T v) { return v; }
+};
+template <typename T> struct WmConvert<T, T, false, false> {
+    static __device__ __forceinline__ T run(T v) { return v; }
 };
 // Floating <-> integer has no specialisation on purpose: instantiating one
 // is a compile error, as DType::check_conversion refuses it on the host.

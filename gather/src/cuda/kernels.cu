@@ -9,7 +9,7 @@
 // contract with `launch.rs`.
 //
 // Conversions reproduce the CPU kernels of `gather/src/kernel.rs` (which use
-// the `half` crate) bit for bit for every non-NaN value; see docs/kernels.md
+// the `half` crate) bit for bit, NaN payloads included; see docs/kernels.md
 // for the table and the two documented choices (f64 -> f16 rounds through
 // f32 like half on x86-64 with F16C; f64 -> bf16 is half's own algorithm).
 

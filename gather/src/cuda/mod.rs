@@ -15,8 +15,9 @@
 //! `first_rows[r]..first_rows[r + 1]`. One owner with `first_rows = [0,
 //! rows]` describes continuous memory or a plain buffer.
 //!
-//! Conversions match the CPU kernels bit for bit for every value that is
-//! not a NaN (NaNs stay NaNs); `docs/kernels.md` has the table.
+//! Conversions match the CPU kernels (on an x86-64 host) bit for bit, NaN
+//! payloads included; `docs/kernels.md` has the table and the two rounding
+//! choices this takes.
 //!
 //! Nothing here touches a CUDA library before checking it is there:
 //! without NVRTC, [`compile`] fails with [`KernelError::NoNvrtc`].
