@@ -38,6 +38,18 @@ enum Cmd {
     /// Print this machine's topology and which memory types and locations the
     /// ranks support, with reasons; `--active` also tries each one.
     Probe(ProbeArgs),
+    /// The CUDA kernels: `--check` compiles every kernel with NVRTC for each architecture.
+    Kernels(KernelsArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct KernelsArgs {
+    /// Compile every kernel (no cache) and report per architecture; exit non-zero on any error.
+    #[arg(long)]
+    check: bool,
+    /// Architectures to compile for (repeatable) [default: sm_80 and sm_90].
+    #[arg(long = "arch", value_parser = |s: &str| s.parse::<wm_gather::cuda::Arch>())]
+    archs: Vec<wm_gather::cuda::Arch>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -126,6 +138,7 @@ fn main() {
         Cmd::Gather(a) => start(Op::Gather, a),
         Cmd::Scatter(a) => start(Op::Scatter, a),
         Cmd::Probe(a) => probe(&a),
+        Cmd::Kernels(a) => kernels(&a),
     };
     match result {
         Ok(c) => std::process::exit(c),
@@ -134,6 +147,31 @@ fn main() {
             std::process::exit(1);
         }
     }
+}
+
+/// `wm-bench kernels --check`: one line per architecture, the NVRTC log on failure.
+fn kernels(a: &KernelsArgs) -> Result<i32> {
+    use wm_gather::cuda;
+    ensure!(a.check, "nothing to do: pass --check");
+    let archs = if a.archs.is_empty() { cuda::Arch::DEFAULT_CHECK.to_vec() } else { a.archs.clone() };
+    let version = match cuda::nvrtc_version() {
+        Ok((major, minor)) => format!("{major}.{minor}"),
+        Err(e) => bail!("{e}"),
+    };
+    let mut failed = 0;
+    for arch in archs {
+        let start = Instant::now();
+        let (_, result) = cuda::check(&[arch]).pop().context("check returned nothing")?;
+        match result {
+            Ok(n) => println!("{arch}: {n} kernels compiled in {:.2} s (NVRTC {version})", start.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("{arch}: FAILED after {:.2} s", start.elapsed().as_secs_f64());
+                eprintln!("{e}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
 }
 
 const DEFAULT_TABLE_BYTES: usize = 2 << 30;
