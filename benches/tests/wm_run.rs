@@ -35,6 +35,25 @@ fn output_is_prefixed_and_the_environment_is_set() {
 }
 
 #[test]
+fn a_rank_can_print_an_untagged_last_line() {
+    let out = Command::new(WM_RUN)
+        .args([
+            "-n",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            "echo hello; if [ $WM_RANK = 0 ]; then sleep 0.2; printf '%sresult=%s\\n' \"$WM_UNTAGGED\" 7; fi",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().last(), Some("result=7"), "{text}");
+    assert!(text.lines().any(|l| l == "[1] hello") && !text.contains('\u{1}'), "{text}");
+}
+
+#[test]
 fn the_others_are_stopped_when_one_fails() {
     let start = std::time::Instant::now();
     let out = Command::new(WM_RUN)

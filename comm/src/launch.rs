@@ -6,6 +6,9 @@
 //! `K` ranks). Output lines are prefixed with the rank. When a rank fails the
 //! others get a grace period to report the failure themselves (they will name
 //! the lost rank), then they are killed.
+//!
+//! A rank can have one of its lines shown without the tag — a result line a
+//! script reads with `tail -1` — by printing [`untagged`]`(line)`.
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
@@ -16,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wm_topology::env::{WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_WORLD_SIZE};
+use wm_topology::env::{WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_UNTAGGED, WM_WORLD_SIZE};
 
 /// How the started ranks meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -133,6 +136,23 @@ pub fn describe(s: ExitStatus) -> String {
     }
 }
 
+/// What the launcher puts in [`WM_UNTAGGED`] for its ranks.
+const UNTAGGED_MARKER: &str = "\u{1}wm-untagged\u{1}";
+
+/// `line` as a rank prints it so that the launcher that started it shows
+/// it as it is, without the `[rank] ` tag (the launcher tells its ranks how
+/// in `WM_UNTAGGED`). Unchanged when the rank was started otherwise.
+///
+/// ```no_run
+/// println!("{}", wm_comm::launch::untagged("auc=0.93"));
+/// ```
+pub fn untagged(line: &str) -> String {
+    match WM_UNTAGGED.get() {
+        Some(marker) => format!("{marker}{line}"),
+        None => line.to_owned(),
+    }
+}
+
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -170,9 +190,16 @@ fn pump(
 ) -> thread::JoinHandle<()> {
     thread::spawn(move || {
         for line in BufReader::new(src).lines() {
-            let Ok(line) = line else { break };
+            let Ok(mut line) = line else { break };
+            let tagged = match line.strip_prefix(UNTAGGED_MARKER) {
+                Some(rest) => {
+                    line = rest.to_owned();
+                    false
+                }
+                None => true,
+            };
             if echo {
-                let text = format!("[{rank}] {line}\n");
+                let text = if tagged { format!("[{rank}] {line}\n") } else { format!("{line}\n") };
                 // A closed terminal is not a reason to stop collecting.
                 let _ =
                     if to_stderr { io::stderr().lock().write_all(text.as_bytes()) } else { io::stdout().lock().write_all(text.as_bytes()) };
@@ -213,6 +240,7 @@ pub fn run(l: &Launch) -> io::Result<Report> {
             .env(WM_RANK.name, r.to_string())
             .env(WM_WORLD_SIZE.name, l.ranks.to_string())
             .env(WM_RENDEZVOUS.name, &rendezvous)
+            .env(WM_UNTAGGED.name, UNTAGGED_MARKER)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());

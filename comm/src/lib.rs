@@ -21,6 +21,8 @@
 mod communicator;
 mod error;
 pub mod launch;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 #[cfg(feature = "mpi")]
 pub mod mpi_backend;
 pub mod ranks;

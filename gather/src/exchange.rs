@@ -121,16 +121,35 @@ fn give_back(bufs: Vec<Vec<u8>>) {
     });
 }
 
+/// Copies this rank's own rows `rows` (converted) into `out`: row `k` to
+/// output row `positions[k]`, or to row `k` without positions. Through the
+/// CPU for host memory, by a kernel for device memory.
+fn read_local(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], positions: Option<&[usize]>, out: &mut [u8]) -> Result<()> {
+    let n = mem.local_rows().len();
+    assert!(rows.iter().all(|&r| r < n), "a row this rank does not own");
+    #[cfg(feature = "cuda")]
+    if mem.location() == wholemem::Location::Device {
+        let Some(positions) = positions else { return crate::device::gather_local(mem, layout, conv, rows, out) };
+        let mut dense = scratch(rows.len() * conv.dst_bytes());
+        crate::device::gather_local(mem, layout, conv, rows, &mut dense)?;
+        place(out, &dense, positions, conv.dst_bytes());
+        give_back(vec![dense]);
+        return Ok(());
+    }
+    debug_assert!(out.len() >= positions.map_or(rows.len(), |p| p.iter().max().map_or(0, |m| m + 1)) * conv.dst_bytes());
+    // SAFETY: every row is below this rank's row count (asserted: a peer's
+    // request is not trusted blindly); positions are distinct and `out` is
+    // sized for them (callers' invariant, checked in debug builds).
+    unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), rows, positions, conv, out, threads(mem)) };
+    Ok(())
+}
+
 /// Copies this rank's rows `local` (converted) into a buffer.
-fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[u64]) -> Vec<u8> {
+fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[u64]) -> Result<Vec<u8>> {
     let rows: Vec<usize> = local.iter().map(|&r| r as usize).collect();
     let mut buf = scratch(rows.len() * conv.dst_bytes());
-    let n = mem.local_rows().len();
-    assert!(rows.iter().all(|&r| r < n), "a peer asked for a row this rank does not own");
-    // SAFETY: every row is below this rank's row count (asserted: a peer's
-    // request is not trusted blindly) and `buf` is sized for them.
-    unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), &rows, None, conv, &mut buf, threads(mem)) };
-    buf
+    read_local(mem, layout, conv, &rows, None, &mut buf)?;
+    Ok(buf)
 }
 
 /// Copies row `k` of `rows` into output row `positions[k]`.
@@ -155,13 +174,11 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
             .collect();
     let refs: Vec<&[u64]> = requests.iter().map(Vec::as_slice).collect();
     let asked = comm.alltoallv_pod(&refs)?;
-    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect();
+    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect::<Result<_>>()?;
     // Own rows go straight into place while the others travel.
     let mine = &order[starts[me]..starts[me + 1]];
     let local: Vec<usize> = mine.iter().map(|&i| rows[i] - p.offset(me)).collect();
-    // SAFETY: local rows are below this rank's count (ids were validated and
-    // bucketed by owner); `mine` holds distinct positions below ids.len().
-    unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), &local, Some(mine), conv, out, threads(mem)) };
+    read_local(mem, layout, conv, &local, Some(mine), out)?;
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = comm.alltoallv(&refs)?;
     give_back(replies);
@@ -226,25 +243,14 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     let own = std::mem::take(&mut to_cross[cme]);
     let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
     let asked = cross.alltoallv_pod(&refs)?;
-    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect();
+    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect::<Result<_>>()?;
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = cross.alltoallv(&refs)?;
     give_back(replies);
     let mut unique_rows = scratch(unique.len() * db);
     let own_rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
     assert!(own_rows.iter().all(|&r| r < mem.local_rows().len()), "unique ids bucketed to this rank are its own");
-    // SAFETY: the rows are this rank's own (asserted); their positions in
-    // `unique_rows` are distinct and below unique.len().
-    unsafe {
-        kernel::gather_rows(
-            &LocalRows::new(mem, layout),
-            &own_rows,
-            Some(&uorder[ustarts[cme]..ustarts[cme + 1]]),
-            conv,
-            &mut unique_rows,
-            threads(mem),
-        )
-    };
+    read_local(mem, layout, conv, &own_rows, Some(&uorder[ustarts[cme]..ustarts[cme + 1]]), &mut unique_rows)?;
     for c in (0..cross.size()).filter(|&c| c != cme) {
         place(&mut unique_rows, &got[c], &uorder[ustarts[c]..ustarts[c + 1]], db);
     }
@@ -314,6 +320,18 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
     let got_rows = comm.alltoallv(&refs)?;
     give_back(rows_out);
     let (granularity, skip, count) = (mem.granularity(), layout.offset * layout.dtype.size(), mem.local_rows().len());
+    #[cfg(feature = "cuda")]
+    if mem.location() == wholemem::Location::Device {
+        // In rank order, each peer's rows in its order: the same "last one
+        // wins" as the host loop below.
+        let rows: Vec<usize> = got_index.iter().flatten().map(|&r| r as usize).collect();
+        assert!(rows.iter().all(|&r| r < count), "a peer sent a row this rank does not own");
+        let data = got_rows.concat();
+        comm.recycle(got_rows);
+        // The senders converted the rows to the table's type already.
+        let same = RowConv::new(layout.dtype, layout.dtype, layout.cols)?;
+        return crate::device::scatter_local(mem, layout, same, &rows, &data);
+    }
     let local = mem.local_bytes_mut();
     for (idx, data) in got_index.iter().zip(&got_rows) {
         for (k, &row) in idx.iter().enumerate() {

@@ -115,6 +115,18 @@ impl RowConv {
         Ok(Self { from, to, cols })
     }
 
+    /// The source element type.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn from(&self) -> DType {
+        self.from
+    }
+
+    /// The destination element type.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn to(&self) -> DType {
+        self.to
+    }
+
     /// The conversion the other way (for scatter).
     pub(crate) fn reversed(self) -> Self {
         Self { from: self.to, to: self.from, cols: self.cols }

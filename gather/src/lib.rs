@@ -17,12 +17,17 @@
 //! scatter (for collective types: the highest rank's last occurrence).
 #![deny(unsafe_code)]
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 #[allow(unsafe_code)]
 mod exchange;
 #[allow(unsafe_code)]
 mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod device;
 
 use std::fmt;
 use std::str::FromStr;
@@ -158,6 +163,10 @@ pub enum Error {
     /// Talking to the other ranks failed.
     #[error(transparent)]
     Comm(#[from] wm_comm::Error),
+    /// The GPU could not do its part: no GPU for the table, rows it cannot
+    /// reach, or a failed kernel launch.
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }
 
 /// The result type of this crate.
@@ -306,6 +315,10 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => {
             let conv = problem?;
+            #[cfg(feature = "cuda")]
+            if mem.location() == wholemem::Location::Device {
+                return device::gather_mapped(mem, layout, conv, ids, out);
+            }
             mapped::gather(mem, layout, conv, ids, out)
         }
         wholemem::MemoryType::Distributed => {
@@ -330,6 +343,10 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => {
             let conv = problem?;
+            #[cfg(feature = "cuda")]
+            if mem.location() == wholemem::Location::Device {
+                return device::scatter_mapped(mem, layout, conv, ids, src);
+            }
             mapped::scatter(mem, layout, conv, ids, src)
         }
         wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {

@@ -56,6 +56,8 @@ impl World {
     /// When the ranks cannot be started, or something of ours is left in
     /// `/dev/shm`.
     pub fn run(&self, program: &str, args: &[&str]) -> Report {
+        let program = relocated(program);
+        let program = program.as_str();
         let mut l = Launch::new(self.ranks, program, args.iter().copied());
         l.node_size = self.node_size;
         l.meet = self.meet;
@@ -83,6 +85,17 @@ impl World {
         }
         report
     }
+}
+
+/// The rank program's path: where cargo built it, unless `WM_TEST_BIN_DIR`
+/// names a directory holding a program of the same name (test binaries
+/// copied to a machine without the build tree, as `scripts/gpu-check.sh`
+/// does).
+pub fn relocated(program: &str) -> String {
+    let Some(dir) = wm_topology::env::WM_TEST_BIN_DIR.get() else { return program.to_owned() };
+    let name = std::path::Path::new(program).file_name().unwrap_or_default();
+    let moved = std::path::Path::new(&dir).join(name);
+    if moved.exists() { moved.to_string_lossy().into_owned() } else { program.to_owned() }
 }
 
 /// Every rank's output, prefixed with its rank.

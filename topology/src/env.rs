@@ -88,8 +88,46 @@ pub const WM_THREADS: EnvVar = EnvVar {
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
 
+/// Where compiled CUDA kernels are cached.
+pub const WM_KERNEL_CACHE: EnvVar = EnvVar {
+    name: "WM_KERNEL_CACHE",
+    default: "$XDG_CACHE_HOME/wholemem/kernels, else ~/.cache/wholemem/kernels",
+    doc: "directory of the NVRTC-compiled kernel cache; `off` disables it",
+};
+
+/// Set by the launcher (`wm-run`) for each rank it starts: a line the rank
+/// writes that begins with this value is shown without it and without the
+/// `[rank] ` tag — for a result line that scripts read.
+pub const WM_UNTAGGED: EnvVar = EnvVar {
+    name: "WM_UNTAGGED",
+    default: "unset (set by wm-run for the ranks it starts)",
+    doc: "a line of rank output beginning with this value is printed by wm-run without it and without the `[rank]` tag",
+};
+
+/// Where the multi-process tests find their rank programs when the test
+/// executables run away from the build tree (the GPU check).
+pub const WM_TEST_BIN_DIR: EnvVar = EnvVar {
+    name: "WM_TEST_BIN_DIR",
+    default: "unset: the programs cargo built",
+    doc: "directory holding `wm-test-rank` and the other rank programs, for test executables copied to another machine",
+};
+
 /// Every variable, for documentation and `--help` output.
-pub const ALL: &[EnvVar] = &[WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS, WM_HOST_ADDR, WM_NODE_ID, WM_TIMEOUT_S, WM_REQUIRE_GPU];
+pub const ALL: &[EnvVar] = &[
+    WM_RANK,
+    WM_WORLD_SIZE,
+    WM_RENDEZVOUS,
+    WM_HOST_ADDR,
+    WM_NODE_ID,
+    WM_TIMEOUT_S,
+    WM_BACKEND,
+    WM_DEVICE,
+    WM_THREADS,
+    WM_REQUIRE_GPU,
+    WM_KERNEL_CACHE,
+    WM_UNTAGGED,
+    WM_TEST_BIN_DIR,
+];
 
 /// The default of [`WM_TIMEOUT_S`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);

@@ -55,17 +55,31 @@ impl fmt::Display for Support {
 }
 
 /// Why this build has no device memory.
-pub const NO_CUDA: &str = "this build of wholemem has no CUDA support, so device memory is unavailable";
+pub const NO_CUDA: &str = "this build of wholemem has no CUDA support (feature `cuda` off), so device memory is unavailable";
+
+/// Whether this process can use device memory at all, and why not.
+pub(crate) fn cuda_here() -> Result<(), String> {
+    #[cfg(feature = "cuda")]
+    return crate::device::status().map(drop);
+    #[cfg(not(feature = "cuda"))]
+    Err(NO_CUDA.to_owned())
+}
 
 /// Whether `comm` can hold memory of type `ty` at `loc`.
 ///
 /// Local and free: it uses what the communicator already knows (every rank's
 /// node), so every rank gets the same answer without communicating. The
 /// rules are `wm_topology::domains`'.
+///
+/// For device memory it knows this rank's driver only: it assumes the other
+/// ranks' nodes look like this one, and the allocation checks every rank's
+/// GPU and P2P access for real (as does [`Capabilities`]).
 pub fn query(comm: &dyn Communicator, ty: MemoryType, loc: Location) -> Support {
+    let cuda = cuda_here();
+    let gpu = cuda.is_ok().then_some(0);
     let places: Vec<RankPlace<'_>> =
-        comm.nodes().iter().zip(comm.world_ranks()).map(|(n, &rank)| RankPlace { rank, node: n.id(), record: None, gpu: None }).collect();
-    answer(&places, ty, loc, Err(NO_CUDA.to_owned()))
+        comm.nodes().iter().zip(comm.world_ranks()).map(|(n, &rank)| RankPlace { rank, node: n.id(), record: None, gpu }).collect();
+    answer(&places, ty, loc, cuda)
 }
 
 /// The capability query over every rank's hardware record: built once,
@@ -102,7 +116,16 @@ impl Capabilities {
             .iter()
             .map(|b| std::str::from_utf8(b).ok().and_then(|s| s.trim().parse().ok()))
             .collect();
-        Ok(Self::from_records(records, comm.world_ranks().to_vec(), &requested, Err(NO_CUDA.to_owned())))
+        let status = match cuda_here() {
+            Ok(()) => Vec::new(),
+            Err(reason) => reason.into_bytes(),
+        };
+        let cuda = match comm.allgatherv(&status)?.iter().enumerate().find(|(_, s)| !s.is_empty()) {
+            None => Ok(()),
+            Some((_, s)) if comm.size() == 1 => Err(String::from_utf8_lossy(s).into_owned()),
+            Some((r, s)) => Err(format!("rank {}: {}", comm.world_ranks()[r], String::from_utf8_lossy(s))),
+        };
+        Ok(Self::from_records(records, comm.world_ranks().to_vec(), &requested, cuda))
     }
 
     /// From records already at hand (one per rank, in rank order).

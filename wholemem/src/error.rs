@@ -36,6 +36,14 @@ pub enum Error {
     /// Talking to the other ranks failed.
     #[error(transparent)]
     Comm(#[from] wm_comm::Error),
+    /// A CUDA driver call failed.
+    #[error("CUDA: {call} failed: {detail}")]
+    Cuda {
+        /// The driver entry point.
+        call: &'static str,
+        /// The driver's error name and description.
+        detail: String,
+    },
     /// A set of shard files cannot be loaded into this table (or a store
     /// target cannot be written): the file or directory, and what is wrong.
     #[error("{}: {problem}", path.display())]

@@ -89,11 +89,33 @@ pub struct WholeMemory {
     total: usize,
     granularity: usize,
     partition: Partition,
-    storage: HostStorage,
-    /// First byte of each rank's rows, where this rank maps them.
+    /// Host storage registered with CUDA, given back before the storage.
+    #[cfg(feature = "cuda")]
+    registrations: Vec<crate::device::HostRegistration>,
+    storage: Storage,
+    /// First byte of each rank's rows, where this rank maps them (host
+    /// memory).
     chunk_ptrs: Vec<Option<RowPtr>>,
-    /// Striped locks shared by the node's ranks (mapped types only).
+    /// Each rank's first row as this rank's GPU addresses it: device memory,
+    /// or host memory registered with CUDA.
+    device_ptrs: Vec<Option<u64>>,
+    /// Striped locks shared by the node's ranks (host mapped types only).
     row_locks: Option<RowLocks>,
+    /// This rank's GPU, or why it has none.
+    #[cfg(feature = "cuda")]
+    gpu: std::result::Result<Arc<crate::device::driver::Gpu>, String>,
+    /// NCCL over the table's ranks (device distributed and hierarchy
+    /// memory), or why rows travel through the host instead.
+    #[cfg(feature = "cuda")]
+    nccl: std::result::Result<Arc<wm_comm::nccl::NcclComm>, String>,
+}
+
+/// What a rank holds: host or device storage.
+#[derive(Debug)]
+enum Storage {
+    Host(HostStorage),
+    #[cfg(feature = "cuda")]
+    Device(#[allow(dead_code)] crate::device::DeviceStorage),
 }
 
 /// A pointer into memory owned by the handle that holds it.
@@ -107,7 +129,7 @@ unsafe impl Sync for RowPtr {}
 
 /// Fails on every rank if it failed on any: each rank passes its own
 /// outcome, and all learn the first failure by rank.
-fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
+pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
     let msg = match &mine {
         Ok(_) => Vec::new(),
         Err(e) => {
@@ -159,6 +181,10 @@ impl WholeMemory {
         }
         let me = comm.rank();
         let (total, granularity) = (req.total, req.granularity);
+        let hierarchy = (req.ty == MemoryType::Hierarchy).then(|| (comm.local(), comm.cross()));
+        if req.loc == Location::Device {
+            return Self::allocate_device(comm, req, partition, hierarchy);
+        }
         let (fds, lock_fd) = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
@@ -173,9 +199,9 @@ impl WholeMemory {
                     Ok((portion.expect("mapped types create a portion"), locks))
                 });
                 let (mine, locks) = agree(comm.as_ref(), created)?;
-                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks)?;
+                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks, true)?;
                 let (fds, lock_fd) = agree(comm.as_ref(), exchanged)?;
-                (fds, Some(lock_fd))
+                (fds, lock_fd)
             }
             MemoryType::Distributed | MemoryType::Hierarchy => (Vec::new(), None),
         };
@@ -188,9 +214,164 @@ impl WholeMemory {
         });
         let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
         drop(fds);
-        let chunk_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
-        let hierarchy = (req.ty == MemoryType::Hierarchy).then(|| (comm.local(), comm.cross()));
-        Ok(Self { comm: comm.clone(), hierarchy, ty: req.ty, loc: req.loc, total, granularity, partition, storage, chunk_ptrs, row_locks })
+        let chunk_ptrs: Vec<Option<RowPtr>> =
+            (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
+        #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+        let mut mem = Self {
+            comm: comm.clone(),
+            hierarchy,
+            ty: req.ty,
+            loc: req.loc,
+            total,
+            granularity,
+            partition,
+            #[cfg(feature = "cuda")]
+            registrations: Vec::new(),
+            storage: Storage::Host(storage),
+            device_ptrs: vec![None; chunk_ptrs.len()],
+            chunk_ptrs,
+            row_locks,
+            #[cfg(feature = "cuda")]
+            gpu: Err(String::new()),
+            #[cfg(feature = "cuda")]
+            nccl: Err("host memory".into()),
+        };
+        #[cfg(feature = "cuda")]
+        mem.register_host();
+        Ok(mem)
+    }
+
+    /// This rank's index among the ranks of its node.
+    #[cfg(feature = "cuda")]
+    fn local_rank(comm: &dyn Communicator) -> usize {
+        let ids: Vec<&str> = comm.nodes().iter().map(|n| n.id()).collect();
+        wm_topology::NodeLayout::of(&ids).local[comm.rank()]
+    }
+
+    #[cfg(not(feature = "cuda"))]
+    fn allocate_device(
+        _comm: &Arc<dyn Communicator>,
+        req: &AllocRequest,
+        _p: Partition,
+        _h: Option<(Arc<dyn Communicator>, Arc<dyn Communicator>)>,
+    ) -> Result<Self> {
+        Err(Error::Unsupported { what: format!("{} {} memory", req.loc, req.ty), reason: crate::NO_CUDA.into() })
+    }
+
+    #[cfg(feature = "cuda")]
+    fn allocate_device(
+        comm: &Arc<dyn Communicator>,
+        req: &AllocRequest,
+        partition: Partition,
+        hierarchy: Option<(Arc<dyn Communicator>, Arc<dyn Communicator>)>,
+    ) -> Result<Self> {
+        let bound = crate::device::bind(Self::local_rank(comm.as_ref()))
+            .map_err(|reason| Error::Unsupported { what: format!("{} {} memory", req.loc, req.ty), reason });
+        let gpu = agree(comm.as_ref(), bound)?;
+        let me = comm.rank();
+        let storage = crate::device::storage::allocate(comm.as_ref(), &gpu, req.ty, &partition, req.granularity, req.total)?;
+        let device_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, req.granularity)).collect();
+        let nccl = if req.ty.is_mapped() {
+            Err(format!("{} memory is reached through the mapping", req.ty))
+        } else if comm.size() == 1 {
+            Err("one rank: nothing to exchange".into())
+        } else {
+            gpu.bind()?;
+            match wm_comm::nccl::NcclComm::new(comm.as_ref(), &gpu.bus_id) {
+                Ok(c) => Ok(Arc::new(c)),
+                Err(wm_comm::Error::Unsupported { reason, .. }) => Err(reason),
+                Err(e) => return Err(e.into()),
+            }
+        };
+        Ok(Self {
+            comm: comm.clone(),
+            hierarchy,
+            ty: req.ty,
+            loc: req.loc,
+            total: req.total,
+            granularity: req.granularity,
+            partition,
+            registrations: Vec::new(),
+            storage: Storage::Device(storage),
+            chunk_ptrs: vec![None; comm.size()],
+            device_ptrs,
+            row_locks: None,
+            gpu: Ok(gpu),
+            nccl,
+        })
+    }
+
+    /// With a GPU at hand, registers the host storage with CUDA (portable,
+    /// device-mapped) so kernels read it directly. Not collective, and never
+    /// an error: without it, host memory is simply reached by the CPU.
+    #[cfg(feature = "cuda")]
+    fn register_host(&mut self) {
+        if crate::device::status().is_err() {
+            self.gpu = crate::device::status().map(|_| unreachable!("status is an error"));
+            return;
+        }
+        self.gpu = crate::device::bind(Self::local_rank(self.comm.as_ref()));
+        let Ok(gpu) = &self.gpu else { return };
+        let Storage::Host(storage) = &self.storage else { return };
+        let regions: Vec<(usize, *mut u8, usize)> = match storage {
+            HostStorage::Continuous(res) => vec![(0, res.ptr(), res.len())],
+            HostStorage::Chunked(maps) => maps.iter().enumerate().filter_map(|(r, m)| m.as_ref().map(|m| (r, m.ptr(), m.len()))).collect(),
+            HostStorage::Local(m) => m.as_ref().map(|m| (self.comm.rank(), m.ptr(), m.len())).into_iter().collect(),
+        };
+        let mut regs = Vec::with_capacity(regions.len());
+        for (r, ptr, len) in regions {
+            // SAFETY: the region is mapped by `self.storage`, which outlives
+            // the registration (registrations are declared, so dropped,
+            // first).
+            match unsafe { crate::device::HostRegistration::new(gpu, ptr, len) } {
+                Ok(reg) => regs.push((r, reg)),
+                Err(e) => {
+                    self.gpu = Err(format!("host memory could not be registered with CUDA: {e}"));
+                    return;
+                }
+            }
+        }
+        for (r, reg) in regs {
+            if let HostStorage::Continuous(_) = storage {
+                for q in 0..self.device_ptrs.len() {
+                    self.device_ptrs[q] = Some(reg.device_ptr() + (self.partition.offset(q) * self.granularity) as u64);
+                }
+            } else {
+                self.device_ptrs[r] = Some(reg.device_ptr());
+            }
+            self.registrations.push(reg);
+        }
+        // Ranks without rows have nothing to register and nothing to reach.
+        if let HostStorage::Chunked(_) = storage {
+            for (r, p) in self.device_ptrs.iter_mut().enumerate() {
+                if p.is_none() && self.partition.count(r) == 0 {
+                    *p = Some(0);
+                }
+            }
+        }
+    }
+
+    /// The NCCL communicator device rows of distributed and hierarchy
+    /// memory travel through, or why they travel through the host
+    /// communicator instead (e.g. "ranks 0 and 1 share GPU …").
+    #[cfg(feature = "cuda")]
+    pub fn device_comm(&self) -> std::result::Result<&dyn wm_comm::nccl::DeviceCommunicator, &str> {
+        match &self.nccl {
+            Ok(c) => Ok(c.as_ref()),
+            Err(why) => Err(why),
+        }
+    }
+
+    /// This rank's GPU, when it has one for this table.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn gpu(&self) -> Option<&Arc<crate::device::driver::Gpu>> {
+        self.gpu.as_ref().ok()
+    }
+
+    /// Why this rank has no GPU for this table.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn no_gpu_reason(&self) -> Option<String> {
+        self.gpu.as_ref().err().filter(|s| !s.is_empty()).cloned()
     }
 
     /// Frees the table collectively: returns once every rank has stopped
@@ -200,6 +381,11 @@ impl WholeMemory {
     /// When a peer is lost or times out (the local memory is released anyway).
     pub fn free(self) -> Result<()> {
         let comm = self.comm.clone();
+        if self.loc == Location::Device {
+            // A peer may still be reading this rank's device rows through its
+            // own mapping: wait for everyone before giving memory back.
+            comm.barrier()?;
+        }
         drop(self);
         comm.barrier().map_err(Error::from)
     }
@@ -254,11 +440,19 @@ impl WholeMemory {
         self.partition.range(self.comm.rank())
     }
 
-    /// The first byte of rank `r`'s rows, if this rank maps them (every rank
-    /// for Continuous and Chunked, itself only otherwise). Dangling but
-    /// non-null for a rank without rows.
+    /// The first byte of rank `r`'s rows in this process's address space,
+    /// if this rank maps them (every rank for Continuous and Chunked, itself
+    /// only otherwise; never for device memory). Dangling but non-null for a
+    /// rank without rows.
     pub fn rank_ptr(&self, r: usize) -> Option<*mut u8> {
         self.chunk_ptrs.get(r).copied().flatten().map(|p| p.0)
+    }
+
+    /// The device address of rank `r`'s first row as this rank's GPU sees
+    /// it: device memory this rank maps, or host memory registered with
+    /// CUDA. `None` when the GPU cannot reach those rows directly.
+    pub fn device_ptr(&self, r: usize) -> Option<u64> {
+        self.device_ptrs.get(r).copied().flatten()
     }
 
     /// The striped row locks that writers through the mapping take, so
@@ -272,7 +466,7 @@ impl WholeMemory {
     /// row `i` starts at `base + i * granularity`.
     pub fn continuous_base(&self) -> Option<*mut u8> {
         match &self.storage {
-            HostStorage::Continuous(res) => Some(res.ptr()),
+            Storage::Host(HostStorage::Continuous(res)) => Some(res.ptr()),
             _ => None,
         }
     }
@@ -290,9 +484,13 @@ impl WholeMemory {
     }
 
     /// This rank's rows.
+    ///
+    /// # Panics
+    /// For device memory, which has no host view: use
+    /// [`read_rows`](Self::read_rows) and [`write_rows`](Self::write_rows).
     pub fn local_bytes(&self) -> &[u8] {
         let len = self.local_rows().len() * self.granularity;
-        let p = self.rank_ptr(self.comm.rank()).expect("a rank maps its own rows");
+        let p = self.host_ptr_of_own_rows();
         // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
         // bytes (dangling only when len == 0) and alive as long as `self`.
         // Cross-process writers are excluded by the documented contract.
@@ -300,21 +498,41 @@ impl WholeMemory {
     }
 
     /// This rank's rows, writable.
+    ///
+    /// # Panics
+    /// For device memory, as [`local_bytes`](Self::local_bytes).
     pub fn local_bytes_mut(&mut self) -> &mut [u8] {
         let len = self.local_rows().len() * self.granularity;
-        let p = self.rank_ptr(self.comm.rank()).expect("a rank maps its own rows");
+        let p = self.host_ptr_of_own_rows();
         // SAFETY: as for `local_bytes`; `&mut self` excludes other users in
         // this process.
         unsafe { std::slice::from_raw_parts_mut(p, len) }
     }
 
+    fn host_ptr_of_own_rows(&self) -> *mut u8 {
+        assert!(
+            self.loc == Location::Host,
+            "device memory has no host view: use read_rows/write_rows or the device gather"
+        );
+        self.rank_ptr(self.comm.rank()).expect("a rank maps its own host rows")
+    }
+
     /// Copies whole rows starting at `first` into `out` (a multiple of the
-    /// row size), through the mapping.
+    /// row size), through the mapping (for device memory, by a copy from
+    /// the GPU).
     ///
     /// # Errors
     /// [`Error::IndexOutOfRange`] past the end; [`Error::Unsupported`] when a
     /// row is not mapped on this rank.
     pub fn read_rows(&self, first: usize, out: &mut [u8]) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if self.loc == Location::Device {
+            return self.device_rows(first, out.len(), |gpu, dev, i, len| {
+                let g = self.granularity;
+                // SAFETY: `dev` addresses `len` bytes of rows this rank maps.
+                unsafe { crate::device::memory::copy::to_host(gpu, &mut out[i * g..i * g + len], dev) }
+            });
+        }
         self.each_row(first, out.len(), |src, i, g| {
             // SAFETY: `src` points at a mapped row of `g` bytes; `out` is a
             // distinct private buffer.
@@ -327,6 +545,14 @@ impl WholeMemory {
     /// # Errors
     /// As [`read_rows`](Self::read_rows).
     pub fn write_rows(&mut self, first: usize, src: &[u8]) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if self.loc == Location::Device {
+            return self.device_rows(first, src.len(), |gpu, dev, i, len| {
+                let g = self.granularity;
+                // SAFETY: `dev` addresses `len` bytes of rows this rank maps.
+                unsafe { crate::device::memory::copy::to_device(gpu, dev, &src[i * g..i * g + len]) }
+            });
+        }
         let locks = self.row_locks.as_ref();
         self.each_row(first, src.len(), |dst, i, g| {
             let _row = locks.map(|l| l.lock(first + i));
@@ -336,7 +562,8 @@ impl WholeMemory {
         })
     }
 
-    fn each_row(&self, first: usize, bytes: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> Result<()> {
+    /// Checks a run of whole rows and returns how many.
+    fn row_run(&self, first: usize, bytes: usize) -> Result<usize> {
         let g = self.granularity;
         if bytes % g != 0 {
             return Err(Error::InvalidArgument(format!("{bytes} bytes is not a whole number of {g}-byte rows")));
@@ -345,18 +572,49 @@ impl WholeMemory {
         if first.checked_add(n).is_none_or(|end| end > self.rows()) {
             return Err(Error::IndexOutOfRange { index: (first + n).saturating_sub(1) as i64, rows: self.rows() });
         }
+        Ok(n)
+    }
+
+    fn unmapped(&self, row: usize) -> Error {
+        Error::Unsupported {
+            what: format!("reaching row {row} from rank {}", self.comm.world_rank()),
+            reason: format!(
+                "it belongs to rank {} and {} memory maps only a rank's own rows",
+                self.comm.world_ranks()[self.partition.owner(row)],
+                self.ty
+            ),
+        }
+    }
+
+    fn each_row(&self, first: usize, bytes: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> Result<()> {
+        let n = self.row_run(first, bytes)?;
         for i in 0..n {
-            let Some(p) = self.row_ptr(first + i)? else {
-                return Err(Error::Unsupported {
-                    what: format!("reading row {} from rank {}", first + i, self.comm.world_rank()),
-                    reason: format!(
-                        "it belongs to rank {} and {} memory maps only a rank's own rows",
-                        self.comm.world_ranks()[self.partition.owner(first + i)],
-                        self.ty
-                    ),
-                });
-            };
-            f(p, i, g);
+            let Some(p) = self.row_ptr(first + i)? else { return Err(self.unmapped(first + i)) };
+            f(p, i, self.granularity);
+        }
+        Ok(())
+    }
+
+    /// Calls `f(gpu, device address, first row index in the run, bytes)` for
+    /// each stretch of the rows that one rank owns.
+    #[cfg(feature = "cuda")]
+    fn device_rows(
+        &self,
+        first: usize,
+        bytes: usize,
+        mut f: impl FnMut(&crate::device::driver::Gpu, u64, usize, usize) -> std::result::Result<(), crate::device::driver::CuError>,
+    ) -> Result<()> {
+        let n = self.row_run(first, bytes)?;
+        let gpu = self.gpu().expect("device memory has a GPU");
+        let mut i = 0;
+        while i < n {
+            let row = first + i;
+            let owner = self.partition.owner(row);
+            let Some(base) = self.device_ptr(owner) else { return Err(self.unmapped(row)) };
+            let run = (self.partition.offset(owner) + self.partition.count(owner)).min(first + n) - row;
+            let at = base + ((row - self.partition.offset(owner)) * self.granularity) as u64;
+            f(gpu, at, i, run * self.granularity)?;
+            i += run;
         }
         Ok(())
     }

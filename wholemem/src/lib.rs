@@ -22,6 +22,8 @@
 //! ```
 
 mod capability;
+#[cfg(feature = "cuda")]
+pub mod device;
 mod error;
 pub mod files;
 mod handle;

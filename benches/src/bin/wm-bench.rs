@@ -41,6 +41,18 @@ enum Cmd {
     /// Print this machine's topology and which memory types and locations the
     /// ranks support, with reasons; `--active` also tries each one.
     Probe(ProbeArgs),
+    /// The CUDA kernels: `--check` compiles every kernel with NVRTC for each architecture.
+    Kernels(KernelsArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+struct KernelsArgs {
+    /// Compile every kernel (no cache) and report per architecture; exit non-zero on any error.
+    #[arg(long)]
+    check: bool,
+    /// Architectures to compile for (repeatable) [default: sm_80 and sm_90].
+    #[arg(long = "arch", value_parser = |s: &str| s.parse::<wm_gather::cuda::Arch>())]
+    archs: Vec<wm_gather::cuda::Arch>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -129,6 +141,7 @@ fn main() {
         Cmd::Gather(a) => start(Op::Gather, a),
         Cmd::Scatter(a) => start(Op::Scatter, a),
         Cmd::Probe(a) => probe(&a),
+        Cmd::Kernels(a) => kernels(&a),
         Cmd::Load(a) => wm_bench::load::start(&a),
     };
     match result {
@@ -140,11 +153,45 @@ fn main() {
     }
 }
 
+/// `wm-bench kernels --check`: one line per architecture, the NVRTC log on failure.
+fn kernels(a: &KernelsArgs) -> Result<i32> {
+    use wm_gather::cuda;
+    ensure!(a.check, "nothing to do: pass --check");
+    let archs = if a.archs.is_empty() { cuda::Arch::DEFAULT_CHECK.to_vec() } else { a.archs.clone() };
+    let version = match cuda::nvrtc_version() {
+        Ok((major, minor)) => format!("{major}.{minor}"),
+        Err(e) => bail!("{e}"),
+    };
+    let mut failed = 0;
+    for arch in archs {
+        let start = Instant::now();
+        let (_, result) = cuda::check(&[arch]).pop().context("check returned nothing")?;
+        match result {
+            Ok(n) => println!("{arch}: {n} kernels compiled in {:.2} s (NVRTC {version})", start.elapsed().as_secs_f64()),
+            Err(e) => {
+                println!("{arch}: FAILED after {:.2} s", start.elapsed().as_secs_f64());
+                eprintln!("{e}");
+                failed += 1;
+            }
+        }
+    }
+    Ok(if failed == 0 { 0 } else { 1 })
+}
+
 const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
 fn start(op: Op, a: MoveArgs) -> Result<i32> {
     ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
     a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    if a.location == Location::Device {
+        // Say why before starting any rank.
+        #[cfg(feature = "cuda")]
+        if let Err(why) = wholemem::device::status() {
+            bail!("device memory is unavailable here: {why}");
+        }
+        #[cfg(not(feature = "cuda"))]
+        bail!("device memory is unavailable here: {}", wholemem::NO_CUDA);
+    }
     if !under_launcher()? {
         let ranks = a.ranks.unwrap_or_else(default_ranks);
         if ranks > 1 {
@@ -194,13 +241,17 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     }
     let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
-    fill(&mut mem, a.dim, a.dtype);
+    fill(&mut mem, a.dim, a.dtype)?;
     let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
     let buf_row = a.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
     let progress = me == 0 && std::io::stderr().is_terminal();
-    let mut base = if me == 0 { Some(Baseline::new(op, a, rows, out_dt)) } else { None };
+    // A device run's baseline is a copy on the GPU: no host table needed.
+    let host_rows = if a.location == Location::Device { 0 } else { rows };
+    let mut base = if me == 0 { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
+    #[cfg(feature = "cuda")]
+    let mut gpu = if a.location == Location::Device { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
     world.barrier()?;
     let mut seconds = 0.0f64;
     let mut wrong = 0u64;
@@ -217,12 +268,20 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             }
         }
         world.barrier()?;
-        let t0 = Instant::now();
-        match op {
-            Op::Gather => wm_gather::gather(&mem, &layout, id_arg(), &mut buf, out_dt)?,
-            Op::Scatter => wm_gather::scatter(&mut mem, &layout, id_arg(), &buf, out_dt)?,
-        }
-        let dt = t0.elapsed().as_secs_f64();
+        let dt = match op {
+            #[cfg(feature = "cuda")]
+            Op::Gather if gpu.is_some() => gpu.as_mut().expect("checked").gather(&mem, &layout, id_arg(), &mut buf, out_dt)?,
+            Op::Gather => {
+                let t0 = Instant::now();
+                wm_gather::gather(&mem, &layout, id_arg(), &mut buf, out_dt)?;
+                t0.elapsed().as_secs_f64()
+            }
+            Op::Scatter => {
+                let t0 = Instant::now();
+                wm_gather::scatter(&mut mem, &layout, id_arg(), &buf, out_dt)?;
+                t0.elapsed().as_secs_f64()
+            }
+        };
         if b >= a.warmup {
             seconds += dt;
         }
@@ -239,6 +298,13 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         // The baseline's batch, by rank 0 alone.
         world.barrier()?;
         if let Some(base) = &mut base {
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &mut gpu {
+                base.device_batch(g, &mem, b >= a.warmup)?;
+            } else {
+                base.batch(&ids, b >= a.warmup);
+            }
+            #[cfg(not(feature = "cuda"))]
             base.batch(&ids, b >= a.warmup);
         }
         if progress {
@@ -268,6 +334,8 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
     let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
     drop(base);
+    #[cfg(feature = "cuda")]
+    drop(gpu);
     let nodes = {
         let mut ids: Vec<&str> = world.nodes().iter().map(|n| n.id()).collect();
         ids.sort_unstable();
@@ -306,7 +374,12 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             );
             println!("  per rank GB/s   min {:.2}   median {:.2}   max {:.2}", s.min, s.median, s.max);
             println!("  all ranks GB/s  {total:.2}");
-            println!("  baseline GB/s   {baseline:.2}   (one process, one thread, private table)");
+            let what = if a.location == Location::Device {
+                "rank 0's GPU, a device-to-device copy of the same bytes"
+            } else {
+                "one process, one thread, private table"
+            };
+            println!("  baseline GB/s   {baseline:.2}   ({what})");
             println!("  ratio           {ratio:.2}   (per-rank median / baseline)");
             println!("  verified        {verified}{}", if verified { String::new() } else { format!(" ({wrong_total} wrong rows)") });
         }
@@ -314,14 +387,62 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     Ok(if verified { 0 } else { 3 })
 }
 
-/// Fills this rank's rows with the known function of (row, column).
-fn fill(mem: &mut WholeMemory, dim: usize, dtype: DType) {
-    let first = mem.local_rows().start;
+/// Fills this rank's rows with the known function of (row, column), a
+/// stretch at a time through `write_rows` (so device memory fills too).
+fn fill(mem: &mut WholeMemory, dim: usize, dtype: DType) -> Result<()> {
     let (es, row_bytes) = (dtype.size(), dim * dtype.size());
-    for (i, row) in mem.local_bytes_mut().chunks_mut(row_bytes).enumerate() {
-        for c in 0..dim {
-            values::put(dtype, &mut row[c * es..][..es], values::at(first + i, c, dtype));
+    let own = mem.local_rows();
+    let step = ((64 << 20) / row_bytes).max(1);
+    let mut chunk = Vec::new();
+    for first in own.clone().step_by(step) {
+        let n = step.min(own.end - first);
+        chunk.resize(n * row_bytes, 0);
+        for (i, row) in chunk.chunks_mut(row_bytes).enumerate() {
+            for c in 0..dim {
+                values::put(dtype, &mut row[c * es..][..es], values::at(first + i, c, dtype));
+            }
         }
+        mem.write_rows(first, &chunk)?;
+    }
+    Ok(())
+}
+
+/// The device side of a gather benchmark: an output buffer on the GPU, and
+/// for rank 0 the two buffers of the device-to-device baseline copy.
+#[cfg(feature = "cuda")]
+struct DeviceRun {
+    out: wholemem::device::DeviceBuffer,
+    copy: Option<(wholemem::device::DeviceBuffer, wholemem::device::DeviceBuffer)>,
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceRun {
+    fn new(mem: &WholeMemory, bytes: usize, baseline: bool) -> Result<Self> {
+        use wholemem::device::DeviceBuffer;
+        let out = DeviceBuffer::new(mem, bytes)?;
+        let copy = if baseline { Some((DeviceBuffer::new(mem, bytes)?, DeviceBuffer::new(mem, bytes)?)) } else { None };
+        Ok(Self { out, copy })
+    }
+
+    /// Uploads the ids (untimed), gathers into device memory (timed), and
+    /// brings the rows back for verification (untimed). Seconds.
+    fn gather(&mut self, mem: &WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &mut [u8], out: DType) -> Result<f64> {
+        let dev_ids = wm_gather::device::DeviceIds::upload(mem, ids)?;
+        let t0 = Instant::now();
+        wm_gather::device::gather_device(mem, layout, &dev_ids, &mut self.out, out)?;
+        let dt = t0.elapsed().as_secs_f64();
+        self.out.download(buf)?;
+        Ok(dt)
+    }
+
+    /// One timed device-to-device copy of the batch's bytes. Seconds.
+    fn copy(&mut self, mem: &WholeMemory) -> Result<f64> {
+        let (dst, src) = self.copy.as_mut().expect("rank 0 holds the baseline buffers");
+        let ctx = wholemem::device::raw::context(mem).context("the table has no GPU")?;
+        let t0 = Instant::now();
+        dst.copy_from(src, src.len())?;
+        ctx.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
+        Ok(t0.elapsed().as_secs_f64())
     }
 }
 
@@ -382,6 +503,18 @@ impl Baseline {
             self.seconds += dt;
             self.bytes += (ids.len() * buf_row) as f64;
         }
+    }
+
+    /// The device baseline: one device-to-device copy of a batch's output
+    /// bytes on this rank's GPU.
+    #[cfg(feature = "cuda")]
+    fn device_batch(&mut self, gpu: &mut DeviceRun, mem: &WholeMemory, timed: bool) -> Result<()> {
+        let dt = gpu.copy(mem)?;
+        if timed {
+            self.seconds += dt;
+            self.bytes += gpu.out.len() as f64;
+        }
+        Ok(())
     }
 
     fn gbps(&self) -> f64 {
@@ -500,7 +633,7 @@ fn try_combination(world: &Arc<dyn Communicator>, ty: MemoryType, loc: Location)
     let run = || -> Result<()> {
         let req = AllocRequest { ty, loc, total: rows * dim * 4, granularity: dim * 4, partition: None };
         let mut mem = WholeMemory::allocate(world, &req)?;
-        fill(&mut mem, dim, DType::F32);
+        fill(&mut mem, dim, DType::F32)?;
         world.barrier()?;
         let ids: Vec<i64> = (0..rows as i64).collect();
         let mut out = vec![0u8; rows * dim * 4];

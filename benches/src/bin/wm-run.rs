@@ -3,7 +3,8 @@
 //! Each rank gets `WM_RANK`, `WM_WORLD_SIZE` and `WM_RENDEZVOUS` (a private
 //! directory, or a free TCP port with `--tcp`); with `--node-size K`, rank r
 //! also gets `WM_NODE_ID=node<r/K>`, so one machine poses as N/K nodes.
-//! Output lines are prefixed with `[rank]`. wm-run exits non-zero when any
+//! Output lines are prefixed with `[rank]`, except those a rank prints
+//! through `wm_comm::launch::untagged` (a result line for scripts). wm-run exits non-zero when any
 //! rank does, naming it, and stops the others after `--grace-s` seconds.
 #![forbid(unsafe_code)]
 

@@ -23,11 +23,11 @@ fn main() {
         let rest = &args[1.min(args.len())..];
         match scenario.as_str() {
             "collectives" => collectives(&world),
-            "fill-read" => fill_read(&world),
+            "fill-read" => location(rest).and_then(|loc| fill_read(&world, loc)),
             "two-nodes" => two_nodes(&world),
             "bad-input" => bad_input(&world),
             "lose-peer" => lose_peer(&world, rest),
-            "gather" => gather_scatter(&world),
+            "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
             "concurrent-scatter" => concurrent_scatter(&world),
             other => bail!("unknown scenario {other:?}"),
         }
@@ -37,6 +37,25 @@ fn main() {
         std::process::exit(1);
     }
     println!("ok");
+}
+
+/// The location a scenario runs on: its first argument, `host` by default.
+/// The harness passes `device` only where a GPU is present.
+fn location(rest: &[String]) -> Result<Location> {
+    match rest.first().map(String::as_str) {
+        None | Some("host") => Ok(Location::Host),
+        Some("device") => Ok(Location::Device),
+        Some(other) => bail!("unknown location {other:?}; expected host or device"),
+    }
+}
+
+/// Writes this rank's rows of a matrix with `f(row, col)`, through
+/// `write_rows`: the same code for host and device memory.
+fn fill_rows<T: bytemuck::Pod>(t: &mut WholeTensor<T>, cols: usize, f: impl Fn(usize, usize) -> T) -> Result<()> {
+    let own = t.local_rows();
+    let vals: Vec<T> = own.clone().flat_map(|r| (0..cols).map(move |c| (r, c))).map(|(r, c)| f(r, c)).collect();
+    t.memory_mut().write_rows(own.start, bytemuck::cast_slice(&vals))?;
+    Ok(())
 }
 
 /// A small deterministic generator (splitmix64), so every rank derives the
@@ -179,23 +198,22 @@ fn partitions(rows: usize, n: usize, rng: &mut Rng) -> Vec<(&'static str, Option
     vec![("equal", None), ("uneven", Some(uneven)), ("zero-row", Some(zero))]
 }
 
-fn fill_read(world: &Comm) -> Result<()> {
+fn fill_read(world: &Comm, loc: Location) -> Result<()> {
     let me = world.rank();
     let mut rng = Rng(0x5eed + world.size() as u64);
     for ty in MemoryType::ALL {
         for cols in [1usize, 7, 128] {
             let rows = 2000 + rng.below(3000) as usize;
             for (pname, part) in partitions(rows, world.size(), &mut rng) {
-                let ctx = || format!("{ty} rows={rows} cols={cols} partition={pname}");
-                let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, rows, cols, part.as_deref()).with_context(ctx)?;
+                let ctx = || format!("{loc} {ty} rows={rows} cols={cols} partition={pname}");
+                if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
+                    println!("skip {}: {reason}", ctx());
+                    continue;
+                }
+                let mut t = WholeTensor::<u32>::matrix(world, ty, loc, rows, cols, part.as_deref()).with_context(ctx)?;
                 let expect = part.clone().map_or_else(|| Partition::even(rows, world.size()), |p| Partition::from_counts(&p));
                 ensure!(t.memory().partition() == &expect, "{}: partition {:?}", ctx(), t.memory().partition());
-                let first = t.local_rows().start;
-                for (i, row) in t.local_mut().chunks_mut(cols).enumerate() {
-                    for (c, v) in row.iter_mut().enumerate() {
-                        *v = value(first + i, c);
-                    }
-                }
+                fill_rows(&mut t, cols, value)?;
                 world.barrier()?;
                 let mut buf = vec![0u32; cols];
                 let check: Box<dyn Iterator<Item = usize>> = if ty.is_mapped() { Box::new(0..rows) } else { Box::new(t.local_rows()) };
@@ -216,7 +234,7 @@ fn fill_read(world: &Comm) -> Result<()> {
                     world.barrier()?;
                     t.read_row(row, &mut buf)?;
                     ensure!(buf == marker, "{}: rank {me} does not see rank 0's write to row {row}: {buf:x?}", ctx());
-                    if t.memory().partition().owner(row) == me {
+                    if t.memory().partition().owner(row) == me && loc == Location::Host {
                         let off = (row - t.local_rows().start) * cols;
                         ensure!(t.local()[off..off + cols] == marker[..], "{}: the owner's rows miss the write", ctx());
                     }
@@ -339,8 +357,11 @@ fn bad_input(world: &Comm) -> Result<()> {
         if n > 1 {
             expect_err("granularity differs", WholeMemory::allocate(world, &gr), "granularity: 8 vs 12")?;
         }
-        let dev = AllocRequest { loc: Location::Device, ..req(ty, 96, 8, None) };
-        expect_err("device memory", WholeMemory::allocate(world, &dev), "no CUDA support")?;
+        // Without a GPU, device memory is refused with the query's reason.
+        if let Some(reason) = query(world.as_ref(), ty, Location::Device).reason() {
+            let dev = AllocRequest { loc: Location::Device, ..req(ty, 96, 8, None) };
+            expect_err("device memory", WholeMemory::allocate(world, &dev), reason)?;
+        }
         allocate_and_check(world, ty)?;
     }
     Ok(())
@@ -427,15 +448,15 @@ fn encode(vals: &[f32], d: wm_gather::DType) -> Vec<u8> {
     vals.iter().flat_map(|&v| bits_of(v, d).to_le_bytes()[..d.size()].to_vec()).collect()
 }
 
-fn gather_scatter(world: &Comm) -> Result<()> {
+fn gather_scatter(world: &Comm, loc: Location) -> Result<()> {
     use wm_gather::{DType, Error as GErr, Ids, RowLayout};
     let (me, n) = (world.rank(), world.size());
     // `rng` draws what every rank must agree on; `own` what is rank's own.
     let mut rng = Rng(0xfeed + n as u64);
     let mut own = Rng(0xbeef_0000 + me as u64);
     for ty in MemoryType::ALL {
-        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
-            println!("skip {ty}: {reason}");
+        if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
+            println!("skip {loc} {ty}: {reason}");
             continue;
         }
         for wide_ids in [false, true] {
@@ -448,12 +469,9 @@ fn gather_scatter(world: &Comm) -> Result<()> {
                         let r = rng.below(n as u64 + 1) as usize;
                         part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
                     }
-                    let ctx = format!("{ty} ids={} cols={cols} out={out_dt} partition={part:?}", if wide_ids { "i64" } else { "i32" });
-                    let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, cols, Some(&part)).context(ctx.clone())?;
-                    let first = t.local_rows().start;
-                    for (i, row) in t.local_mut().chunks_mut(cols).enumerate() {
-                        row.iter_mut().enumerate().for_each(|(c, v)| *v = fvalue(first + i, c));
-                    }
+                    let ctx = format!("{loc} {ty} ids={} cols={cols} out={out_dt} partition={part:?}", if wide_ids { "i64" } else { "i32" });
+                    let mut t = WholeTensor::<f32>::matrix(world, ty, loc, rows, cols, Some(&part)).context(ctx.clone())?;
+                    fill_rows(&mut t, cols, fvalue)?;
                     world.barrier()?;
                     let layout = RowLayout::of(&t)?;
                     let call = |ids: &[i64], out: &mut [u8], d: DType, mem: &WholeMemory| {

@@ -123,6 +123,12 @@ impl Region {
     pub fn ptr(&self) -> *mut u8 {
         self.ptr.as_ptr()
     }
+
+    /// Its length in bytes.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn len(&self) -> usize {
+        self.len
+    }
 }
 
 impl Drop for Region {

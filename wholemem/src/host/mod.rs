@@ -75,9 +75,16 @@ pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, 
 /// every rank finishes the exchange and the caller can agree on the inner
 /// result. The outer error is a lost peer or a timeout, which ends it early.
 ///
-/// Rank 0 also hands out the table's row-lock memfd, riding with its portion;
-/// the lock table comes back as the last element.
-pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, locks: Option<OwnedFd>) -> Result<Result<(Vec<OwnedFd>, OwnedFd)>> {
+/// With `with_locks` (the same on every rank), rank 0 also hands out the
+/// table's row-lock memfd (`locks`), riding with its portion; it comes back
+/// as the second element. Device memory has no lock table.
+#[allow(clippy::type_complexity)]
+pub(crate) fn exchange_portions(
+    comm: &dyn Communicator,
+    mine: OwnedFd,
+    locks: Option<OwnedFd>,
+    with_locks: bool,
+) -> Result<Result<(Vec<OwnedFd>, Option<OwnedFd>)>> {
     let fatal = |e: wm_comm::Error| match e {
         e @ (wm_comm::Error::PeerLost { .. } | wm_comm::Error::Timeout { .. }) => Err(Error::Comm(e)),
         e => Ok(Error::Comm(e)),
@@ -101,9 +108,9 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, locks: O
             first_err.get_or_insert(e);
             comm.send_fds(to, &[])?;
         }
-        match comm.recv_fds(from, if from == 0 { 2 } else { 1 }) {
+        match comm.recv_fds(from, if from == 0 && with_locks { 2 } else { 1 }) {
             Ok(mut fds) => {
-                if from == 0 {
+                if from == 0 && with_locks {
                     lock_fd = fds.pop();
                 }
                 all[from] = fds.pop();
@@ -117,8 +124,8 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, locks: O
     let lock_fd = lock_fd.or(locks);
     Ok(match (first_err, lock_fd) {
         (Some(e), _) => Err(e),
-        (None, None) => Err(Error::InvalidArgument("rank 0 sent no row-lock table".into())),
-        (None, Some(l)) => Ok((all.into_iter().map(|f| f.expect("every rank's descriptor arrived")).collect(), l)),
+        (None, None) if with_locks => Err(Error::InvalidArgument("rank 0 sent no row-lock table".into())),
+        (None, l) => Ok((all.into_iter().map(|f| f.expect("every rank's descriptor arrived")).collect(), l)),
     })
 }
 

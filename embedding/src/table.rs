@@ -1,0 +1,455 @@
+//! The embedding: a table of weights, an optimizer, and the optimizer's
+//! state in a second table partitioned exactly like the first.
+
+use std::sync::Arc;
+
+use wholemem::{Location, MemoryType, WholeTensor};
+use wm_comm::{CommExt, Communicator};
+use wm_gather::{DType, Element, Ids, Index, RowLayout};
+
+use crate::error::agree;
+use crate::{Error, Init, Optimizer, Result, StateSlot};
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type an embedding can be stored in: `f32`, `half::f16` or
+/// `half::bf16`. Optimizer state and gradients are always f32.
+pub trait EmbeddingElement: Element + sealed::Sealed {}
+impl EmbeddingElement for f32 {}
+impl EmbeddingElement for half::f16 {}
+impl EmbeddingElement for half::bf16 {}
+
+/// Rows written per round when a rank fills its own rows, so filling a
+/// large table needs little extra memory.
+const FILL_ROWS: usize = 16 * 1024;
+
+/// A trainable table of `rows × dim` weights of `T`, partitioned by rows
+/// across the ranks of a communicator, with an optional optimizer.
+///
+/// - [`gather`](Self::gather) reads rows by global id (the forward pass):
+///   collective for Distributed and Hierarchy memory, local for Continuous
+///   and Chunked, exactly as [`wm_gather::gather`].
+/// - [`apply_gradients`](Self::apply_gradients) (the backward pass) is
+///   **collective for every memory type**: gradients travel to the rank that
+///   owns the row, which alone updates it. Two ranks never read, modify and
+///   write one row at once, so Continuous and Chunked tables need no
+///   atomics and the result does not depend on timing.
+///
+/// Weights go through `wm_gather`'s gather and scatter only (never a
+/// pointer), so an embedding works at every location that `wm_gather`
+/// supports.
+#[derive(Debug)]
+pub struct Embedding<T: EmbeddingElement> {
+    table: WholeTensor<T>,
+    layout: RowLayout,
+    optimizer: Option<Optimizer>,
+    /// One row of `optimizer.state_width(dim)` f32 per embedding row, same
+    /// partition, memory type and location. `None` for SGD or no optimizer.
+    state: Option<WholeTensor<f32>>,
+}
+
+/// The ids as row numbers (after the range check).
+fn rows_of(ids: Ids<'_>) -> Vec<u64> {
+    match ids {
+        Ids::I32(v) => v.iter().map(|&x| x as u64).collect(),
+        Ids::I64(v) => v.iter().map(|&x| x as u64).collect(),
+    }
+}
+
+/// Sums the gradient rows of equal ids: the unique ids ascending, and for
+/// each the sum of its rows in input order (starting from 0).
+pub(crate) fn sum_repeats(rows: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>, Vec<f32>) {
+    debug_assert_eq!(grads.len(), rows.len() * dim);
+    // (id, position) pairs sort like a stable sort by id: repeats stay in
+    // input order.
+    let mut order: Vec<(u64, usize)> = rows.iter().copied().zip(0..).collect();
+    order.sort_unstable();
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut sums: Vec<f32> = Vec::with_capacity(grads.len());
+    for &(id, i) in &order {
+        if ids.last() != Some(&id) {
+            ids.push(id);
+            sums.resize(sums.len() + dim, 0.0);
+        }
+        let start = sums.len() - dim;
+        for (a, g) in sums[start..].iter_mut().zip(&grads[i * dim..(i + 1) * dim]) {
+            *a += g;
+        }
+    }
+    (ids, sums)
+}
+
+impl<T: EmbeddingElement> Embedding<T> {
+    /// Allocates collectively a `rows × dim` embedding of `ty` memory at
+    /// `loc`, rows per rank from `partition` (or the default split), and the
+    /// optimizer's state beside it. The weights are zero until
+    /// [`init`](Self::init) fills them; the state starts as
+    /// [`Optimizer::initial_state`].
+    ///
+    /// # Errors
+    /// As [`from_tensor`](Self::from_tensor), and as
+    /// `WholeTensor::allocate` ([`Error::Memory`]).
+    ///
+    /// # Examples
+    /// ```no_run
+    /// use wholemem::{Location, MemoryType};
+    /// use wm_embedding::{Embedding, Init, Optimizer};
+    /// let world = wm_comm::init()?;
+    /// let opt = Optimizer::adam().with_weight_decay(1e-4);
+    /// let mut emb = Embedding::<f32>::allocate(&world, MemoryType::Distributed, Location::Host, 100_000, 64, None, Some(opt))?;
+    /// emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 42)?;
+    /// let ids: Vec<i64> = vec![3, 99_999, 3]; // this rank's batch; repeats are fine
+    /// let mut rows = vec![0f32; ids.len() * 64];
+    /// emb.gather(&ids, &mut rows)?; // collective here: Distributed memory
+    /// let grads = vec![0.01f32; ids.len() * 64]; // d loss / d rows
+    /// emb.apply_gradients(&ids, &grads, 0.05)?; // collective on every type
+    /// emb.free()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn allocate(
+        comm: &Arc<dyn Communicator>,
+        ty: MemoryType,
+        loc: Location,
+        rows: usize,
+        dim: usize,
+        partition: Option<&[usize]>,
+        optimizer: Option<Optimizer>,
+    ) -> Result<Self> {
+        if dim == 0 {
+            // Every rank passes the same shape or the allocation below fails
+            // on every rank; refusing here is the same decision everywhere.
+            return Err(Error::InvalidArgument("an embedding dimension of 0".into()));
+        }
+        let table = WholeTensor::<T>::matrix(comm, ty, loc, rows, dim, partition)?;
+        Self::from_tensor(table, optimizer)
+    }
+
+    /// Makes an embedding of an existing table (collectively): allocates
+    /// the optimizer state with the table's partition, memory type and
+    /// location. The table must be 1-D or 2-D with contiguous rows (a row
+    /// stride wider than the row is fine).
+    ///
+    /// # Errors
+    /// - [`Error::InvalidParameter`] for an optimizer parameter out of range;
+    ///   [`Error::InvalidArgument`] for a table shape gather cannot read, or
+    ///   when ranks pass different optimizers (naming both) — on every rank.
+    /// - [`Error::Memory`] when the state cannot be allocated.
+    pub fn from_tensor(table: WholeTensor<T>, optimizer: Option<Optimizer>) -> Result<Self> {
+        let comm = table.memory().comm().clone();
+        let layout = RowLayout::of(&table).map_err(Error::from);
+        let mine = layout.as_ref().map(|_| ()).map_err(|e| Error::InvalidArgument(e.to_string()));
+        let mine = mine.and_then(|()| optimizer.as_ref().map_or(Ok(()), Optimizer::validate));
+        let name = optimizer.map_or_else(|| "no optimizer".to_owned(), |o| o.to_string());
+        let all = agree(comm.as_ref(), mine, name.as_bytes())?;
+        let ranks = comm.world_ranks();
+        if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
+            return Err(Error::InvalidArgument(format!(
+                "ranks passed different optimizers: rank {} {} and rank {} {}",
+                ranks[0],
+                String::from_utf8_lossy(&all[0]),
+                ranks[r],
+                String::from_utf8_lossy(other)
+            )));
+        }
+        let layout = layout?;
+        let width = optimizer.map_or(0, |o| o.state_width(layout.cols));
+        let state = if width > 0 {
+            let mem = table.memory();
+            let counts = mem.partition().counts();
+            Some(WholeTensor::<f32>::matrix(&comm, mem.memory_type(), mem.location(), mem.rows(), width, Some(&counts))?)
+        } else {
+            None
+        };
+        let mut emb = Self { table, layout, optimizer, state };
+        emb.reset_state()?;
+        Ok(emb)
+    }
+
+    /// Rows in the table.
+    pub fn rows(&self) -> usize {
+        self.table.rows()
+    }
+
+    /// Values per row.
+    pub fn dim(&self) -> usize {
+        self.layout.cols
+    }
+
+    /// The element type of the weights.
+    pub fn dtype(&self) -> DType {
+        T::DTYPE
+    }
+
+    /// The communicator the table spans.
+    pub fn comm(&self) -> &Arc<dyn Communicator> {
+        self.table.memory().comm()
+    }
+
+    /// The weights.
+    pub fn table(&self) -> &WholeTensor<T> {
+        &self.table
+    }
+
+    /// The weights, writable: to load them, for example with
+    /// `wm_gather::scatter_from`. Such writes follow the table's rules
+    /// (collective for Distributed and Hierarchy; separate them from reads
+    /// on other ranks with a barrier).
+    pub fn table_mut(&mut self) -> &mut WholeTensor<T> {
+        &mut self.table
+    }
+
+    /// The optimizer, if any.
+    pub fn optimizer(&self) -> Option<&Optimizer> {
+        self.optimizer.as_ref()
+    }
+
+    /// The optimizer's state table (one row of
+    /// [`Optimizer::state_width`] f32 per embedding row), if it keeps any.
+    pub fn state_table(&self) -> Option<&WholeTensor<f32>> {
+        self.state.as_ref()
+    }
+
+    /// The names of the optimizer's per-row state, for
+    /// [`gather_state`](Self::gather_state).
+    pub fn state_names(&self) -> Vec<&'static str> {
+        self.slots().iter().map(|s| s.name).collect()
+    }
+
+    fn slots(&self) -> Vec<StateSlot> {
+        self.optimizer.map_or_else(Vec::new, |o| o.state_slots(self.dim()))
+    }
+
+    /// Gathers rows `ids` into `out` (`ids.len() × dim` values of `O`,
+    /// converted from `T`; floating types only). Collective for Distributed
+    /// and Hierarchy memory, local otherwise.
+    ///
+    /// # Errors
+    /// [`Error::IndexOutOfRange`] naming the first bad id and its rank (on
+    /// every rank of a collective call); [`Error::Gather`] for a wrongly
+    /// sized buffer or an integer `O`; [`Error::Comm`].
+    pub fn gather<O: Element, I: Index>(&self, ids: &[I], out: &mut [O]) -> Result<()> {
+        wm_gather::gather(self.table.memory(), &self.layout, I::ids(ids), bytemuck::cast_slice_mut(out), O::DTYPE)?;
+        Ok(())
+    }
+
+    /// Gathers the optimizer state `name` (one of
+    /// [`state_names`](Self::state_names)) of rows `ids` into `out`. As
+    /// collective as [`gather`](Self::gather).
+    ///
+    /// # Errors
+    /// [`Error::UnknownState`]; otherwise as [`gather`](Self::gather).
+    pub fn gather_state<I: Index>(&self, name: &str, ids: &[I], out: &mut [f32]) -> Result<()> {
+        let slot = self.slots().into_iter().find(|s| s.name == name);
+        let (Some(slot), Some(state)) = (slot, &self.state) else {
+            return Err(Error::UnknownState {
+                optimizer: self.optimizer.map_or("no", |o| o.name()),
+                name: name.to_owned(),
+                known: self.state_names(),
+            });
+        };
+        let layout = RowLayout { dtype: DType::F32, cols: slot.cols, offset: slot.offset };
+        wm_gather::gather(state.memory(), &layout, I::ids(ids), bytemuck::cast_slice_mut(out), DType::F32)?;
+        Ok(())
+    }
+
+    /// Fills the weights (collectively) with `init`, a pure function of
+    /// `(seed, row, column)`: the table holds the same values whatever the
+    /// rank count, partition or memory type. Values are rounded to `T`.
+    /// The optimizer state is left as it is (see
+    /// [`reset_state`](Self::reset_state)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad parameters, or when ranks pass
+    /// different ones (on every rank); [`Error::Gather`], [`Error::Comm`].
+    pub fn init(&mut self, init: Init, seed: u64) -> Result<()> {
+        let comm = self.comm().clone();
+        let mine = init.check().map_err(Error::InvalidArgument);
+        let all = agree(comm.as_ref(), mine, format!("{init:?} seed {seed}").as_bytes())?;
+        if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
+            let ranks = comm.world_ranks();
+            return Err(Error::InvalidArgument(format!(
+                "ranks passed different initialisations: rank {} {} and rank {} {}",
+                ranks[0],
+                String::from_utf8_lossy(&all[0]),
+                ranks[r],
+                String::from_utf8_lossy(other)
+            )));
+        }
+        let layout = self.layout;
+        fill_own(&mut self.table, &layout, |row, out| {
+            for (c, v) in out.iter_mut().enumerate() {
+                *v = init.value(seed, row, c as u64);
+            }
+        })?;
+        comm.barrier()?;
+        Ok(())
+    }
+
+    /// Sets every row's optimizer state (collectively) back to
+    /// [`Optimizer::initial_state`], as for a new embedding.
+    ///
+    /// # Errors
+    /// [`Error::Gather`], [`Error::Comm`].
+    pub fn reset_state(&mut self) -> Result<()> {
+        let (Some(opt), Some(state)) = (self.optimizer, self.state.as_mut()) else { return Ok(()) };
+        let initial = opt.initial_state(self.layout.cols);
+        let layout = RowLayout::of(state)?;
+        fill_own(state, &layout, |_, out| out.copy_from_slice(&initial))?;
+        self.table.memory().comm().barrier()?;
+        Ok(())
+    }
+
+    /// Applies one step of the optimizer: row `ids[i]` received gradient
+    /// `grads[i·dim .. (i+1)·dim]` (f32), at learning rate `lr`.
+    ///
+    /// **Collective for every memory type**: every rank calls it, with its
+    /// own (possibly empty) ids, and the same `lr`. The gradients of a
+    /// repeated id are summed — on each rank in input order, then across
+    /// ranks in rank order — and sent with the ids to the rank that owns the
+    /// row (one `alltoallv` of ids, one of gradients). Each owner then
+    /// updates its own rows, once each, with the summed gradient, reading
+    /// and writing weights and state through gather and scatter. Rows
+    /// without a gradient do not change, state included. When it returns on
+    /// a rank, that rank's updates are done; for Continuous and Chunked
+    /// memory it also waits (a barrier) until every rank's are, so a
+    /// gather through the mapping that follows sees them all.
+    ///
+    /// # Errors
+    /// Checked before anything moves, and the same error on every rank (the
+    /// next call works): [`Error::NoOptimizer`]; [`Error::IndexOutOfRange`]
+    /// naming the first bad id, its position and rank;
+    /// [`Error::GradientLength`] when `grads` is not `ids.len() × dim`
+    /// values; [`Error::InvalidArgument`] for a learning rate that is not
+    /// finite and at least 0, or differs between ranks (naming both). Later:
+    /// [`Error::Gather`], [`Error::Comm`].
+    pub fn apply_gradients<I: Index>(&mut self, ids: &[I], grads: &[f32], lr: f32) -> Result<()> {
+        let comm = self.comm().clone();
+        let (rows, dim) = (self.rows(), self.dim());
+        let ids = I::ids(ids);
+        let me = comm.world_rank();
+        let check = || -> Result<Optimizer> {
+            let opt = self.optimizer.ok_or(Error::NoOptimizer)?;
+            if !(lr.is_finite() && lr >= 0.0) {
+                return Err(Error::InvalidArgument(format!("learning rate {lr} on rank {me}: it must be finite and at least 0")));
+            }
+            if let Some((position, index)) = ids.first_out_of_range(rows) {
+                return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
+            }
+            if grads.len() != ids.len() * dim {
+                return Err(Error::GradientLength { rank: me, ids: ids.len(), dim, len: grads.len() });
+            }
+            Ok(opt)
+        };
+        let checked = check();
+        let opt = checked.as_ref().ok().copied();
+        let all = agree(comm.as_ref(), checked.map(|_| ()), &lr.to_le_bytes())?;
+        let rate = |m: &[u8]| f32::from_le_bytes(m[..4].try_into().expect("4 bytes"));
+        if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| rate(m).to_bits() != rate(&all[0]).to_bits()) {
+            let ranks = comm.world_ranks();
+            return Err(Error::InvalidArgument(format!(
+                "ranks passed different learning rates: rank {} {} and rank {} {}",
+                ranks[0],
+                rate(&all[0]),
+                ranks[r],
+                rate(m)
+            )));
+        }
+        let opt = opt.expect("every rank passed its checks");
+
+        // 1. Sum repeats here, then send each owner its rows (as its local
+        //    row numbers) and their gradients. Sorted ids group by owner.
+        let (uids, usums) = sum_repeats(&rows_of(ids), grads, dim);
+        let p = self.table.memory().partition().clone();
+        let n = comm.size();
+        let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
+        let send_ids: Vec<Vec<u64>> =
+            (0..n).map(|r| uids[bounds[r]..bounds[r + 1]].iter().map(|&id| id - p.offset(r) as u64).collect()).collect();
+        let refs: Vec<&[u64]> = send_ids.iter().map(Vec::as_slice).collect();
+        let got_ids = comm.alltoallv_pod(&refs)?;
+        let refs: Vec<&[f32]> = (0..n).map(|r| &usums[bounds[r] * dim..bounds[r + 1] * dim]).collect();
+        let got_grads = comm.alltoallv_pod(&refs)?;
+
+        // 2. The owner sums what every rank sent, in rank order.
+        let (local, sums) = sum_repeats(&got_ids.concat(), &got_grads.concat(), dim);
+        assert!(local.iter().all(|&r| (r as usize) < p.count(comm.rank())), "a peer sent a row this rank does not own");
+        let first = p.offset(comm.rank()) as i64;
+        let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
+
+        // 3. Read, update and write back this rank's touched rows.
+        let mut w = vec![0f32; own.len() * dim];
+        self.gather(&own, &mut w)?;
+        let width = opt.state_width(dim);
+        let mut s = vec![0f32; own.len() * width];
+        if let Some(state) = &self.state {
+            wm_gather::gather_into(state, &own, &mut s)?;
+        }
+        for (i, g) in sums.chunks_exact(dim).enumerate() {
+            opt.update_row(lr, &mut w[i * dim..(i + 1) * dim], &mut s[i * width..(i + 1) * width], g);
+        }
+        wm_gather::scatter(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
+        if let Some(state) = &mut self.state {
+            wm_gather::scatter_from(state, &own, &s)?;
+        }
+        if self.table.memory().memory_type().is_mapped() {
+            comm.barrier()?;
+        }
+        Ok(())
+    }
+
+    /// Frees the weights and the state, collectively.
+    ///
+    /// # Errors
+    /// When a peer is lost or times out.
+    pub fn free(self) -> Result<()> {
+        if let Some(state) = self.state {
+            state.free()?;
+        }
+        self.table.free()?;
+        Ok(())
+    }
+}
+
+/// Writes every row this rank owns, from `f(global row, out)` filling one
+/// row of f32 (converted to the table's type), in rounds of at most
+/// [`FILL_ROWS`] rows. Every rank does the same number of rounds (from the
+/// partition, which every rank knows), since a scatter may be collective.
+fn fill_own<U: Element>(t: &mut WholeTensor<U>, layout: &RowLayout, mut f: impl FnMut(u64, &mut [f32])) -> Result<()> {
+    let mem = t.memory();
+    let p = mem.partition().clone();
+    let me = mem.comm().rank();
+    let rounds = p.counts().iter().map(|c| c.div_ceil(FILL_ROWS)).max().unwrap_or(0);
+    let cols = layout.cols;
+    let mine = p.range(me);
+    for k in 0..rounds {
+        let start = (mine.start + k * FILL_ROWS).min(mine.end);
+        let end = (start + FILL_ROWS).min(mine.end);
+        let ids: Vec<i64> = (start as i64..end as i64).collect();
+        let mut vals = vec![0f32; ids.len() * cols];
+        for (row, out) in (start as u64..end as u64).zip(vals.chunks_exact_mut(cols)) {
+            f(row, out);
+        }
+        wm_gather::scatter(t.memory_mut(), layout, Ids::I64(&ids), bytemuck::cast_slice(&vals), DType::F32)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeats_are_summed_in_input_order_and_ids_come_out_sorted() {
+        let rows = [5u64, 2, 5, 9, 2, 5];
+        let grads: Vec<f32> = (0..12).map(|k| k as f32).collect(); // dim 2
+        let (ids, sums) = sum_repeats(&rows, &grads, 2);
+        assert_eq!(ids, [2, 5, 9]);
+        assert_eq!(sums, [2.0 + 8.0, 3.0 + 9.0, 0.0 + 4.0 + 10.0, 1.0 + 5.0 + 11.0, 6.0, 7.0]);
+        let (ids, sums) = sum_repeats(&[], &[], 3);
+        assert!(ids.is_empty() && sums.is_empty());
+    }
+}

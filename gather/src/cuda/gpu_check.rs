@@ -1,0 +1,249 @@
+//! The kernels on a real GPU, against the CPU kernels: every conversion
+//! pair and both id types through gather and scatter over a table of three
+//! owners (one of them empty), and the two bucket steps. Prints a skip line
+//! where there is no driver, NVRTC or GPU (`WM_REQUIRE_GPU=1` makes that a
+//! failure).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
+
+use super::source::allowed_pairs;
+use super::{BucketArgs, GatherArgs, IdType, Kernels, NO_NVRTC, ScatterArgs};
+use crate::DType;
+use crate::kernel::RowConv;
+
+/// Rows per owner: the middle owner holds none.
+const OWNER_ROWS: [usize; 3] = [5, 0, 7];
+
+struct Gpu {
+    _ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    kernels: Kernels,
+}
+
+fn gpu() -> Option<Gpu> {
+    let skip = |why: String| {
+        assert!(!wm_topology::env::require_gpu(), "WM_REQUIRE_GPU is set but {why}");
+        println!("SKIP kernels_run_like_the_cpu_kernels: {why}");
+        None
+    };
+    // SAFETY: only tries to dlopen the libraries.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return skip("no CUDA driver (libcuda.so.1)".into());
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return skip(NO_NVRTC.into());
+    }
+    let ctx = match CudaContext::new(0) {
+        Ok(c) => c,
+        Err(e) => return skip(format!("no GPU: {e}")),
+    };
+    let stream = ctx.new_stream().expect("a stream");
+    let kernels = Kernels::load(&ctx).expect("loading the kernels");
+    Some(Gpu { _ctx: ctx, stream, kernels })
+}
+
+impl Gpu {
+    fn upload(&self, bytes: &[u8]) -> CudaSlice<u8> {
+        // Never empty: an owner without rows still gets an address.
+        let mut v = bytes.to_vec();
+        v.resize(bytes.len().max(16), 0);
+        self.stream.clone_htod(&v).expect("upload")
+    }
+    fn addr(&self, s: &CudaSlice<u8>) -> u64 {
+        s.device_ptr(&self.stream).0
+    }
+    fn download(&self, s: &CudaSlice<u8>, len: usize) -> Vec<u8> {
+        let mut v = self.stream.clone_dtoh(s).expect("download");
+        self.stream.synchronize().expect("synchronize");
+        v.truncate(len);
+        v
+    }
+}
+
+/// `values` as `n` elements of `d` (through the CPU conversion).
+fn elements(d: DType, values: &[f64]) -> Vec<u8> {
+    let (from, src): (DType, Vec<u8>) = if d.is_float() {
+        (DType::F64, bytemuck::cast_slice(values).to_vec())
+    } else {
+        let ints: Vec<i64> = values.iter().map(|&v| v as i64).collect();
+        (DType::I64, bytemuck::cast_slice(&ints).to_vec())
+    };
+    convert(from, d, &src)
+}
+
+fn convert(from: DType, to: DType, src: &[u8]) -> Vec<u8> {
+    let n = src.len() / from.size();
+    let c = RowConv::new(from, to, n).unwrap();
+    let mut out = vec![0u8; c.dst_bytes()];
+    // SAFETY: `src` holds n elements of `from`, `out` n of `to`.
+    unsafe { c.row(src.as_ptr(), out.as_mut_ptr()) };
+    out
+}
+
+/// A value that depends on row and column, not exact in the narrow types,
+/// and wide enough to wrap the narrow integers.
+fn value(row: usize, col: usize, float: bool) -> f64 {
+    if float { (row * 100 + col) as f64 * 1.37 - 500.0 + 1e-3 } else { ((row * 1000 + col) * 37) as f64 - 20_000.0 }
+}
+
+fn ids_bytes(id: IdType, ids: &[usize]) -> Vec<u8> {
+    match id {
+        IdType::I32 => ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect(),
+        IdType::I64 => ids.iter().flat_map(|&i| (i as i64).to_le_bytes()).collect(),
+    }
+}
+
+fn first_rows() -> Vec<i64> {
+    let mut v = vec![0i64];
+    for r in OWNER_ROWS {
+        v.push(v.last().unwrap() + r as i64);
+    }
+    v
+}
+
+fn owner_of(row: usize) -> (usize, usize) {
+    let f = first_rows();
+    let r = (0..OWNER_ROWS.len()).rev().find(|&r| f[r] as usize <= row && row < f[r + 1] as usize).unwrap();
+    (r, row - f[r] as usize)
+}
+
+#[test]
+fn kernels_run_like_the_cpu_kernels() {
+    let Some(g) = gpu() else { return };
+    let rows: usize = OWNER_ROWS.iter().sum();
+    let ids: Vec<usize> = (0..40).map(|i| (i * 7 + 3) % rows).collect();
+    let fr = g.upload(bytemuck::cast_slice(&first_rows()));
+    for id_type in [IdType::I32, IdType::I64] {
+        let dev_ids = g.upload(&ids_bytes(id_type, &ids));
+        for (from, to) in allowed_pairs() {
+            for dim in [1usize, 7, 64] {
+                // ---- gather: a table of `from`, rows padded to a 16-byte multiple plus 16.
+                let stride = (dim * from.size()).div_ceil(16) * 16 + 16;
+                let mut owners: Vec<Vec<u8>> = OWNER_ROWS.iter().map(|&n| vec![0u8; n * stride]).collect();
+                for row in 0..rows {
+                    let (r, k) = owner_of(row);
+                    let vals: Vec<f64> = (0..dim).map(|c| value(row, c, from.is_float())).collect();
+                    owners[r][k * stride..][..dim * from.size()].copy_from_slice(&elements(from, &vals));
+                }
+                let dev_owners: Vec<CudaSlice<u8>> = owners.iter().map(|o| g.upload(o)).collect();
+                let bases: Vec<u64> = dev_owners.iter().map(|o| g.addr(o)).collect();
+                let dev_bases = g.upload(bytemuck::cast_slice(&bases));
+                let out_row = dim * to.size();
+                let out = g.upload(&vec![0u8; ids.len() * out_row]);
+                let args = GatherArgs {
+                    bases: g.addr(&dev_bases),
+                    first_rows: g.addr(&fr),
+                    ranks: OWNER_ROWS.len() as u32,
+                    row_stride_bytes: stride as u64,
+                    table_dtype: from,
+                    dim: dim as u32,
+                    ids: g.addr(&dev_ids),
+                    id_type,
+                    n_ids: ids.len() as u64,
+                    out: g.addr(&out),
+                    out_stride_bytes: out_row as u64,
+                    out_dtype: to,
+                };
+                // SAFETY: every address is a live allocation of the sizes in `args`; ids are in range.
+                unsafe { g.kernels.gather(&g.stream, &args) }.unwrap();
+                let got = g.download(&out, ids.len() * out_row);
+                for (i, &id) in ids.iter().enumerate() {
+                    let (r, k) = owner_of(id);
+                    let want = convert(from, to, &owners[r][k * stride..][..dim * from.size()]);
+                    assert_eq!(
+                        &got[i * out_row..][..out_row],
+                        &want[..],
+                        "gather {id_type:?} {from} -> {to} dim {dim}, output row {i} (id {id})"
+                    );
+                }
+
+                // ---- scatter: dense rows of `from` into a zeroed table of `to`; the last occurrence wins.
+                let t_stride = (dim * to.size()).div_ceil(16) * 16 + 16;
+                let table: Vec<CudaSlice<u8>> = OWNER_ROWS.iter().map(|&n| g.upload(&vec![0u8; n * t_stride])).collect();
+                let bases: Vec<u64> = table.iter().map(|o| g.addr(o)).collect();
+                let dev_bases = g.upload(bytemuck::cast_slice(&bases));
+                let src_row = dim * from.size();
+                let src: Vec<u8> = (0..ids.len())
+                    .flat_map(|i| elements(from, &(0..dim).map(|c| value(i + 50, c, from.is_float())).collect::<Vec<_>>()))
+                    .collect();
+                let mut last = vec![None; rows];
+                for (i, &id) in ids.iter().enumerate() {
+                    last[id] = Some(i);
+                }
+                let keep: Vec<u8> = ids.iter().enumerate().map(|(i, &id)| u8::from(last[id] == Some(i))).collect();
+                let dev_src = g.upload(&src);
+                let dev_keep = g.upload(&keep);
+                let args = ScatterArgs {
+                    bases: g.addr(&dev_bases),
+                    first_rows: g.addr(&fr),
+                    ranks: OWNER_ROWS.len() as u32,
+                    row_stride_bytes: t_stride as u64,
+                    table_dtype: to,
+                    dim: dim as u32,
+                    ids: g.addr(&dev_ids),
+                    id_type,
+                    n_ids: ids.len() as u64,
+                    src: g.addr(&dev_src),
+                    src_stride_bytes: src_row as u64,
+                    src_dtype: from,
+                    keep: g.addr(&dev_keep),
+                };
+                // SAFETY: as for the gather; kept ids are distinct.
+                unsafe { g.kernels.scatter(&g.stream, &args) }.unwrap();
+                let got: Vec<Vec<u8>> = table.iter().zip(OWNER_ROWS).map(|(t, n)| g.download(t, n * t_stride)).collect();
+                for (row, l) in last.iter().enumerate() {
+                    let (r, k) = owner_of(row);
+                    let mut want = vec![0u8; t_stride];
+                    if let Some(i) = *l {
+                        want[..dim * to.size()].copy_from_slice(&convert(from, to, &src[i * src_row..][..src_row]));
+                    }
+                    assert_eq!(&got[r][k * t_stride..][..t_stride], &want[..], "scatter {id_type:?} {from} -> {to} dim {dim}, row {row}");
+                }
+            }
+        }
+
+        // ---- bucket: counts per owner, ids grouped by owner with their positions.
+        let n = ids.len();
+        let owner = g.upload(&vec![0u8; n * 4]);
+        let counts = g.upload(&[0xffu8; 12]);
+        let cursors = g.upload(&[0u8; 12]);
+        let out_ids = g.upload(&vec![0u8; n * 8]);
+        let positions = g.upload(&vec![0u8; n * 4]);
+        let args = BucketArgs {
+            first_rows: g.addr(&fr),
+            ranks: OWNER_ROWS.len() as u32,
+            ids: g.addr(&dev_ids),
+            id_type,
+            n_ids: n as u64,
+            owner: g.addr(&owner),
+            counts: g.addr(&counts),
+            cursors: g.addr(&cursors),
+            out_ids: g.addr(&out_ids),
+            positions: g.addr(&positions),
+        };
+        // SAFETY: every address is a live allocation of the sizes in `args`; ids are in range.
+        let got_counts = unsafe { g.kernels.bucket(&g.stream, &args) }.unwrap();
+        let mut want_counts = vec![0u32; OWNER_ROWS.len()];
+        ids.iter().for_each(|&id| want_counts[owner_of(id).0] += 1);
+        assert_eq!(got_counts, want_counts, "bucket counts {id_type:?}");
+        let owners: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&owner, n * 4));
+        assert_eq!(owners, ids.iter().map(|&id| owner_of(id).0 as u32).collect::<Vec<_>>());
+        let out: Vec<i64> = bytemuck::pod_collect_to_vec(&g.download(&out_ids, n * 8));
+        let pos: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&positions, n * 4));
+        let mut seen = vec![false; n];
+        let mut slot = 0;
+        for (r, &c) in want_counts.iter().enumerate() {
+            for s in slot..slot + c as usize {
+                let p = pos[s] as usize;
+                assert!(!seen[p], "position {p} placed twice");
+                seen[p] = true;
+                assert_eq!(out[s], ids[p] as i64, "slot {s}");
+                assert_eq!(owner_of(ids[p]).0, r, "slot {s} is in owner {r}'s bucket");
+            }
+            slot += c as usize;
+        }
+    }
+}

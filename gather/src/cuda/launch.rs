@@ -1,0 +1,237 @@
+//! The compiled module loaded into a CUDA context, and the launches.
+//!
+//! This is where cudarc meets the raw device addresses of the launch
+//! arguments: every launch is `unsafe`, the addresses being the caller's
+//! promise.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+
+use super::geometry::{self, BucketParams, RowParams};
+use super::nvrtc::{self, Compiled, ImageFormat};
+use super::{Arch, BLOCK_THREADS, BucketArgs, GatherArgs, KernelError, LaunchPlan, ScatterArgs, source};
+
+// SAFETY: RowParams is #[repr(C)] with only u64 fields, the same fields in
+// the same order as `WmRowParams` in kernels.cu, so the bytes cudarc copies
+// from a reference to it are the kernel's by-value parameter.
+unsafe impl DeviceRepr for RowParams {}
+// SAFETY: as above, mirroring `WmBucketParams`.
+unsafe impl DeviceRepr for BucketParams {}
+
+fn driver(e: cudarc::driver::DriverError) -> KernelError {
+    KernelError::Driver(e.to_string())
+}
+
+/// Every kernel, loaded into one CUDA context.
+///
+/// Build it once per context with [`Kernels::load`]; it is `Send + Sync`
+/// and launches on any stream of that context.
+#[derive(Debug)]
+pub struct Kernels {
+    ctx: Arc<CudaContext>,
+    _module: Arc<CudaModule>,
+    functions: HashMap<String, CudaFunction>,
+    arch: Arch,
+    format: ImageFormat,
+    sm_count: u32,
+}
+
+impl Kernels {
+    /// Compiles (or takes from the cache) the kernels for the device of
+    /// `ctx` and loads them into it: a CUBIN for its compute capability, or,
+    /// when this NVRTC does not know the GPU yet, PTX for the newest
+    /// architecture it knows (compiled by the driver at load).
+    ///
+    /// # Errors
+    /// [`KernelError::NoNvrtc`], [`KernelError::Compile`], or
+    /// [`KernelError::Driver`] when the driver refuses the module.
+    pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, KernelError> {
+        let (major, minor) = ctx.compute_capability().map_err(driver)?;
+        let device = Arch { major: major as u32, minor: minor as u32 };
+        let known = nvrtc::supported_archs()?;
+        let compiled: Compiled = if known.contains(&device.number()) {
+            nvrtc::compile(device)?
+        } else {
+            let Some(&older) = known.iter().rev().find(|&&a| a <= device.number()) else {
+                return Err(KernelError::Compile { arch: device, log: format!("NVRTC knows no architecture up to {device}") });
+            };
+            nvrtc::compile_as(Arch { major: older / 10, minor: older % 10 }, ImageFormat::Ptx)?
+        };
+        let module = ctx.load_module(Ptx::from_binary(compiled.image.to_vec())).map_err(driver)?;
+        let mut functions = HashMap::new();
+        for e in source::entries() {
+            let name = e.name();
+            let f = module.load_function(&name).map_err(driver)?;
+            functions.insert(name, f);
+        }
+        let sm_count = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(driver)?.max(1) as u32;
+        Ok(Kernels { ctx: ctx.clone(), _module: module, functions, arch: compiled.arch, format: compiled.format, sm_count })
+    }
+
+    /// The architecture the loaded image was compiled for.
+    pub fn arch(&self) -> Arch {
+        self.arch
+    }
+
+    /// CUBIN, or PTX compiled by the driver.
+    pub fn format(&self) -> ImageFormat {
+        self.format
+    }
+
+    /// The device's multiprocessors (the grid is sized for them).
+    pub fn sm_count(&self) -> u32 {
+        self.sm_count
+    }
+
+    /// Enqueues a gather on `stream` (nothing when `args.n_ids == 0`).
+    ///
+    /// # Safety
+    /// On the device of `stream`, until the launch completes: `bases` and
+    /// `first_rows` hold `ranks` and `ranks + 1` valid entries with
+    /// `first_rows` ascending; every id is in `first_rows[0]..first_rows[ranks]`;
+    /// each owner's rows are readable at `bases[r] + k * row_stride_bytes`
+    /// for `dim` elements, aligned to the table's element size; `out` is
+    /// writable for `n_ids` rows of `out_stride_bytes` and overlaps neither
+    /// the table nor the ids. cudarc's event tracking does not see raw
+    /// addresses: the caller keeps the memory alive and orders other work on
+    /// it against `stream`.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] or [`KernelError::UnsupportedPair`]
+    /// (checked before anything is enqueued); [`KernelError::Driver`] when
+    /// the launch fails.
+    pub unsafe fn gather(&self, stream: &Arc<CudaStream>, args: &GatherArgs) -> Result<(), KernelError> {
+        let (plan, params) = args.plan_params(self.sm_count)?;
+        // SAFETY: the caller's contract covers every address in `params`; the plan was checked.
+        unsafe { self.launch_rows(stream, &plan, params) }
+    }
+
+    /// Enqueues a scatter on `stream` (nothing when `args.n_ids == 0`).
+    ///
+    /// # Safety
+    /// As [`gather`](Self::gather) with the roles swapped: table rows are
+    /// writable, `src` readable for `n_ids` rows of `src_stride_bytes`,
+    /// `keep` (if not 0) readable for `n_ids` bytes. No two kept ids may
+    /// name the same row (which of them lands is unspecified otherwise),
+    /// and no one else may access those rows until the launch completes.
+    ///
+    /// # Errors
+    /// As [`gather`](Self::gather).
+    pub unsafe fn scatter(&self, stream: &Arc<CudaStream>, args: &ScatterArgs) -> Result<(), KernelError> {
+        let (plan, params) = args.plan_params(self.sm_count)?;
+        // SAFETY: the caller's contract covers every address in `params`; the plan was checked.
+        unsafe { self.launch_rows(stream, &plan, params) }
+    }
+
+    /// Enqueues the first bucket step on `stream`: zeroes `counts` (also
+    /// when there are no ids), writes `owner` and adds up `counts`.
+    ///
+    /// # Safety
+    /// On the device of `stream`: `first_rows` holds `ranks + 1` ascending
+    /// entries; `ids` is readable for `n_ids` ids, each in range; `owner`
+    /// (`n_ids` u32) and `counts` (`ranks` u32) are writable and overlap
+    /// nothing else of the launch.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] before anything is enqueued;
+    /// [`KernelError::Driver`].
+    pub unsafe fn bucket_count(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<(), KernelError> {
+        let plan = args.plan_params(self.sm_count)?;
+        self.check_stream(stream)?;
+        if args.counts != 0 {
+            // SAFETY: `counts` is writable for `ranks` u32 by the caller's contract; the memset is ordered on `stream`.
+            unsafe { cudarc::driver::result::memset_d8_async(args.counts, 0, args.ranks as usize * 4, stream.cu_stream()) }
+                .map_err(driver)?;
+        }
+        if args.n_ids == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract covers every address in `params`.
+        unsafe { self.launch(stream, &plan.count, plan.params) }
+    }
+
+    /// Enqueues the second bucket step on `stream`: every id to
+    /// `out_ids[slot]`, its position to `positions[slot]`, the slot taken
+    /// from its owner's cursor.
+    ///
+    /// # Safety
+    /// As [`bucket_count`](Self::bucket_count), after it on the same ids;
+    /// `cursors` holds the exclusive prefix sum of those counts; `out_ids`
+    /// (`n_ids` i64) and `positions` (`n_ids` u32) are writable.
+    ///
+    /// # Errors
+    /// As [`bucket_count`](Self::bucket_count).
+    pub unsafe fn bucket_place(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<(), KernelError> {
+        let plan = args.plan_params(self.sm_count)?;
+        // SAFETY: the caller's contract covers every address in `params`.
+        unsafe { self.launch(stream, &plan.place, plan.params) }
+    }
+
+    /// Both bucket steps, with the prefix sum on the host in between (the
+    /// counts are copied down, the cursors up). Returns the counts per owner
+    /// after the stream has finished both kernels.
+    ///
+    /// # Safety
+    /// As [`bucket_count`](Self::bucket_count) and
+    /// [`bucket_place`](Self::bucket_place); `cursors` need not be initialised.
+    ///
+    /// # Errors
+    /// As [`bucket_count`](Self::bucket_count).
+    pub unsafe fn bucket(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<Vec<u32>, KernelError> {
+        let mut counts = vec![0u32; args.ranks as usize];
+        // SAFETY: the caller's contract.
+        unsafe { self.bucket_count(stream, args) }?;
+        if args.n_ids == 0 {
+            return Ok(counts);
+        }
+        // SAFETY: `counts` is `ranks` u32 on both sides and outlives the copy (synchronised below).
+        unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut counts, args.counts, stream.cu_stream()) }.map_err(driver)?;
+        stream.synchronize().map_err(driver)?;
+        let cursors = geometry::exclusive_prefix_sum(&counts);
+        // SAFETY: `cursors` is `ranks` u32 on both sides and lives until the synchronisation below.
+        unsafe { cudarc::driver::result::memcpy_htod_async(args.cursors, &cursors, stream.cu_stream()) }.map_err(driver)?;
+        // SAFETY: the caller's contract; cursors are the prefix sum of these counts.
+        unsafe { self.bucket_place(stream, args) }?;
+        stream.synchronize().map_err(driver)?;
+        Ok(counts)
+    }
+
+    fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<(), KernelError> {
+        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
+            Ok(())
+        } else {
+            Err(KernelError::InvalidArgument("the stream belongs to another CUDA context than the loaded kernels".into()))
+        }
+    }
+
+    /// # Safety
+    /// The addresses in `params` satisfy the public method's contract.
+    unsafe fn launch_rows(&self, stream: &Arc<CudaStream>, plan: &LaunchPlan, params: RowParams) -> Result<(), KernelError> {
+        self.check_stream(stream)?;
+        if params.n_ids == 0 {
+            return Ok(());
+        }
+        // SAFETY: forwarded.
+        unsafe { self.launch(stream, plan, params) }
+    }
+
+    /// # Safety
+    /// `params` is the parameter block of `plan.kernel`, with addresses that
+    /// satisfy the public method's contract.
+    unsafe fn launch<P: DeviceRepr>(&self, stream: &Arc<CudaStream>, plan: &LaunchPlan, params: P) -> Result<(), KernelError> {
+        self.check_stream(stream)?;
+        let f = self.functions.get(&plan.kernel).ok_or_else(|| KernelError::InvalidArgument(format!("no kernel named {}", plan.kernel)))?;
+        let cfg = LaunchConfig { grid_dim: (plan.blocks, 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: plan.shared_bytes };
+        let mut builder = stream.launch_builder(f);
+        builder.arg(&params);
+        // SAFETY: the kernel takes exactly one by-value parameter block of type P (see
+        // source.rs); the grid is within limits (blocks <= 8 x SMs, 256 threads, shared
+        // memory <= 32 KiB); the addresses inside are the caller's promise.
+        unsafe { builder.launch(cfg) }.map_err(driver)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,63 @@
+//! The host-memory test bodies again, on device memory, with real rank
+//! processes: every type fills and reads back, gathers and scatters (with
+//! conversions, repeats, empty id lists, bad ids) on 1–4 ranks. With one
+//! GPU the ranks share it (continuous and chunked memory then map each
+//! other's allocations on the same device).
+//!
+//! Where no GPU is usable each test prints why and skips;
+//! `WM_REQUIRE_GPU=1` turns the skip into a failure (for GPU runners).
+
+use wm_tests::World;
+
+const RANK: &str = env!("CARGO_BIN_EXE_wm-test-rank");
+
+/// Whether a GPU is usable here; prints the reason when not, and panics
+/// instead when `WM_REQUIRE_GPU=1`.
+fn gpu_or_skip(test: &str) -> bool {
+    match wholemem::device::status() {
+        Ok(_) => true,
+        Err(why) if wm_topology::env::require_gpu() => panic!("{test}: WM_REQUIRE_GPU=1, but no GPU is usable: {why}"),
+        Err(why) => {
+            println!("SKIP {test}: needs a GPU: {why}");
+            false
+        }
+    }
+}
+
+#[test]
+fn device_memory_of_every_type_fills_and_reads_back_on_1_to_4_ranks() {
+    if !gpu_or_skip("device fill-read") {
+        return;
+    }
+    for n in 1..=4 {
+        World::new(n).run_ok(RANK, &["fill-read", "device"]);
+    }
+}
+
+#[test]
+fn device_gather_and_scatter_match_the_reference_on_1_to_4_ranks() {
+    if !gpu_or_skip("device gather") {
+        return;
+    }
+    for n in 1..=4 {
+        World::new(n).run_ok(RANK, &["gather", "device"]);
+    }
+}
+
+#[test]
+fn device_hierarchy_and_distributed_cross_simulated_nodes() {
+    if !gpu_or_skip("device gather on two nodes") {
+        return;
+    }
+    World::new(4).nodes_of(2).run_ok(RANK, &["gather", "device"]);
+}
+
+#[test]
+fn without_a_gpu_the_skip_names_the_reason() {
+    // Here (no driver) the reason names the driver or the GPU; on a GPU
+    // runner the driver sees at least one device.
+    match wholemem::device::status() {
+        Err(why) => assert!(why.contains("CUDA") || why.contains("GPU"), "{why}"),
+        Ok(gpus) => assert!(gpus >= 1),
+    }
+}
