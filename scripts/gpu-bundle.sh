@@ -25,7 +25,7 @@ cp "$exe" "$out/device-tests"
 strip "$out"/wm-bench "$out"/wm-run "$out"/wm-test-rank "$out"/device-tests
 
 # Kernels compiled ahead, so the GPU machine needs no NVRTC.
-if WM_KERNEL_CACHE="$PWD/$out/kernels" "$out/wm-bench" kernels --check --arch sm_80 --arch sm_90; then
+if "$out/wm-bench" kernels --prebuild "$out/kernels" --arch sm_80 --arch sm_90; then
   echo "gpu-bundle: kernels precompiled into $out/kernels"
 else
   echo "gpu-bundle: NVRTC unavailable here; the GPU machine will need it to compile the kernels" >&2

@@ -53,6 +53,9 @@ struct KernelsArgs {
     /// Architectures to compile for (repeatable) [default: sm_80 and sm_90].
     #[arg(long = "arch", value_parser = |s: &str| s.parse::<wm_gather::cuda::Arch>())]
     archs: Vec<wm_gather::cuda::Arch>,
+    /// Write CUBINs of every kernel for each architecture into DIR, for GPU machines without NVRTC (point WM_KERNEL_CACHE there).
+    #[arg(long, value_name = "DIR")]
+    prebuild: Option<std::path::PathBuf>,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -156,13 +159,23 @@ fn main() {
 /// `wm-bench kernels --check`: one line per architecture, the NVRTC log on failure.
 fn kernels(a: &KernelsArgs) -> Result<i32> {
     use wm_gather::cuda;
-    ensure!(a.check, "nothing to do: pass --check");
+    ensure!(a.check || a.prebuild.is_some(), "nothing to do: pass --check or --prebuild DIR");
     let archs = if a.archs.is_empty() { cuda::Arch::DEFAULT_CHECK.to_vec() } else { a.archs.clone() };
     let version = match cuda::nvrtc_version() {
         Ok((major, minor)) => format!("{major}.{minor}"),
         Err(e) => bail!("{e}"),
     };
     let mut failed = 0;
+    if let Some(dir) = &a.prebuild {
+        for &arch in &archs {
+            let start = Instant::now();
+            let file = cuda::prebuild(arch, dir)?;
+            println!("{arch}: prebuilt {} in {:.2} s (NVRTC {version})", file.display(), start.elapsed().as_secs_f64());
+        }
+        if !a.check {
+            return Ok(0);
+        }
+    }
     for arch in archs {
         let start = Instant::now();
         let (_, result) = cuda::check(&[arch]).pop().context("check returned nothing")?;

@@ -52,7 +52,20 @@ impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, KernelError> {
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let device = Arch { major: major as u32, minor: minor as u32 };
-        let known = nvrtc::supported_archs()?;
+        let known = match nvrtc::supported_archs() {
+            Ok(k) => k,
+            // No NVRTC here: kernels built ahead for exactly this GPU will do.
+            Err(KernelError::NoNvrtc(why)) => match nvrtc::prebuilt(device) {
+                Some(c) => return Self::from_image(ctx, c),
+                None => {
+                    let dir = nvrtc::cache_dir().map_or("(no cache directory)".to_owned(), |d| d.display().to_string());
+                    return Err(KernelError::NoNvrtc(format!(
+                        "{why}; and no prebuilt kernels for {device} in {dir} (wm-bench kernels --prebuild DIR, then WM_KERNEL_CACHE=DIR)"
+                    )));
+                }
+            },
+            Err(e) => return Err(e),
+        };
         let compiled: Compiled = if known.contains(&device.number()) {
             nvrtc::compile(device)?
         } else {
@@ -61,6 +74,11 @@ impl Kernels {
             };
             nvrtc::compile_as(Arch { major: older / 10, minor: older % 10 }, ImageFormat::Ptx)?
         };
+        Self::from_image(ctx, compiled)
+    }
+
+    /// Loads a compiled image into `ctx` and looks up every entry point.
+    fn from_image(ctx: &Arc<CudaContext>, compiled: Compiled) -> Result<Kernels, KernelError> {
         let module = ctx.load_module(Ptx::from_binary(compiled.image.to_vec())).map_err(driver)?;
         let mut functions = HashMap::new();
         for e in source::entries() {

@@ -41,7 +41,7 @@ mod nvrtc;
 mod source;
 
 pub use launch::Kernels;
-pub use nvrtc::{CacheHit, Compiled, ImageFormat, cache_dir, check, compile, nvrtc_version};
+pub use nvrtc::{CacheHit, Compiled, ImageFormat, cache_dir, check, compile, nvrtc_version, prebuild};
 
 /// Threads per block of every kernel.
 pub const BLOCK_THREADS: u32 = 256;

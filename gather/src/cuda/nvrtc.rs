@@ -127,6 +127,39 @@ pub(crate) fn compile_as(arch: Arch, format: ImageFormat) -> Result<Compiled, Ke
     Ok(compiled)
 }
 
+/// The name of a prebuilt CUBIN for `arch`: keyed by the source and the
+/// options only, not the NVRTC version, so a machine without NVRTC can find
+/// it (`wm-bench kernels --prebuild DIR`, `scripts/gpu-bundle.sh`).
+fn prebuilt_name(arch: Arch) -> String {
+    let src = source::source();
+    let key = cache_key(&src, &options(arch, ImageFormat::Cubin), (0, 0));
+    format!("wm-kernels-sm_{}-{key:016x}.prebuilt.cubin", arch.number())
+}
+
+/// Compiles every kernel for `arch` into a CUBIN in `dir` that
+/// [`Kernels::load`](super::Kernels::load) uses when NVRTC is missing (a
+/// GPU machine without the NVRTC library). Returns the file.
+///
+/// # Errors
+/// NVRTC's errors; writing the file.
+pub fn prebuild(arch: Arch, dir: &Path) -> Result<PathBuf, KernelError> {
+    ensure_nvrtc()?;
+    let image = run_nvrtc(arch, ImageFormat::Cubin, &source::source())?;
+    let file = dir.join(prebuilt_name(arch));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&file, &image))
+        .map_err(|e| KernelError::InvalidArgument(format!("writing {}: {e}", file.display())))?;
+    Ok(file)
+}
+
+/// A prebuilt CUBIN for exactly `arch` in the cache directory, for when
+/// NVRTC cannot be loaded.
+pub(crate) fn prebuilt(arch: Arch) -> Option<Compiled> {
+    let file = cache_dir()?.join(prebuilt_name(arch));
+    let image = read_cache(&file, ImageFormat::Cubin)?;
+    Some(Compiled { arch, format: ImageFormat::Cubin, image: image.into(), kernels: source::entries().len(), from: CacheHit::Disk })
+}
+
 /// The image from the disk cache in `dir`, or compiled (and stored there).
 fn compile_through_disk(arch: Arch, format: ImageFormat, dir: Option<&Path>) -> Result<(Vec<u8>, CacheHit), KernelError> {
     ensure_nvrtc()?;
