@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds what scripts/gpu-check.sh needs on a GPU machine that has no Rust
 # toolchain: stripped release binaries (wm-bench, wm-run, the rank program
-# of the tests, the device test executable) and, when NVRTC is at hand, the
+# of the tests, the device and kernel test executables) and, when NVRTC is at hand, the
 # kernels precompiled for sm_80 and sm_90, in one directory (default
 # gpu-bundle/, ignored by git) that stays under the 60 MiB a transfer to the
 # GPU machine allows.
@@ -22,7 +22,12 @@ exe=$(cargo test --release -p wm-tests --test device --no-run --message-format=j
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -n "$exe" ] || { echo "gpu-bundle: no device test executable" >&2; exit 1; }
 cp "$exe" "$out/device-tests"
-strip "$out"/wm-bench "$out"/wm-run "$out"/wm-test-rank "$out"/device-tests
+# wm-gather's unit tests: the kernels against the CPU kernels, on the GPU.
+exe=$(cargo test --release -p wm-gather --lib --no-run --message-format=json 2>/dev/null |
+  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+[ -n "$exe" ] || { echo "gpu-bundle: no wm-gather test executable" >&2; exit 1; }
+cp "$exe" "$out/kernel-tests"
+strip "$out"/wm-bench "$out"/wm-run "$out"/wm-test-rank "$out"/device-tests "$out"/kernel-tests
 
 # Kernels compiled ahead, so the GPU machine needs no NVRTC.
 if "$out/wm-bench" kernels --prebuild "$out/kernels" --arch sm_80 --arch sm_90; then

@@ -3,7 +3,8 @@
 # bundle that scripts/gpu-bundle.sh built (default ./gpu-bundle):
 #
 #   1. what the machine has (nvidia-smi, wm-bench probe --active);
-#   2. the device test suite with WM_REQUIRE_GPU=1 (a missing GPU fails
+#   2. the kernels against the CPU kernels (every conversion pair), and the
+#      device test suite, both with WM_REQUIRE_GPU=1 (a missing GPU fails
 #      instead of skipping), 1 to 4 ranks sharing the GPU(s);
 #   3. wm-bench gather and scatter --location device for every type, dim 128
 #      f32, batches of 1M ids, beside the same-run device-to-device copy;
@@ -41,6 +42,7 @@ done
 
 step "machine" sh -c 'nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader'
 step "probe --active, $ranks ranks" "$b/wm-run" -n "$ranks" -- "$b/wm-bench" probe --active --require continuous:device,chunked:device,distributed:device,hierarchy:device
+step "kernels against the CPU kernels (WM_REQUIRE_GPU=1)" "$b/kernel-tests" cuda:: --test-threads=1 --nocapture
 step "device tests (WM_REQUIRE_GPU=1)" "$b/device-tests" --test-threads=1 --nocapture
 
 bench() {
