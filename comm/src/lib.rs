@@ -21,10 +21,10 @@
 mod communicator;
 mod error;
 pub mod launch;
-#[cfg(feature = "cuda")]
-pub mod nccl;
 #[cfg(feature = "mpi")]
 pub mod mpi_backend;
+#[cfg(feature = "cuda")]
+pub mod nccl;
 pub mod ranks;
 pub mod socket;
 mod sys;

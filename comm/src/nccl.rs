@@ -205,7 +205,10 @@ impl DeviceCommunicator for NcclComm {
         }
         let mut raw = self.raw.lock().unwrap_or_else(|p| p.into_inner());
         if raw.is_null() {
-            return Err(Error::Unsupported { what: "NCCL alltoallv".into(), reason: "the communicator was aborted after an earlier failure".into() });
+            return Err(Error::Unsupported {
+                what: "NCCL alltoallv".into(),
+                reason: "the communicator was aborted after an earlier failure".into(),
+            });
         }
         let s = stream.cu_stream() as nccl::cudaStream_t;
         // SAFETY: grouped point-to-point calls on a live communicator; the

@@ -124,7 +124,14 @@ fn give_back(bufs: Vec<Vec<u8>>) {
 /// Copies this rank's own rows `rows` (converted) into `out`: row `k` to
 /// output row `positions[k]`, or to row `k` without positions. Through the
 /// CPU for host memory, by a kernel for device memory.
-fn read_local(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], positions: Option<&[usize]>, out: &mut [u8]) -> Result<()> {
+fn read_local(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    conv: RowConv,
+    rows: &[usize],
+    positions: Option<&[usize]>,
+    out: &mut [u8],
+) -> Result<()> {
     let n = mem.local_rows().len();
     assert!(rows.iter().all(|&r| r < n), "a row this rank does not own");
     #[cfg(feature = "cuda")]

@@ -19,15 +19,15 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
+pub mod device;
 #[allow(unsafe_code)]
 mod exchange;
 #[allow(unsafe_code)]
 mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
-#[cfg(feature = "cuda")]
-#[allow(unsafe_code)]
-pub mod device;
 
 use std::fmt;
 use std::str::FromStr;

@@ -510,10 +510,7 @@ impl WholeMemory {
     }
 
     fn host_ptr_of_own_rows(&self) -> *mut u8 {
-        assert!(
-            self.loc == Location::Host,
-            "device memory has no host view: use read_rows/write_rows or the device gather"
-        );
+        assert!(self.loc == Location::Host, "device memory has no host view: use read_rows/write_rows or the device gather");
         self.rank_ptr(self.comm.rank()).expect("a rank maps its own host rows")
     }
 

@@ -469,7 +469,8 @@ fn gather_scatter(world: &Comm, loc: Location) -> Result<()> {
                         let r = rng.below(n as u64 + 1) as usize;
                         part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
                     }
-                    let ctx = format!("{loc} {ty} ids={} cols={cols} out={out_dt} partition={part:?}", if wide_ids { "i64" } else { "i32" });
+                    let ctx =
+                        format!("{loc} {ty} ids={} cols={cols} out={out_dt} partition={part:?}", if wide_ids { "i64" } else { "i32" });
                     let mut t = WholeTensor::<f32>::matrix(world, ty, loc, rows, cols, Some(&part)).context(ctx.clone())?;
                     fill_rows(&mut t, cols, fvalue)?;
                     world.barrier()?;

@@ -56,11 +56,7 @@ fn probe() -> Result<usize, String> {
     // SAFETY: writes one int through a valid pointer.
     check("cuDriverGetVersion", unsafe { sys::cuDriverGetVersion(&mut version) }).map_err(|e| e.to_string())?;
     if version < MIN_DRIVER {
-        return Err(format!(
-            "the CUDA driver is version {}.{}; wholemem needs 12.0 or newer",
-            version / 1000,
-            version % 1000 / 10
-        ));
+        return Err(format!("the CUDA driver is version {}.{}; wholemem needs 12.0 or newer", version / 1000, version % 1000 / 10));
     }
     let mut count = 0;
     // SAFETY: writes one int through a valid pointer; the driver is up.

@@ -77,12 +77,7 @@ fn node_gpus(comm: &dyn Communicator, gpu: &Gpu) -> Result<Vec<usize>> {
                 format!("rank {}'s GPU {bus} is not visible to rank {} (check CUDA_VISIBLE_DEVICES)", ranks[r], comm.world_rank())
             })?;
             if !driver::can_access_peer(gpu.ordinal, o).map_err(|e| e.to_string())? {
-                return Err(format!(
-                    "rank {} (GPU {}) cannot reach rank {} (GPU {bus}) by P2P",
-                    comm.world_rank(),
-                    gpu.bus_id,
-                    ranks[r]
-                ));
+                return Err(format!("rank {} (GPU {}) cannot reach rank {} (GPU {bus}) by P2P", comm.world_rank(), gpu.bus_id, ranks[r]));
             }
             ords.push(o);
         }
@@ -116,9 +111,8 @@ pub(crate) fn allocate(
         MemoryType::Chunked => {
             let ords = node_gpus(comm, gpu)?;
             debug_assert_eq!(ords[me], gpu.ordinal);
-            let own = cu((own_bytes > 0)
-                .then(|| DeviceAlloc::new(gpu, own_bytes).and_then(|a| a.ipc_handle().map(|h| (a, h))))
-                .transpose());
+            let own =
+                cu((own_bytes > 0).then(|| DeviceAlloc::new(gpu, own_bytes).and_then(|a| a.ipc_handle().map(|h| (a, h)))).transpose());
             let own = agree(comm, own)?;
             let handle = own.as_ref().map_or(Vec::new(), |(_, h)| h.to_vec());
             let handles = comm.allgatherv(&handle)?;
