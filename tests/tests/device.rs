@@ -1,6 +1,7 @@
 //! The host-memory test bodies again, on device memory, with real rank
 //! processes: every type fills and reads back, gathers and scatters (with
-//! conversions, repeats, empty id lists, bad ids) on 1–4 ranks. With one
+//! conversions, repeats, empty id lists, bad ids), stores and loads sharded
+//! files, on 1–4 ranks. With one
 //! GPU the ranks share it (continuous and chunked memory then map each
 //! other's allocations on the same device).
 //!
@@ -10,6 +11,7 @@
 use wm_tests::World;
 
 const RANK: &str = env!("CARGO_BIN_EXE_wm-test-rank");
+const LOAD: &str = env!("CARGO_BIN_EXE_wm-test-load");
 
 /// Whether a GPU is usable here; prints the reason when not, and panics
 /// instead when `WM_REQUIRE_GPU=1`.
@@ -50,6 +52,19 @@ fn device_hierarchy_and_distributed_cross_simulated_nodes() {
         return;
     }
     World::new(4).nodes_of(2).run_ok(RANK, &["gather", "device"]);
+}
+
+#[test]
+fn device_tables_store_and_load_sharded_files_on_1_to_4_ranks() {
+    if !gpu_or_skip("device store and load") {
+        return;
+    }
+    for n in 1..=4 {
+        let dir = std::env::temp_dir().join(format!("wm-test-device-load.{}.{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a scratch directory");
+        World::new(n).run_ok(LOAD, &["round-trip", dir.to_str().expect("a UTF-8 path"), "device"]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 #[test]

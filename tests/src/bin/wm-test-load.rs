@@ -26,7 +26,11 @@ fn main() {
         ensure!(dir.is_dir(), "{} is not a directory", dir.display());
         match scenario.as_str() {
             "layouts" => layouts(&world, &dir),
-            "round-trip" => round_trip(&world, &dir),
+            "round-trip" => match args.get(2).map(String::as_str) {
+                None | Some("host") => round_trip(&world, &dir, Location::Host),
+                Some("device") => round_trip(&world, &dir, Location::Device),
+                Some(other) => bail!("unknown location {other:?}; expected host or device"),
+            },
             "malformed" => malformed(&world, &dir),
             other => bail!("unknown scenario {other:?}"),
         }
@@ -133,7 +137,10 @@ fn write_shards<T: TestElem>(dir: &Path, counts: &[usize], row_shape: &[usize], 
 fn check_local<T: TestElem>(t: &WholeTensor<T>, what: &str, me: usize) -> Result<()> {
     let per_row = t.row_stride();
     let first = t.local_rows().start;
-    for (i, row) in t.local().chunks(per_row.max(1)).enumerate() {
+    // Through read_rows, so device tables are checked the same way.
+    let mut held = vec![T::zeroed(); t.local_rows().len() * per_row];
+    t.memory().read_rows(first, bytemuck::cast_slice_mut(&mut held))?;
+    for (i, row) in held.chunks(per_row.max(1)).enumerate() {
         for (c, v) in row.iter().enumerate() {
             let want = value::<T>(first + i, c);
             ensure!(*v == want, "{what}: rank {me} holds {v:?} at row {}, element {c}; expected {want:?}", first + i);
@@ -321,30 +328,34 @@ fn bf16_raw(world: &Comm, dir: &Path) -> Result<()> {
 
 // -------------------------------------------------------------- round-trip
 
-fn fill<T: TestElem>(t: &mut WholeTensor<T>) {
+fn fill<T: TestElem>(t: &mut WholeTensor<T>) -> Result<()> {
     let per_row = t.row_stride();
     let first = t.local_rows().start;
-    for (i, row) in t.local_mut().chunks_mut(per_row).enumerate() {
+    // Through write_rows, so device tables fill the same way.
+    let mut rows = vec![T::zeroed(); t.local_rows().len() * per_row];
+    for (i, row) in rows.chunks_mut(per_row.max(1)).enumerate() {
         for (c, v) in row.iter_mut().enumerate() {
             *v = value::<T>(first + i, c);
         }
     }
+    t.memory_mut().write_rows(first, bytemuck::cast_slice(&rows))?;
+    Ok(())
 }
 
 /// Stores a table of a zero-row partition, then loads it into tables of
 /// other partitions and types; NPY directories and one raw file.
-fn round_trip(world: &Comm, dir: &Path) -> Result<()> {
+fn round_trip(world: &Comm, dir: &Path, loc: Location) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     for ty in MemoryType::ALL {
-        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+        if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
             println!("skip {ty}: {reason}");
             continue;
         }
         let rows = 1000 + 17 * n;
-        let what = format!("{ty} round trip");
+        let what = format!("{loc} {ty} round trip");
         let store_part = zero_row_partition(rows, n);
-        let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, 5, Some(&store_part))?;
-        fill(&mut t);
+        let mut t = WholeTensor::<f32>::matrix(world, ty, loc, rows, 5, Some(&store_part))?;
+        fill(&mut t)?;
         let npy_dir = dir.join(format!("{ty}-npy"));
         // Leftovers of an earlier, larger store, and a file that is not a shard.
         on_rank0(world, || {
@@ -380,16 +391,22 @@ fn round_trip(world: &Comm, dir: &Path) -> Result<()> {
         // Back into tables of other partitions.
         let reversed: Vec<usize> = store_part.iter().rev().copied().collect();
         for (pname, part) in [("even", None), ("reversed", Some(reversed))] {
-            let mut back = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, 5, part.as_deref())?;
+            let mut back = WholeTensor::<f32>::matrix(world, ty, loc, rows, 5, part.as_deref())?;
             back.load(&ShardSet::npy_dir(&npy_dir)).context(format!("{what}: npy into {pname}"))?;
             check_local(&back, &format!("{what}: npy into {pname}"), me)?;
-            back.local_mut().fill(0.0);
+            let zeros = vec![0u8; back.local_rows().len() * back.memory().granularity()];
+            let first = back.local_rows().start;
+            back.memory_mut().write_rows(first, &zeros)?;
             back.load(&ShardSet::raw_files([&raw])).context(format!("{what}: raw into {pname}"))?;
             check_local(&back, &format!("{what}: raw into {pname}"), me)?;
             back.free()?;
         }
     }
 
+    if loc == Location::Device {
+        // The element types and layouts below are the host path's business.
+        return Ok(());
+    }
     // Other element types and shapes.
     round_trip_typed::<i8>(world, dir, &[3, 2])?;
     round_trip_typed::<half::f16>(world, dir, &[])?;
@@ -398,7 +415,7 @@ fn round_trip(world: &Comm, dir: &Path) -> Result<()> {
     // bf16: not to NPY (on every rank), but through a raw file.
     let rows = 77 * n;
     let mut t = WholeTensor::<half::bf16>::matrix(world, MemoryType::Distributed, Location::Host, rows, 6, None)?;
-    fill(&mut t);
+    fill(&mut t)?;
     let err = t.store(&StoreTarget::NpyDir(dir.join("bf16"))).expect_err("bf16 cannot be NPY");
     ensure!(matches!(err, wholemem::Error::Unsupported { .. }) && err.to_string().contains("numpy has no bf16"), "{err}");
     let raw = dir.join("bf16.raw");
@@ -426,7 +443,7 @@ fn round_trip_typed<T: TestElem>(world: &Comm, dir: &Path, row_shape: &[usize]) 
     let desc = TensorDesc::new(&sizes, &strides, 0)?;
     let what = format!("{} {row_shape:?} round trip", T::TYPE);
     let mut t = WholeTensor::<T>::allocate(world, MemoryType::Hierarchy, Location::Host, desc.clone(), Some(&uneven(rows, n, 4)))?;
-    fill(&mut t);
+    fill(&mut t)?;
     let sub = dir.join(format!("typed-{}", T::TYPE));
     t.store(&StoreTarget::NpyDir(sub.clone())).context(what.clone())?;
     t.free()?;

@@ -281,12 +281,11 @@ const MIN_BYTES_PER_THREAD: usize = 1 << 20;
 ///   raw file that is not a whole number of rows, or ranks that see
 ///   different layouts ([`ShardProblem::LayoutDiffers`]).
 /// - [`Error::InvalidArgument`] when `row` does not fit the table's row size.
-/// - [`Error::Unsupported`] for device memory.
 /// - [`Error::Os`] for a file that cannot be opened or read.
 /// - [`Error::Comm`] when a peer is lost.
 pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result<Loaded> {
     let comm = mem.comm().clone();
-    let discovered = check_row_format(mem, row).and_then(|()| check_reachable(mem, "loading files into")).and_then(|()| {
+    let discovered = check_row_format(mem, row).and_then(|()| {
         let layout = shards.discover(row)?;
         layout.check_table(row, mem.rows(), shards.place())?;
         Ok(layout)
@@ -306,12 +305,12 @@ pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result
 /// # Errors
 /// On every rank, when any rank fails (as for [`load`]):
 /// [`Error::Unsupported`] for a bf16 table to NPY files (numpy has no bf16:
-/// use [`StoreTarget::RawFile`]) or device memory;
+/// use [`StoreTarget::RawFile`]);
 /// [`Error::InvalidArgument`] when `row` does not fit the table's row size;
 /// [`Error::Os`] when a file or directory cannot be written.
 pub fn store(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget) -> Result<()> {
     let comm = mem.comm().clone();
-    let checked = check_row_format(mem, row).and_then(|()| check_reachable(mem, "storing files from")).and_then(|()| {
+    let checked = check_row_format(mem, row).and_then(|()| {
         if matches!(target, StoreTarget::NpyDir(_)) && row.elem.npy_descr().is_none() {
             return Err(Error::Unsupported {
                 what: format!("storing a {} table as NPY files", row.elem),
@@ -438,31 +437,47 @@ fn check_row_format(mem: &WholeMemory, row: &RowFormat) -> Result<()> {
     Ok(())
 }
 
-/// Whether this rank's rows can be reached for `what` (before any file is
-/// touched). Host memory only for now; device memory plugs in here and in
-/// [`local_destination`] / [`local_source`].
-fn check_reachable(mem: &WholeMemory, what: &str) -> Result<()> {
-    match mem.location() {
-        Location::Host => Ok(()),
-        Location::Device => Err(Error::Unsupported {
-            what: format!("{what} device memory"),
-            reason: "file loading and storing reach host memory only for now; load into a host table and copy".into(),
-        }),
+/// Where a rank's rows are read into or written from: the table itself
+/// (host memory), or a host buffer copied to or from the GPU in one piece
+/// (device memory, which has no host view).
+struct Staging {
+    buf: Vec<u8>,
+}
+
+impl Staging {
+    fn for_device(mem: &WholeMemory) -> Option<Self> {
+        (mem.location() == Location::Device).then(|| Self { buf: vec![0u8; mem.local_rows().len() * mem.granularity()] })
     }
 }
 
 /// This rank's rows as bytes to load into: the one place that knows where
-/// the local rows live.
-fn local_destination(mem: &mut WholeMemory) -> Result<&mut [u8]> {
-    check_reachable(mem, "loading files into")?;
-    Ok(mem.local_bytes_mut())
+/// the local rows live. With `staging`, its buffer, to be written to the
+/// device afterwards ([`finish_destination`]).
+fn local_destination<'a>(mem: &'a mut WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a mut [u8]> {
+    Ok(match staging {
+        Some(s) => &mut s.buf,
+        None => mem.local_bytes_mut(),
+    })
+}
+
+/// Copies a staged load to the device.
+fn finish_destination(mem: &mut WholeMemory, staging: Option<Staging>) -> Result<()> {
+    match staging {
+        Some(s) => mem.write_rows(mem.local_rows().start, &s.buf),
+        None => Ok(()),
+    }
 }
 
 /// This rank's rows as bytes to store, the counterpart of
-/// [`local_destination`].
-fn local_source(mem: &WholeMemory) -> Result<&[u8]> {
-    check_reachable(mem, "storing files from")?;
-    Ok(mem.local_bytes())
+/// [`local_destination`]: device rows are first copied into `staging`.
+fn local_source<'a>(mem: &'a WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a [u8]> {
+    Ok(match staging {
+        Some(s) => {
+            mem.read_rows(mem.local_rows().start, &mut s.buf)?;
+            &s.buf
+        }
+        None => mem.local_bytes(),
+    })
 }
 
 /// Splits `rows` rows of `row_bytes` each over at most `threads` threads,
@@ -539,7 +554,8 @@ fn read_local(mem: &mut WholeMemory, layout: &Layout, threads: usize) -> Result<
             files[p.file] = Some(layout::open(&layout.files()[p.file].path)?);
         }
     }
-    let dst = local_destination(mem)?;
+    let mut staging = Staging::for_device(mem);
+    let dst = local_destination(mem, &mut staging)?;
     debug_assert_eq!(dst.len(), rows.len() * rb);
     let bytes = dst.len() as u64;
     let used = in_parallel(dst, rows, rb, threads, |first, chunk: &mut [u8]| {
@@ -553,6 +569,7 @@ fn read_local(mem: &mut WholeMemory, layout: &Layout, threads: usize) -> Result<
         }
         Ok(())
     })?;
+    finish_destination(mem, staging)?;
     Ok(Loaded { bytes, files: files.iter().filter(|f| f.is_some()).count(), threads: used })
 }
 
@@ -585,7 +602,8 @@ fn prepare(target: &StoreTarget, world: usize, total: usize) -> Result<()> {
 fn write_local(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget, threads: usize) -> Result<()> {
     let rows = mem.local_rows();
     let rb = row.row_bytes();
-    let src = local_source(mem)?;
+    let mut staging = Staging::for_device(mem);
+    let src = local_source(mem, &mut staging)?;
     let (path, file, base) = match target {
         StoreTarget::NpyDir(dir) => {
             let path = dir.join(layout::shard_name(mem.comm().rank() as u64));
