@@ -13,8 +13,9 @@ out=${1:-gpu-bundle}
 rm -rf "$out"
 mkdir -p "$out/kernels"
 
-cargo build --release -p wm-bench --bin wm-bench --bin wm-run -p wm-tests --bin wm-test-rank
-for b in wm-bench wm-run wm-test-rank; do
+rank_programs="wm-test-rank wm-test-load wm-test-embedding"
+cargo build --release -p wm-bench --bin wm-bench --bin wm-run -p wm-tests $(printf -- '--bin %s ' $rank_programs)
+for b in wm-bench wm-run $rank_programs; do
   cp "target/release/$b" "$out/$b"
 done
 # The device test executable: cargo names it with a hash, so ask cargo.
@@ -27,7 +28,9 @@ exe=$(cargo test --release -p wm-gather --lib --no-run --message-format=json 2>/
   sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
 [ -n "$exe" ] || { echo "gpu-bundle: no wm-gather test executable" >&2; exit 1; }
 cp "$exe" "$out/kernel-tests"
-strip "$out"/wm-bench "$out"/wm-run "$out"/wm-test-rank "$out"/device-tests "$out"/kernel-tests
+for b in wm-bench wm-run $rank_programs device-tests kernel-tests; do
+  strip "$out/$b"
+done
 
 # Kernels compiled ahead, so the GPU machine needs no NVRTC.
 if "$out/wm-bench" kernels --prebuild "$out/kernels" --arch sm_80 --arch sm_90; then

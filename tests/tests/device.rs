@@ -1,7 +1,7 @@
 //! The host-memory test bodies again, on device memory, with real rank
 //! processes: every type fills and reads back, gathers and scatters (with
 //! conversions, repeats, empty id lists, bad ids), stores and loads sharded
-//! files, on 1–4 ranks. With one
+//! files, trains embeddings against the reference optimizers, on 1–4 ranks. With one
 //! GPU the ranks share it (continuous and chunked memory then map each
 //! other's allocations on the same device).
 //!
@@ -12,6 +12,7 @@ use wm_tests::World;
 
 const RANK: &str = env!("CARGO_BIN_EXE_wm-test-rank");
 const LOAD: &str = env!("CARGO_BIN_EXE_wm-test-load");
+const EMB: &str = env!("CARGO_BIN_EXE_wm-test-embedding");
 
 /// Whether a GPU is usable here; prints the reason when not, and panics
 /// instead when `WM_REQUIRE_GPU=1`.
@@ -64,6 +65,16 @@ fn device_tables_store_and_load_sharded_files_on_1_to_4_ranks() {
         std::fs::create_dir_all(&dir).expect("a scratch directory");
         World::new(n).run_ok(LOAD, &["round-trip", dir.to_str().expect("a UTF-8 path"), "device"]);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn device_embeddings_train_like_the_reference_on_1_to_4_ranks() {
+    if !gpu_or_skip("device optimizers") {
+        return;
+    }
+    for n in 1..=4 {
+        World::new(n).run_ok(EMB, &["optimizers", "device"]);
     }
 }
 

@@ -24,7 +24,11 @@ fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().cloned().unwrap_or_default();
     let result = wm_comm::init().context("bootstrap").and_then(|world| match scenario.as_str() {
-        "optimizers" => optimizers(&world),
+        "optimizers" => match args.get(1).map(String::as_str) {
+            None | Some("host") => optimizers(&world, Location::Host),
+            Some("device") => optimizers(&world, Location::Device),
+            Some(other) => bail!("unknown location {other:?}; expected host or device"),
+        },
         "bad-input" => bad_input(&world),
         "init-digest" => init_digest(&world),
         other => bail!("unknown scenario {other:?}"),
@@ -60,11 +64,16 @@ impl Rng {
 }
 
 fn host_types(world: &Comm) -> Vec<MemoryType> {
+    types_at(world, Location::Host)
+}
+
+/// The memory types `world` can hold at `loc`, printing why for the others.
+fn types_at(world: &Comm, loc: Location) -> Vec<MemoryType> {
     MemoryType::ALL
         .into_iter()
-        .filter(|&ty| match query(world.as_ref(), ty, Location::Host).reason() {
+        .filter(|&ty| match query(world.as_ref(), ty, loc).reason() {
             Some(reason) => {
-                println!("skip {ty}: {reason}");
+                println!("skip {loc} {ty}: {reason}");
                 false
             }
             None => true,
@@ -202,7 +211,7 @@ fn close(dt: DType, got: f32, want: f32) -> bool {
 /// partitions with zero-row ranks, repeated ids within and across ranks,
 /// ranks with empty batches, rows nobody touches: after several steps the
 /// table and the optimizer state equal the reference.
-fn optimizers(world: &Comm) -> Result<()> {
+fn optimizers(world: &Comm, loc: Location) -> Result<()> {
     let n = world.size();
     let opts = [
         RefOpt::Sgd { wd: 0.0 },
@@ -216,7 +225,7 @@ fn optimizers(world: &Comm) -> Result<()> {
         RefOpt::RmsProp { wd: 0.03, eps: 1e-7, alpha: 0.9 },
     ];
     let mut case = 0u64;
-    for ty in host_types(world) {
+    for ty in types_at(world, loc) {
         for (k, &opt) in opts.iter().enumerate() {
             let mut dtypes = vec![DType::F32, DType::Bf16];
             if k % 3 == 0 {
@@ -226,18 +235,18 @@ fn optimizers(world: &Comm) -> Result<()> {
                 case += 1;
                 let wide = case % 2 == 0;
                 match dt {
-                    DType::F32 => one_case::<f32>(world, ty, opt, case, wide),
-                    DType::Bf16 => one_case::<bf16>(world, ty, opt, case, wide),
-                    _ => one_case::<f16>(world, ty, opt, case, wide),
+                    DType::F32 => one_case::<f32>(world, ty, loc, opt, case, wide),
+                    DType::Bf16 => one_case::<bf16>(world, ty, loc, opt, case, wide),
+                    _ => one_case::<f16>(world, ty, loc, opt, case, wide),
                 }
-                .with_context(|| format!("{ty} {opt:?} {dt} ids {} on {n} ranks", if wide { "i64" } else { "i32" }))?;
+                .with_context(|| format!("{loc} {ty} {opt:?} {dt} ids {} on {n} ranks", if wide { "i64" } else { "i32" }))?;
             }
         }
     }
     Ok(())
 }
 
-fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, opt: RefOpt, case: u64, wide: bool) -> Result<()> {
+fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, loc: Location, opt: RefOpt, case: u64, wide: bool) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     let dt = T::DTYPE;
     let mut rng = Rng::new(&[case, n as u64]);
@@ -250,7 +259,7 @@ fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, opt: RefOpt, case
         part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
     }
     let start = |row: usize, col: usize| ((row * 13 + col * 7) % 23) as f32 * 0.125 - 1.4 + col as f32 * 0.01;
-    let mut emb = Embedding::<T>::allocate(world, ty, Location::Host, rows, dim, Some(&part), Some(opt.library()))?;
+    let mut emb = Embedding::<T>::allocate(world, ty, loc, rows, dim, Some(&part), Some(opt.library()))?;
     // Load the starting weights: each rank its own rows.
     let mine = emb.table().local_rows();
     let ids: Vec<i64> = mine.clone().map(|r| r as i64).collect();
