@@ -23,7 +23,7 @@ fn optimizers_match_the_reference_across_simulated_nodes() {
     let report = World::new(4).nodes_of(2).run_ok(EMB, &["optimizers"]);
     // Distributed and hierarchy run; the mapped types say why they cannot.
     let out = wm_tests::transcript(&report);
-    assert!(out.contains("skip continuous: ranks 0 and 2 are on different nodes"), "{out}");
+    assert!(out.contains("skip host continuous: ranks 0 and 2 are on different nodes"), "{out}");
 }
 
 #[test]
