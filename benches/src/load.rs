@@ -28,7 +28,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
 use wholemem::files::npy::Header;
-use wholemem::files::{ElementType, RowFormat, ShardSet};
+use wholemem::files::{RowFormat, ShardSet};
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};
 use wm_gather::DType;
@@ -131,7 +131,7 @@ fn shard_path(dir: &Path, i: usize, format: Format) -> PathBuf {
 fn write_shard(path: &Path, first: usize, count: usize, dim: usize, dtype: DType, format: Format) -> Result<()> {
     let mut f = std::io::BufWriter::with_capacity(8 << 20, File::create(path).with_context(|| format!("creating {}", path.display()))?);
     if format == Format::Npy {
-        let descr = element_type(dtype)?.npy_descr().context("no NPY element type")?;
+        let descr = dtype.npy_descr().context("no NPY element type")?;
         f.write_all(&Header::new(descr, &[count as u64, dim as u64]).to_bytes())?;
     }
     let es = dtype.size();
@@ -146,10 +146,6 @@ fn write_shard(path: &Path, first: usize, count: usize, dim: usize, dtype: DType
     // with the timed loads; the pages stay in the page cache.
     f.into_inner().map_err(|e| e.into_error())?.sync_data().with_context(|| format!("syncing {}", path.display()))?;
     Ok(())
-}
-
-fn element_type(d: DType) -> Result<ElementType> {
-    d.name().parse::<ElementType>().map_err(anyhow::Error::msg)
 }
 
 /// Rows of `buf` (starting at global row `first`) that differ from the
@@ -193,7 +189,7 @@ fn all_ok(world: &Arc<dyn Communicator>, r: Result<()>) -> Result<()> {
 /// Files that cannot be written or read, a failed load, a lost peer.
 pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let (me, n) = (world.rank(), world.size());
-    let elem = element_type(a.dtype)?;
+    let elem = a.dtype;
     let row_bytes = a.dim * a.dtype.size();
     let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
     ensure!(rows > 0, "--rows must be positive");

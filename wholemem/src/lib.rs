@@ -24,6 +24,7 @@
 mod capability;
 #[cfg(feature = "cuda")]
 pub mod device;
+mod dtype;
 mod error;
 pub mod files;
 mod handle;
@@ -33,6 +34,7 @@ mod tensor;
 mod types;
 
 pub use capability::{Capabilities, NO_CUDA, Support, query};
+pub use dtype::{ConversionError, DType, Element};
 pub use error::{Error, Result, ShardProblem};
 pub use handle::{AllocRequest, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};

@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
-use wholemem::files::{Element, ElementType, RowFormat, ShardSet, StoreTarget};
+use wholemem::files::{RowFormat, ShardSet, StoreTarget};
+use wholemem::{DType, Element};
 use wholemem::{Location, MemoryType, ShardProblem, TensorDesc, WholeTensor, query};
 use wm_comm::Communicator;
 
@@ -114,7 +115,7 @@ fn write_file(path: &Path, parts: &[&[u8]]) -> Result<()> {
 fn write_shards<T: TestElem>(dir: &Path, counts: &[usize], row_shape: &[usize], raw: bool) -> Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir)?;
     let per_row: usize = row_shape.iter().product();
-    let descr = T::TYPE.npy_descr().unwrap_or("<V2");
+    let descr = T::DTYPE.npy_descr().unwrap_or("<V2");
     let mut first = 0;
     let mut paths = Vec::new();
     for (i, &c) in counts.iter().enumerate() {
@@ -223,8 +224,8 @@ fn load_cases<T: TestElem>(world: &Comm, ty: MemoryType, dir: &Path, row_shape: 
     let me = world.rank();
     for (k, case) in cases(world.size()).into_iter().enumerate() {
         let rows: usize = case.counts.iter().sum();
-        let what = format!("{ty} {} {:?} case {}", T::TYPE, row_shape, case.name);
-        let sub = dir.join(format!("{ty}-{}-{k}-{}", T::TYPE, row_shape.len()));
+        let what = format!("{ty} {} {:?} case {}", T::DTYPE, row_shape, case.name);
+        let sub = dir.join(format!("{ty}-{}-{k}-{}", T::DTYPE, row_shape.len()));
         let mut paths = Vec::new();
         on_rank0(world, || {
             paths = write_shards::<T>(&sub, &case.counts, row_shape, case.raw)?;
@@ -441,10 +442,10 @@ fn round_trip_typed<T: TestElem>(world: &Comm, dir: &Path, row_shape: &[usize]) 
         strides.push(s);
     }
     let desc = TensorDesc::new(&sizes, &strides, 0)?;
-    let what = format!("{} {row_shape:?} round trip", T::TYPE);
+    let what = format!("{} {row_shape:?} round trip", T::DTYPE);
     let mut t = WholeTensor::<T>::allocate(world, MemoryType::Hierarchy, Location::Host, desc.clone(), Some(&uneven(rows, n, 4)))?;
     fill(&mut t)?;
-    let sub = dir.join(format!("typed-{}", T::TYPE));
+    let sub = dir.join(format!("typed-{}", T::DTYPE));
     t.store(&StoreTarget::NpyDir(sub.clone())).context(what.clone())?;
     t.free()?;
     let mut back = WholeTensor::<T>::allocate(world, MemoryType::Distributed, Location::Host, desc, None)?;
@@ -672,7 +673,7 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
         let err = t.load(&ShardSet::npy_dir(dir.join("absent"))).expect_err("missing");
         ensure!(matches!(err, wholemem::Error::Shards { problem: ShardProblem::MissingDirectory, .. }), "{err:?}");
         // A row format that does not fit the table.
-        let wrong = RowFormat::vector(ElementType::F32, 6);
+        let wrong = RowFormat::vector(DType::F32, 6);
         let err = wholemem::files::load(t.memory_mut(), &wrong, &ShardSet::npy_dir(&good)).expect_err("6 columns in a 7-column table");
         ensure!(err.to_string().contains("are 24 bytes, the table's rows 28 bytes"), "{err}");
         t.free()?;

@@ -5,7 +5,8 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::npy::Header;
-use super::{ElementType, FileKind, RowFormat, ShardSet, Source};
+use super::{FileKind, RowFormat, ShardSet, Source};
+use crate::DType;
 use crate::error::ShardProblem;
 use crate::{Error, Result};
 
@@ -28,7 +29,7 @@ pub struct Layout {
     /// `offsets[i]` is the first global row of file `i`; one more entry
     /// holds the total.
     offsets: Vec<u64>,
-    elem: ElementType,
+    elem: DType,
     row_shape: Vec<u64>,
 }
 
@@ -62,7 +63,7 @@ impl Layout {
     }
 
     /// The element type of every file.
-    pub fn element_type(&self) -> ElementType {
+    pub fn element_type(&self) -> DType {
         self.elem
     }
 
@@ -210,7 +211,7 @@ pub(crate) fn discover(set: &ShardSet, row: &RowFormat) -> Result<Layout> {
         Source::Files(list) => list.clone(),
     };
     let mut files = Vec::with_capacity(paths.len());
-    let mut first: Option<(ElementType, Vec<u64>, String)> = None;
+    let mut first: Option<(DType, Vec<u64>, String)> = None;
     for path in paths {
         let file = open(&path)?;
         let size = file_size(&file, &path)?;
@@ -284,7 +285,7 @@ mod tests {
         for r in rows {
             offsets.push(offsets.last().unwrap() + r);
         }
-        Layout { files, offsets, elem: ElementType::F32, row_shape: vec![3] }
+        Layout { files, offsets, elem: DType::F32, row_shape: vec![3] }
     }
 
     /// Every row of `range` is covered once, in order, by the right file.
@@ -350,9 +351,9 @@ mod tests {
             npy(&d.join(shard_name(i as u64)), "<i2", &[rows, 3], rows as usize * 6);
         }
         std::fs::write(d.join("shard_0001.npy.tmp"), b"ignored").unwrap();
-        let row = RowFormat::vector(ElementType::I16, 3);
+        let row = RowFormat::vector(DType::I16, 3);
         let l = ShardSet::npy_dir(&d).discover(&row).unwrap();
-        assert_eq!((l.offsets(), l.element_type(), l.row_shape(), l.row_bytes()), (&[0, 4, 4, 13][..], ElementType::I16, &[3][..], 6));
+        assert_eq!((l.offsets(), l.element_type(), l.row_shape(), l.row_bytes()), (&[0, 4, 4, 13][..], DType::I16, &[3][..], 6));
         assert!(l.files().iter().all(|f| f.data_offset == 128));
         l.check_table(&row, 13, &d).unwrap();
         let e = l.check_table(&row, 14, &d).unwrap_err();

@@ -27,14 +27,11 @@
 mod layout;
 pub mod npy;
 
-use std::fmt;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 
-use bytemuck::Pod;
 use wm_comm::Communicator;
 
 pub use layout::{Layout, Piece, ShardFile};
@@ -43,59 +40,11 @@ use crate::error::ShardProblem;
 use crate::handle::WholeMemory;
 use crate::tensor::WholeTensor;
 use crate::types::Location;
-use crate::{Error, Result};
+use crate::{DType, Element, Error, Result};
 
-/// The element types a table can be loaded as.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ElementType {
-    /// IEEE half precision (`<f2`).
-    F16,
-    /// bfloat16 (raw files only: numpy has no such type).
-    Bf16,
-    /// IEEE single precision (`<f4`).
-    F32,
-    /// IEEE double precision (`<f8`).
-    F64,
-    /// Signed 8-bit integer (`|i1`).
-    I8,
-    /// Signed 16-bit integer (`<i2`).
-    I16,
-    /// Signed 32-bit integer (`<i4`).
-    I32,
-    /// Signed 64-bit integer (`<i8`).
-    I64,
-}
-
-impl ElementType {
-    /// Every type.
-    pub const ALL: [ElementType; 8] = [Self::F16, Self::Bf16, Self::F32, Self::F64, Self::I8, Self::I16, Self::I32, Self::I64];
-
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        match self {
-            Self::I8 => 1,
-            Self::F16 | Self::Bf16 | Self::I16 => 2,
-            Self::F32 | Self::I32 => 4,
-            Self::F64 | Self::I64 => 8,
-        }
-    }
-
-    /// The lower-case name (`f32`, `bf16`, …), as `wm_gather::DType` names
-    /// the same types.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F16 => "f16",
-            Self::Bf16 => "bf16",
-            Self::F32 => "f32",
-            Self::F64 => "f64",
-            Self::I8 => "i8",
-            Self::I16 => "i16",
-            Self::I32 => "i32",
-            Self::I64 => "i64",
-        }
-    }
-
-    /// The NPY `descr` numpy writes for this type; `None` for bf16.
+impl DType {
+    /// The NPY `descr` numpy writes for this type; `None` for bf16 (numpy
+    /// has no such type: bf16 tables go to raw files).
     pub fn npy_descr(self) -> Option<&'static str> {
         match self {
             Self::F16 => Some("<f2"),
@@ -110,46 +59,19 @@ impl ElementType {
     }
 }
 
-impl fmt::Display for ElementType {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl FromStr for ElementType {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|t| t.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| format!("unknown element type {s:?}; expected f16, bf16, f32, f64, i8, i16, i32 or i64"))
-    }
-}
-
-/// A Rust type that is one of the [`ElementType`]s.
-pub trait Element: Pod {
-    /// Which.
-    const TYPE: ElementType;
-}
-
-macro_rules! element {
-    ($($t:ty => $e:ident),*) => { $(impl Element for $t { const TYPE: ElementType = ElementType::$e; })* };
-}
-element!(half::f16 => F16, half::bf16 => Bf16, f32 => F32, f64 => F64, i8 => I8, i16 => I16, i32 => I32, i64 => I64);
-
 /// What one row of a table is in a file: its element type and shape (the
 /// dimensions after the first; empty for a one-dimensional table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RowFormat {
     /// The element type.
-    pub elem: ElementType,
+    pub elem: DType,
     /// The shape of one row.
     pub shape: Vec<u64>,
 }
 
 impl RowFormat {
     /// Rows of `cols` elements of `elem`.
-    pub fn vector(elem: ElementType, cols: usize) -> Self {
+    pub fn vector(elem: DType, cols: usize) -> Self {
         Self { elem, shape: vec![cols as u64] }
     }
 
@@ -366,7 +288,7 @@ impl<T: Element> WholeTensor<T> {
                 d.row_stride()
             )));
         }
-        Ok(RowFormat { elem: T::TYPE, shape })
+        Ok(RowFormat { elem: T::DTYPE, shape })
     }
 
     /// Fills the tensor from `shards`: [`load`] with this tensor's
@@ -639,16 +561,16 @@ mod tests {
 
     #[test]
     fn element_types_name_and_size() {
-        for t in ElementType::ALL {
-            assert_eq!(t.name().parse::<ElementType>().unwrap(), t);
+        for t in DType::ALL {
+            assert_eq!(t.name().parse::<DType>().unwrap(), t);
             if let Some(d) = t.npy_descr() {
                 assert_eq!(npy::element_type(d).unwrap(), t);
                 assert_eq!(d[2..].parse::<usize>().unwrap(), t.size());
             }
         }
-        assert!("u8".parse::<ElementType>().unwrap_err().contains("\"u8\""));
-        assert_eq!(<half::bf16 as Element>::TYPE.size(), 2);
-        assert_eq!(<i64 as Element>::TYPE, ElementType::I64);
+        assert!("u8".parse::<DType>().unwrap_err().contains("\"u8\""));
+        assert_eq!(<half::bf16 as Element>::DTYPE.size(), 2);
+        assert_eq!(<i64 as Element>::DTYPE, DType::I64);
     }
 
     #[test]

@@ -15,7 +15,7 @@
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 
-use super::ElementType;
+use crate::DType;
 use crate::error::ShardProblem;
 
 /// The first six bytes of every NPY file.
@@ -137,7 +137,7 @@ impl Header {
     /// # Errors
     /// [`ShardProblem::BigEndian`] for a big-endian type;
     /// [`ShardProblem::UnsupportedDescr`] for one no table holds.
-    pub fn element_type(&self) -> Result<ElementType, ShardProblem> {
+    pub fn element_type(&self) -> Result<DType, ShardProblem> {
         element_type(&self.descr)
     }
 }
@@ -147,20 +147,20 @@ impl Header {
 ///
 /// # Errors
 /// As [`Header::element_type`].
-pub fn element_type(descr: &str) -> Result<ElementType, ShardProblem> {
+pub fn element_type(descr: &str) -> Result<DType, ShardProblem> {
     let unsupported = || ShardProblem::UnsupportedDescr { descr: descr.to_owned() };
     let (order, code) = match descr.chars().next() {
         Some(c @ ('<' | '>' | '|' | '=')) => (c, &descr[1..]),
         _ => return Err(unsupported()),
     };
     let ty = match code {
-        "f2" => ElementType::F16,
-        "f4" => ElementType::F32,
-        "f8" => ElementType::F64,
-        "i1" => ElementType::I8,
-        "i2" => ElementType::I16,
-        "i4" => ElementType::I32,
-        "i8" => ElementType::I64,
+        "f2" => DType::F16,
+        "f4" => DType::F32,
+        "f8" => DType::F64,
+        "i1" => DType::I8,
+        "i2" => DType::I16,
+        "i4" => DType::I32,
+        "i8" => DType::I64,
         _ => return Err(unsupported()),
     };
     match order {
@@ -378,7 +378,7 @@ mod tests {
         assert_eq!(p.header, Header::new("<f4", &[3, 4]));
         assert_eq!((p.data_offset, p.version), (128, (1, 0)));
         assert_eq!(Header::new("<f4", &[3, 4]).to_bytes(), bytes);
-        assert_eq!(p.header.element_type().unwrap(), ElementType::F32);
+        assert_eq!(p.header.element_type().unwrap(), DType::F32);
     }
 
     #[test]
@@ -449,18 +449,18 @@ mod tests {
     #[test]
     fn element_types_are_little_endian_table_types() {
         let ok = [
-            ("<f2", ElementType::F16),
-            ("<f4", ElementType::F32),
-            ("<f8", ElementType::F64),
-            ("|i1", ElementType::I8),
-            ("<i1", ElementType::I8),
-            ("<i2", ElementType::I16),
-            ("<i4", ElementType::I32),
-            ("<i8", ElementType::I64),
+            ("<f2", DType::F16),
+            ("<f4", DType::F32),
+            ("<f8", DType::F64),
+            ("|i1", DType::I8),
+            ("<i1", DType::I8),
+            ("<i2", DType::I16),
+            ("<i4", DType::I32),
+            ("<i8", DType::I64),
         ];
         for (d, t) in ok {
             assert_eq!(element_type(d).unwrap(), t, "{d}");
-            if t != ElementType::I8 || d == "|i1" {
+            if t != DType::I8 || d == "|i1" {
                 assert_eq!(t.npy_descr(), Some(d));
             }
         }
@@ -470,6 +470,6 @@ mod tests {
             let e = element_type(d).unwrap_err();
             assert!(matches!(e, ShardProblem::UnsupportedDescr { .. }) && e.to_string().contains(&format!("'{d}'")), "{d}: {e}");
         }
-        assert_eq!(ElementType::Bf16.npy_descr(), None);
+        assert_eq!(DType::Bf16.npy_descr(), None);
     }
 }
