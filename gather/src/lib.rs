@@ -184,16 +184,10 @@ impl RowLayout {
     }
 }
 
-/// Threads a rank uses for local row copies: `WM_THREADS`, else this
-/// machine's cores shared among the ranks of the node.
+/// Threads a rank uses for local row copies: the table's
+/// [`WholeMemory::copy_threads`](wholemem::WholeMemory::copy_threads).
 pub fn threads(mem: &wholemem::WholeMemory) -> usize {
-    if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
-        return n.max(1);
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let comm = mem.comm();
-    let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
-    (cores / local.max(1)).max(1)
+    mem.copy_threads()
 }
 
 /// Gathers table rows `ids` into `out` (`ids.len()` rows of `layout.cols`

@@ -440,6 +440,19 @@ impl WholeMemory {
         self.partition.range(self.comm.rank())
     }
 
+    /// Threads this rank uses to copy its rows (gather, scatter, file
+    /// loading): `WM_THREADS` if set, else the machine's cores divided by
+    /// the ranks on this node.
+    pub fn copy_threads(&self) -> usize {
+        if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
+            return n.max(1);
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let comm = &self.comm;
+        let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
+        (cores / local.max(1)).max(1)
+    }
+
     /// The first byte of rank `r`'s rows in this process's address space,
     /// if this rank maps them (every rank for Continuous and Chunked, itself
     /// only otherwise; never for device memory). Dangling but non-null for a

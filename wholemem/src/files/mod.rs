@@ -248,17 +248,10 @@ pub fn store(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget) -> Result
     agree(comm.as_ref(), written)
 }
 
-/// Threads one rank reads or writes with: [`WM_THREADS`](wm_topology::env::WM_THREADS)
-/// if set, else the machine's cores divided by the ranks on this node (the
-/// rule the gather kernels follow).
+/// Threads one rank reads or writes files with: the table's
+/// [`WholeMemory::copy_threads`].
 pub fn threads(mem: &WholeMemory) -> usize {
-    if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
-        return n.max(1);
-    }
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let comm = mem.comm();
-    let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
-    (cores / local.max(1)).max(1)
+    mem.copy_threads()
 }
 
 impl<T: Element> WholeTensor<T> {
