@@ -306,8 +306,8 @@ impl WholeMemory {
     /// an error: without it, host memory is simply reached by the CPU.
     #[cfg(feature = "cuda")]
     fn register_host(&mut self) {
-        if crate::device::status().is_err() {
-            self.gpu = crate::device::status().map(|_| unreachable!("status is an error"));
+        if let Err(why) = crate::device::status() {
+            self.gpu = Err(why);
             return;
         }
         self.gpu = crate::device::bind(Self::local_rank(self.comm.as_ref()));
