@@ -7,7 +7,9 @@
 #      device test suite, both with WM_REQUIRE_GPU=1 (a missing GPU fails
 #      instead of skipping), 1 to 4 ranks sharing the GPU(s);
 #   3. wm-bench gather and scatter --location device for every type, dim 128
-#      f32, batches of 1M ids, beside the same-run device-to-device copy;
+#      f32, batches of 1M ids, beside the same-run device-to-device copy; and
+#      gathers of a host table (registered with CUDA) into device memory,
+#      beside a copy of the same bytes over the host link;
 #   4. a summary, one line per step.
 #
 #   scripts/gpu-check.sh [BUNDLE]      (exit status: the number of failed steps)
@@ -56,11 +58,18 @@ for op in gather scatter; do
     step "$op $ty device, $ranks ranks, 1M ids" bench "$op" "$ty"
   done
 done
+host_to_device() {
+  "$b/wm-bench" gather --location host --out-location device --type "$1" --ranks "$ranks" --rows 8388608 --dim 128 \
+    --batch 1048576 --iters 10 --warmup 2 --json | tee -a "$b/bench.jsonl" | grep -q '"verified":true'
+}
+for ty in continuous chunked; do
+  step "gather $ty host table into device memory, $ranks ranks, 1M ids" host_to_device "$ty"
+done
 step "gather chunked device, 1 rank, 1M ids" sh -c "'$b/wm-bench' gather --location device --type chunked --ranks 1 --rows 8388608 --batch 1048576 --iters 10 --json | tee -a '$b/bench.jsonl' | grep -q '\"verified\":true'"
 
 printf '\n==== summary\n'
 printf '%s\n' "${summary[@]}"
-printf '\nbenchmarks (op type ranks: per-rank median GB/s, baseline GB/s, ratio):\n'
-sed -n 's/.*"baseline_gbps":\([0-9.e+-]*\).*"median":\([0-9.e+-]*\).*"op":"\([a-z]*\)".*"ranks":\([0-9]*\).*"ratio":\([0-9.e+-]*\).*"type":"\([a-z]*\)".*"verified":\([a-z]*\).*/\3 \6 \4: \2, \1, \5 (verified \7)/p' "$b/bench.jsonl"
+printf '\nbenchmarks (op type table->output ranks: per-rank median GB/s, baseline GB/s, ratio):\n'
+sed -n 's/.*"baseline_gbps":\([0-9.e+-]*\).*"median":\([0-9.e+-]*\).*"location":"\([a-z]*\)".*"op":"\([a-z]*\)".*"out_location":"\([a-z]*\)".*"ranks":\([0-9]*\).*"ratio":\([0-9.e+-]*\).*"type":"\([a-z]*\)".*"verified":\([a-z]*\).*/\4 \8 \3->\5 \6: \2, \1, \7 (verified \9)/p' "$b/bench.jsonl"
 echo "failed steps: $failed"
 exit "$failed"

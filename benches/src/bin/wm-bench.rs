@@ -85,6 +85,10 @@ struct MoveArgs {
     /// Location: host or device.
     #[arg(long, default_value = "host")]
     location: Location,
+    /// Where gather's output lives: host, or device (a kernel on this rank's GPU reads the table — device memory, or
+    /// host memory registered with CUDA — and the baseline is a copy of the same bytes to the GPU) [default: --location].
+    #[arg(long)]
+    out_location: Option<Location>,
     /// Ranks to start when no launcher (wm-run, mpirun, srun) started this process [default: cores, at most 4].
     #[arg(long)]
     ranks: Option<usize>,
@@ -121,6 +125,13 @@ struct MoveArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+impl MoveArgs {
+    /// Whether the gathered rows land in device memory.
+    fn device_out(&self) -> bool {
+        self.location == Location::Device || self.out_location == Some(Location::Device)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -196,7 +207,11 @@ const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 fn start(op: Op, a: MoveArgs) -> Result<i32> {
     ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
     a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
-    if a.location == Location::Device {
+    ensure!(
+        !(op == Op::Scatter && a.out_location.is_some_and(|l| l != a.location)),
+        "--out-location applies to gather; scatter reads its input from the table's side"
+    );
+    if a.device_out() {
         // Say why before starting any rank.
         #[cfg(feature = "cuda")]
         if let Err(why) = wholemem::device::status() {
@@ -260,11 +275,12 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
     let progress = me == 0 && std::io::stderr().is_terminal();
-    // A device run's baseline is a copy on the GPU: no host table needed.
-    let host_rows = if a.location == Location::Device { 0 } else { rows };
+    // A run into device memory has a copy to the GPU as its baseline: no
+    // private host table needed.
+    let host_rows = if a.device_out() { 0 } else { rows };
     let mut base = if me == 0 { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
     #[cfg(feature = "cuda")]
-    let mut gpu = if a.location == Location::Device { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
+    let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
     world.barrier()?;
     let mut seconds = 0.0f64;
     let mut wrong = 0u64;
@@ -366,7 +382,8 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         let ratio = s.median / baseline;
         if a.json {
             let j = serde_json::json!({
-                "op": op.name(), "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
+                "op": op.name(), "type": a.ty.name(), "location": a.location.name(),
+                "out_location": if a.device_out() { "device" } else { "host" }, "ranks": n, "nodes": nodes,
                 "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
                 "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
@@ -387,10 +404,10 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             );
             println!("  per rank GB/s   min {:.2}   median {:.2}   max {:.2}", s.min, s.median, s.max);
             println!("  all ranks GB/s  {total:.2}");
-            let what = if a.location == Location::Device {
-                "rank 0's GPU, a device-to-device copy of the same bytes"
-            } else {
-                "one process, one thread, private table"
+            let what = match (a.location, a.out_location) {
+                (Location::Device, _) => "rank 0's GPU, a device-to-device copy of the same bytes",
+                (Location::Host, Some(Location::Device)) => "rank 0's rows copied to its GPU over the host link",
+                _ => "one process, one thread, private table",
             };
             println!("  baseline GB/s   {baseline:.2}   ({what})");
             println!("  ratio           {ratio:.2}   (per-rank median / baseline)");
@@ -448,14 +465,23 @@ impl DeviceRun {
         Ok(dt)
     }
 
-    /// One timed device-to-device copy of the batch's bytes. Seconds.
-    fn copy(&mut self, mem: &WholeMemory) -> Result<f64> {
+    /// One timed copy of the batch's bytes to the GPU: device to device for
+    /// a device table; for a host table, from this rank's rows (registered
+    /// with CUDA, so page-locked) over the host link. Seconds and bytes.
+    fn copy(&mut self, mem: &WholeMemory) -> Result<(f64, usize)> {
         let (dst, src) = self.copy.as_mut().expect("rank 0 holds the baseline buffers");
+        if mem.location() == Location::Host {
+            let rows = mem.local_bytes();
+            let n = rows.len().min(dst.len());
+            let t0 = Instant::now();
+            dst.upload(&rows[..n])?;
+            return Ok((t0.elapsed().as_secs_f64(), n));
+        }
         let ctx = wholemem::device::raw::context(mem).context("the table has no GPU")?;
         let t0 = Instant::now();
         dst.copy_from(src, src.len())?;
         ctx.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
-        Ok(t0.elapsed().as_secs_f64())
+        Ok((t0.elapsed().as_secs_f64(), src.len()))
     }
 }
 
@@ -522,10 +548,10 @@ impl Baseline {
     /// bytes on this rank's GPU.
     #[cfg(feature = "cuda")]
     fn device_batch(&mut self, gpu: &mut DeviceRun, mem: &WholeMemory, timed: bool) -> Result<()> {
-        let dt = gpu.copy(mem)?;
+        let (dt, bytes) = gpu.copy(mem)?;
         if timed {
             self.seconds += dt;
-            self.bytes += gpu.out.len() as f64;
+            self.bytes += bytes as f64;
         }
         Ok(())
     }
