@@ -123,3 +123,35 @@ pub fn shm_leftovers() -> Vec<String> {
         })
         .unwrap_or_default()
 }
+
+/// A small deterministic generator (splitmix64) for test programs: every
+/// rank derives the same "random" choices from the same seed.
+#[derive(Debug, Clone)]
+pub struct Rng(pub u64);
+
+impl Rng {
+    /// Seeded from several values (a case number, the world size, …).
+    pub fn new(seed: &[u64]) -> Self {
+        let mut r = Rng(0x5eed);
+        for &s in seed {
+            r.0 ^= s;
+            r.next();
+        }
+        r
+    }
+
+    /// The next 64 random bits.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A value below `n` (0 for `n == 0`).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}

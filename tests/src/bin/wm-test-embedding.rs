@@ -17,6 +17,7 @@ use wholemem::{Location, MemoryType, query};
 use wm_comm::Communicator;
 use wm_embedding::{Embedding, EmbeddingElement, Error as EErr, Init, Optimizer};
 use wm_gather::DType;
+use wm_tests::Rng;
 
 type Comm = Arc<dyn Communicator>;
 
@@ -38,29 +39,6 @@ fn main() {
         std::process::exit(1);
     }
     println!("ok");
-}
-
-/// splitmix64: every rank derives the same choices from the same seed.
-struct Rng(u64);
-impl Rng {
-    fn new(seed: &[u64]) -> Self {
-        let mut r = Rng(0x5eed);
-        for &s in seed {
-            r.0 ^= s;
-            r.next();
-        }
-        r
-    }
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 fn host_types(world: &Comm) -> Vec<MemoryType> {

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail, ensure};
 use wholemem::{AllocRequest, Location, MemoryType, Partition, WholeMemory, WholeTensor, query};
 use wm_comm::{CommExt, Communicator};
+use wm_tests::Rng;
 
 type Comm = Arc<dyn Communicator>;
 
@@ -56,22 +57,6 @@ fn fill_rows<T: bytemuck::Pod>(t: &mut WholeTensor<T>, cols: usize, f: impl Fn(u
     let vals: Vec<T> = own.clone().flat_map(|r| (0..cols).map(move |c| (r, c))).map(|(r, c)| f(r, c)).collect();
     t.memory_mut().write_rows(own.start, bytemuck::cast_slice(&vals))?;
     Ok(())
-}
-
-/// A small deterministic generator (splitmix64), so every rank derives the
-/// same "random" choices.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
 }
 
 fn bytes_for(rank: usize, peer: usize, n: usize) -> Vec<u8> {
