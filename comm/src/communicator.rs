@@ -65,6 +65,50 @@ pub trait Communicator: Send + Sync + fmt::Debug {
     /// peer; timeout.
     fn alltoallv(&self, send: &[&[u8]]) -> Result<Vec<Vec<u8>>>;
 
+    /// [`alltoallv`](Self::alltoallv) without intermediate buffers:
+    /// `sizes[r]` bytes go to rank `r`, written in place by `fill(r, buf)`;
+    /// what each rank sent here is handed to `take(r, bytes)`, in rank
+    /// order, this rank's own part included. `take`'s bytes live only for
+    /// that call.
+    ///
+    /// The socket backend has `fill` write payloads of 16 KiB or more for
+    /// ranks on this node straight into shared memory, where the receiver's
+    /// `take` reads them: one copy each side and no trip through the socket.
+    /// Other backends (and the default) fill buffers and use `alltoallv`.
+    ///
+    /// # Errors
+    /// As [`alltoallv`](Self::alltoallv).
+    fn alltoallv_in_place(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        if sizes.len() != self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "alltoallv_in_place got {} sizes for a communicator of {} ranks",
+                sizes.len(),
+                self.size()
+            )));
+        }
+        let bufs: Vec<Vec<u8>> = sizes
+            .iter()
+            .enumerate()
+            .map(|(r, &n)| {
+                let mut b = vec![0u8; n];
+                fill(r, &mut b);
+                b
+            })
+            .collect();
+        let refs: Vec<&[u8]> = bufs.iter().map(Vec::as_slice).collect();
+        let got = self.alltoallv(&refs)?;
+        for (r, g) in got.iter().enumerate() {
+            take(r, g);
+        }
+        self.recycle(got);
+        Ok(())
+    }
+
     /// Splits into communicators of the ranks that pass the same `color`,
     /// ordered by `(key, rank)`.
     ///

@@ -173,28 +173,72 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
     let rows = ids.to_rows();
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let (order, starts) = bucket(&owners, n);
-    let requests: Vec<Vec<u64>> =
-        (0..n)
-            .map(|r| {
-                if r == me { Vec::new() } else { order[starts[r]..starts[r + 1]].iter().map(|&i| (rows[i] - p.offset(r)) as u64).collect() }
-            })
-            .collect();
-    let refs: Vec<&[u64]> = requests.iter().map(Vec::as_slice).collect();
-    let asked = comm.alltoallv_pod(&refs)?;
-    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect::<Result<_>>()?;
-    // Own rows go straight into place while the others travel.
-    let mine = &order[starts[me]..starts[me + 1]];
-    let local: Vec<usize> = mine.iter().map(|&i| rows[i] - p.offset(me)).collect();
-    read_local(mem, layout, conv, &local, Some(mine), out)?;
-    let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
-    let got = comm.alltoallv(&refs)?;
-    give_back(replies);
+    let wanted = |r: usize| &order[starts[r]..starts[r + 1]];
     let db = conv.dst_bytes();
-    for r in (0..n).filter(|&r| r != me) {
-        place(out, &got[r], &order[starts[r]..starts[r + 1]], db);
+    let mut problem: Option<Error> = None;
+
+    // 1. Each owner learns which of its rows each rank wants (as local row
+    //    numbers), written straight into the exchange.
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { wanted(r).len() * 8 }).collect();
+    let mut asked: Vec<Vec<usize>> = vec![Vec::new(); n];
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |r, buf| {
+            for (slot, &i) in buf.chunks_exact_mut(8).zip(wanted(r)) {
+                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+            }
+        },
+        &mut |r, bytes| {
+            if bytes.len() % 8 != 0 {
+                problem.get_or_insert(Error::PeerFailed {
+                    rank: comm.world_ranks()[r],
+                    detail: format!("it asked for {} bytes of row ids", bytes.len()),
+                });
+            }
+            asked[r] = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
+        },
+    )?;
+
+    // 2. Owners copy the rows asked of them straight into the exchange;
+    //    each arriving part goes to its places in `out`, and this rank's
+    //    own rows are copied straight into place.
+    let sizes: Vec<usize> = asked.iter().map(|a| a.len() * db).collect();
+    let mut failed: Option<Error> = None;
+    let mut misfit: Option<Error> = None;
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |r, buf| {
+            if r != me
+                && let Err(e) = read_local(mem, layout, conv, &asked[r], None, buf)
+            {
+                failed.get_or_insert(e);
+            }
+        },
+        &mut |r, bytes| {
+            if r == me {
+                let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
+                if let Err(e) = read_local(mem, layout, conv, &local, Some(wanted(me)), out) {
+                    misfit.get_or_insert(e);
+                }
+            } else if bytes.len() == wanted(r).len() * db {
+                place(out, bytes, wanted(r), db);
+            } else {
+                misfit.get_or_insert(Error::PeerFailed {
+                    rank: comm.world_ranks()[r],
+                    detail: format!("it sent {} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()),
+                });
+            }
+        },
+    )?;
+    // Host copies cannot fail; a device copy can, on one rank only, and
+    // then the rows it sent are not to be trusted by anyone.
+    let served = failed.map_or(Ok(()), Err);
+    if mem.location() == wholemem::Location::Device {
+        agree(comm.as_ref(), served)?;
+    } else {
+        served?;
     }
-    comm.recycle(got);
-    Ok(())
+    problem.or(misfit).map_or(Ok(()), Err)
 }
 
 fn hierarchy_comms(mem: &WholeMemory) -> (&Arc<dyn Communicator>, &Arc<dyn Communicator>) {
@@ -308,45 +352,81 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
     let rows = ids.to_rows();
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let (order, starts) = bucket(&owners, n);
+    let positions = |r: usize| &order[starts[r]..starts[r + 1]];
     let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
+    let mut problem: Option<Error> = None;
+
+    // 1. Owners learn which of their rows arrive (local row numbers).
+    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * 8).collect();
+    let mut incoming: Vec<Vec<usize>> = vec![Vec::new(); n];
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |r, buf| {
+            for (slot, &i) in buf.chunks_exact_mut(8).zip(positions(r)) {
+                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+            }
+        },
+        &mut |r, bytes| {
+            if bytes.len() % 8 != 0 {
+                problem.get_or_insert(Error::PeerFailed {
+                    rank: comm.world_ranks()[r],
+                    detail: format!("it sent {} bytes of row ids", bytes.len()),
+                });
+            }
+            incoming[r] = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
+        },
+    )?;
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let count = mem.local_rows().len();
+    assert!(incoming.iter().flatten().all(|&r| r < count), "a peer sent a row this rank does not own");
+
+    // 2. The rows, converted to the table's type by their senders straight
+    //    into the exchange; owners write each part as it is handed over, in
+    //    rank order.
+    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * tb).collect();
     let input = BufferRows(SendPtr(src.as_ptr().cast_mut()), sb);
-    let mut index_out = Vec::with_capacity(n);
-    let mut rows_out = Vec::with_capacity(n);
-    for r in 0..n {
-        let positions = &order[starts[r]..starts[r + 1]];
-        index_out.push(positions.iter().map(|&i| (rows[i] - p.offset(r)) as u64).collect::<Vec<u64>>());
-        let mut buf = scratch(positions.len() * tb);
-        // SAFETY: every position is below ids.len(), and `src` holds that
-        // many rows of `sb` bytes (checked); `buf` is sized for them.
-        unsafe { kernel::gather_rows(&input, positions, None, conv, &mut buf, 1) };
-        rows_out.push(buf);
+    let (granularity, skip) = (mem.granularity(), layout.offset * layout.dtype.size());
+    let device = mem.location() == wholemem::Location::Device;
+    let (mut device_rows, mut device_data) = (Vec::new(), Vec::new());
+    let local = if device { &mut [][..] } else { mem.local_bytes_mut() };
+    let mut misfit: Option<Error> = None;
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |r, buf| {
+            // SAFETY: every position is below ids.len(), and `src` holds
+            // that many rows of `sb` bytes (checked); `buf` is sized for
+            // them by `sizes`.
+            unsafe { kernel::gather_rows(&input, positions(r), None, conv, buf, 1) };
+        },
+        &mut |r, bytes| {
+            let idx = &incoming[r];
+            if bytes.len() != idx.len() * tb {
+                misfit.get_or_insert(Error::PeerFailed {
+                    rank: comm.world_ranks()[r],
+                    detail: format!("it sent {} bytes for {} rows of {tb} bytes", bytes.len(), idx.len()),
+                });
+            } else if device {
+                device_rows.extend_from_slice(idx);
+                device_data.extend_from_slice(bytes);
+            } else {
+                for (k, &row) in idx.iter().enumerate() {
+                    local[row * granularity + skip..][..tb].copy_from_slice(&bytes[k * tb..][..tb]);
+                }
+            }
+        },
+    )?;
+    if let Some(e) = misfit {
+        return Err(e);
     }
-    let refs: Vec<&[u64]> = index_out.iter().map(Vec::as_slice).collect();
-    let got_index = comm.alltoallv_pod(&refs)?;
-    let refs: Vec<&[u8]> = rows_out.iter().map(Vec::as_slice).collect();
-    let got_rows = comm.alltoallv(&refs)?;
-    give_back(rows_out);
-    let (granularity, skip, count) = (mem.granularity(), layout.offset * layout.dtype.size(), mem.local_rows().len());
     #[cfg(feature = "cuda")]
-    if mem.location() == wholemem::Location::Device {
+    if device {
         // In rank order, each peer's rows in its order: the same "last one
-        // wins" as the host loop below.
-        let rows: Vec<usize> = got_index.iter().flatten().map(|&r| r as usize).collect();
-        assert!(rows.iter().all(|&r| r < count), "a peer sent a row this rank does not own");
-        let data = got_rows.concat();
-        comm.recycle(got_rows);
-        // The senders converted the rows to the table's type already.
+        // wins" as the host writes. The senders converted the rows already.
         let same = RowConv::new(layout.dtype, layout.dtype, layout.cols)?;
-        return crate::device::scatter_local(mem, layout, same, &rows, &data);
+        return crate::device::scatter_local(mem, layout, same, &device_rows, &device_data);
     }
-    let local = mem.local_bytes_mut();
-    for (idx, data) in got_index.iter().zip(&got_rows) {
-        for (k, &row) in idx.iter().enumerate() {
-            let row = row as usize;
-            assert!(row < count, "a peer sent a row this rank does not own");
-            local[row * granularity + skip..][..tb].copy_from_slice(&data[k * tb..][..tb]);
-        }
-    }
-    comm.recycle(got_rows);
+    let _ = (device_rows, device_data);
     Ok(())
 }

@@ -84,6 +84,12 @@ pub const WM_THREADS: EnvVar = EnvVar {
     default: "the machine's cores divided by the ranks on this node",
     doc: "threads a rank uses to copy rows in gather and scatter, and to read and write files in load and store",
 };
+/// Whether shared host tables are built from huge pages.
+pub const WM_HUGE_PAGES: EnvVar = EnvVar {
+    name: "WM_HUGE_PAGES",
+    default: "auto",
+    doc: "`off` keeps shared host portions in ordinary pages; by default portions of 32 MiB or more are built from huge pages where the kernel allows (`MADV_COLLAPSE`)",
+};
 /// Forces GPU tests to fail rather than skip.
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
@@ -123,6 +129,7 @@ pub const ALL: &[EnvVar] = &[
     WM_BACKEND,
     WM_DEVICE,
     WM_THREADS,
+    WM_HUGE_PAGES,
     WM_REQUIRE_GPU,
     WM_KERNEL_CACHE,
     WM_UNTAGGED,

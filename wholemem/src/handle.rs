@@ -190,7 +190,7 @@ impl WholeMemory {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
                     let locks = if me == 0 {
                         Some(
-                            host::map::memfd("wholemem-locks", host::locks::BYTES)
+                            host::map::memfd("wholemem-locks", host::locks::BYTES, false)
                                 .map_err(|e| Error::os("creating the row-lock table", e))?,
                         )
                     } else {
@@ -451,6 +451,32 @@ impl WholeMemory {
         let comm = &self.comm;
         let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
         (cores / local.max(1)).max(1)
+    }
+
+    /// Bytes of the table this process maps with huge pages right now (host
+    /// memory; 0 for device memory), read from `/proc/self/smaps`. For
+    /// Continuous and Chunked this counts every rank's rows this rank maps;
+    /// compare it with [`mapped_bytes`](Self::mapped_bytes).
+    ///
+    /// Shared portions of at least 16 huge pages are built from huge pages
+    /// where the kernel allows (`WM_HUGE_PAGES=off` declines);
+    /// Distributed and Hierarchy rows are private memory, which gets huge
+    /// pages as transparent huge pages allow.
+    pub fn huge_page_bytes(&self) -> usize {
+        match &self.storage {
+            Storage::Host(h) => h.huge_bytes(),
+            #[cfg(feature = "cuda")]
+            Storage::Device(_) => 0,
+        }
+    }
+
+    /// Bytes of the table this process maps: the whole table for
+    /// Continuous and Chunked, this rank's rows otherwise.
+    pub fn mapped_bytes(&self) -> usize {
+        match self.ty {
+            MemoryType::Continuous | MemoryType::Chunked => self.total,
+            MemoryType::Distributed | MemoryType::Hierarchy => self.partition.count(self.comm.rank()) * self.granularity,
+        }
     }
 
     /// The first byte of rank `r`'s rows in this process's address space,

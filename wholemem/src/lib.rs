@@ -39,5 +39,20 @@ pub use error::{Error, Result, ShardProblem};
 pub use handle::{AllocRequest, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};
 pub use partition::Partition;
+
+/// Bytes of `memory` this process maps with huge pages now (whole mappings
+/// inside it only; from `/proc/self/smaps`, 0 where that cannot be read).
+/// A diagnostic: [`WholeMemory::huge_page_bytes`] is this for a table.
+pub fn huge_page_bytes(memory: &[u8]) -> usize {
+    host::map::huge_bytes_in(memory.as_ptr() as usize, memory.len())
+}
+
+/// Asks the kernel to back the whole pages of `memory` that are not touched
+/// yet with transparent huge pages (`madvise(MADV_HUGEPAGE)`), for a large
+/// private buffer read at random. A hint: contents do not change, and where
+/// the kernel declines nothing does.
+pub fn advise_huge_pages(memory: &mut [u8]) {
+    host::map::advise_huge_pages(memory);
+}
 pub use tensor::{MAX_DIMS, TensorDesc, WholeTensor};
 pub use types::{Location, MemoryType};

@@ -122,9 +122,19 @@ struct MoveArgs {
     /// Seed of the random ids.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Pages of the baseline's private table: `default` (what plain code gets: on most systems small pages) or
+    /// `huge` (transparent huge pages asked for with madvise), to see how much of a ratio is the table's huge pages.
+    #[arg(long, value_enum, default_value = "default")]
+    baseline_pages: BaselinePages,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BaselinePages {
+    Default,
+    Huge,
 }
 
 impl MoveArgs {
@@ -270,6 +280,7 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
     fill(&mut mem, a.dim, a.dtype)?;
+    let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
     let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
     let buf_row = a.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
@@ -362,6 +373,7 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let bytes = (a.iters * a.batch * buf_row) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
     let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
+    let baseline_huge = base.as_ref().map_or(0.0, |b| wholemem::huge_page_bytes(&b.table) as f64 / b.table.len().max(1) as f64);
     drop(base);
     #[cfg(feature = "cuda")]
     drop(gpu);
@@ -387,6 +399,7 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
                 "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
                 "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
+                "huge_pages": huge_pages, "baseline_huge_pages": baseline_huge,
             });
             println!("{j}");
         } else {
@@ -411,6 +424,11 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             };
             println!("  baseline GB/s   {baseline:.2}   ({what})");
             println!("  ratio           {ratio:.2}   (per-rank median / baseline)");
+            println!(
+                "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
+                huge_pages * 100.0,
+                baseline_huge * 100.0
+            );
             println!("  verified        {verified}{}", if verified { String::new() } else { format!(" ({wrong_total} wrong rows)") });
         }
     }
@@ -503,6 +521,9 @@ impl Baseline {
         let es = a.dtype.size();
         let row_bytes = a.dim * es;
         let mut table = vec![0u8; rows * row_bytes];
+        if a.baseline_pages == BaselinePages::Huge {
+            wholemem::advise_huge_pages(&mut table);
+        }
         for (r, row) in table.chunks_mut(row_bytes).enumerate() {
             for c in 0..a.dim {
                 values::put(a.dtype, &mut row[c * es..][..es], values::at(r, c, a.dtype));

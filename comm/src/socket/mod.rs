@@ -8,11 +8,12 @@
 
 mod bootstrap;
 mod endpoint;
+mod shm;
 pub(crate) mod wire;
 
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 pub use bootstrap::{Exchange, Rendezvous};
@@ -41,7 +42,16 @@ struct Inner {
     splits: AtomicU64,
     local: OnceLock<SocketComm>,
     cross: OnceLock<SocketComm>,
+    /// Shared-memory mailboxes to and from this communicator's ranks on
+    /// this node (`alltoallv_in_place`).
+    channels: Mutex<shm::Channels>,
 }
+
+/// The first word of an in-place exchange's payload: the bytes follow.
+const INLINE: u64 = 0;
+/// The first word of an in-place exchange's payload, plus the mailbox index
+/// (0 or 1): the bytes are in that mailbox; their count is the second word.
+const IN_MAILBOX: u64 = 2;
 
 /// A bootstrap timeout reports the configured limit.
 fn with_secs(e: Error, timeout: std::time::Duration) -> Error {
@@ -152,6 +162,7 @@ impl SocketComm {
                 splits: AtomicU64::new(0),
                 local: OnceLock::new(),
                 cross: OnceLock::new(),
+                channels: Mutex::new(shm::Channels::default()),
             }),
         }
     }
@@ -303,6 +314,97 @@ impl Communicator for SocketComm {
         let got = self.collective(Op::Alltoallv, &pairs, &all)?;
         let me = self.rank();
         Ok(got.into_iter().enumerate().map(|(r, g)| g.unwrap_or_else(|| if r == me { send[me].to_vec() } else { Vec::new() })).collect())
+    }
+
+    fn alltoallv_in_place(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        if sizes.len() != self.size() {
+            return Err(Error::InvalidArgument(format!(
+                "alltoallv_in_place got {} sizes for a communicator of {} ranks",
+                sizes.len(),
+                self.size()
+            )));
+        }
+        let i = &self.inner;
+        let (n, me) = (i.members.len(), i.me);
+        let op = Op::AlltoallvInPlace;
+        // Held to the end: the descriptors of new mailboxes are borrowed
+        // from it while they travel, and `take` reads inboxes.
+        let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        // Per peer: the frame's payload (inline bytes, or where the mailbox
+        // bytes are) and the descriptor of a new mailbox.
+        let mut payloads: Vec<Vec<u8>> = (0..n).map(|_| Vec::new()).collect();
+        let mut new_boxes: Vec<Option<std::os::fd::RawFd>> = vec![None; n];
+        for r in (0..n).filter(|&r| r != me) {
+            let len = sizes[r];
+            if len >= shm::MAILBOX_MIN && self.same_node(r, me) {
+                // A mailbox that cannot be made (out of memory or
+                // descriptors) only costs speed: the bytes go inline.
+                if let Ok((index, mailbox, fresh)) = channels.next_outbox(r, len) {
+                    fill(r, mailbox.bytes_mut(len));
+                    payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
+                    new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
+                    continue;
+                }
+            }
+            let mut buf = vec![0u8; 8 + len];
+            buf[..8].copy_from_slice(&INLINE.to_le_bytes());
+            fill(r, &mut buf[8..]);
+            payloads[r] = buf;
+        }
+        let mut own = vec![0u8; sizes[me]];
+        fill(me, &mut own);
+        let seq = i.seq.fetch_add(1, Ordering::Relaxed);
+        let fd_lists: Vec<Vec<std::os::fd::RawFd>> = new_boxes.iter().map(|f| f.iter().copied().collect()).collect();
+        let out: Vec<Outgoing<'_>> = (0..n)
+            .filter(|&r| r != me)
+            .map(|r| Outgoing {
+                to: i.members[r],
+                hdr: Header { kind: Kind::Data, op, nfds: fd_lists[r].len() as u16, comm: i.id, seq, len: payloads[r].len() as u64 },
+                payload: &payloads[r],
+                fds: &fd_lists[r],
+            })
+            .collect();
+        let want: Vec<Wanted> =
+            (0..n).filter(|&r| r != me).map(|r| Wanted { from: i.members[r], kind: Kind::Data, comm: i.id, op, seq: Some(seq) }).collect();
+        let msgs = i.ep.transact(op.name(), &out, &want)?;
+        drop(out);
+        let mut msgs = msgs.into_iter();
+        let mut received = Vec::with_capacity(n);
+        for r in 0..n {
+            if r == me {
+                take(me, &own);
+                continue;
+            }
+            let mut m = msgs.next().expect("one frame per peer");
+            let word = |k: usize| m.payload.get(8 * k..8 * k + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
+            let bad = |what: &str| Error::Mismatch { op: op.name(), detail: format!("rank {} sent {what}", i.members[r]) };
+            match word(0) {
+                Some(INLINE) => take(r, &m.payload[8..]),
+                Some(w @ (IN_MAILBOX | 3)) => {
+                    let len = word(1).and_then(|l| usize::try_from(l).ok()).ok_or_else(|| bad("a mailbox note without a length"))?;
+                    let index = (w - IN_MAILBOX) as usize;
+                    let mailbox = channels
+                        .inbox(r, index, m.fds.pop())
+                        .map_err(|e| Error::io(format!("mapping the shared-memory mailbox of rank {}", i.members[r]), e))?;
+                    // SAFETY: the peer wrote these bytes before sending the
+                    // frame that announced them, and writes this mailbox
+                    // again only after this rank has begun a later in-place
+                    // exchange on this communicator (`shm::Channels`);
+                    // `take` runs before this call returns.
+                    take(r, unsafe { mailbox.bytes(len) });
+                }
+                _ => return Err(bad("a frame that is not an in-place exchange")),
+            }
+            received.push(m.payload);
+        }
+        payloads.extend(received);
+        i.ep.recycle(payloads);
+        Ok(())
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {

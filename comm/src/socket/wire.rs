@@ -36,6 +36,8 @@ pub enum Op {
     Fds = 5,
     /// Control frames (bye, abort).
     Control = 6,
+    /// `alltoallv_in_place`.
+    AlltoallvInPlace = 7,
 }
 
 impl Op {
@@ -48,6 +50,7 @@ impl Op {
             Op::Alltoallv => "alltoallv",
             Op::Fds => "fd passing",
             Op::Control => "control",
+            Op::AlltoallvInPlace => "alltoallv in place",
         }
     }
     fn from_u8(v: u8) -> Option<Self> {
@@ -58,6 +61,7 @@ impl Op {
             4 => Op::Alltoallv,
             5 => Op::Fds,
             6 => Op::Control,
+            7 => Op::AlltoallvInPlace,
             _ => return None,
         })
     }

@@ -65,6 +65,53 @@ fn bytes_for(rank: usize, peer: usize, n: usize) -> Vec<u8> {
 
 // ---------------------------------------------------------------- collectives
 
+/// `alltoallv_in_place` over rounds: sizes of zero, small (inline on the
+/// socket), at the shared-memory threshold and growing (mailboxes replaced),
+/// each pair's size changing from round to round, with plain exchanges in
+/// between. Every part is checked byte for byte, and every rank's part must
+/// arrive once, in rank order.
+fn in_place(comm: &Comm) -> Result<()> {
+    let (me, n) = (comm.rank(), comm.size());
+    for round in 0..8 {
+        let size = |from: usize, to: usize| match (from + 2 * to + round) % 4 {
+            0 => 0,
+            1 => 100 + from,
+            2 => (16 << 10) + to,
+            _ => (round + 1) * (192 << 10) + from * 7,
+        };
+        let sizes: Vec<usize> = (0..n).map(|to| size(me, to)).collect();
+        let (mut misfilled, mut wrong): (Option<String>, Option<String>) = (None, None);
+        let mut order = Vec::new();
+        comm.alltoallv_in_place(
+            &sizes,
+            &mut |to, buf| {
+                if buf.len() == size(me, to) {
+                    buf.copy_from_slice(&bytes_for(me + round, to, buf.len()));
+                } else {
+                    misfilled.get_or_insert(format!("fill for rank {to} got {} bytes, not {}", buf.len(), size(me, to)));
+                }
+            },
+            &mut |from, got| {
+                order.push(from);
+                if got != bytes_for(from + round, me, size(from, me)).as_slice() {
+                    wrong.get_or_insert(format!("round {round}: wrong {} bytes from rank {from}", got.len()));
+                }
+            },
+        )?;
+        if let Some(w) = misfilled.or(wrong) {
+            bail!("alltoallv_in_place: {w}");
+        }
+        ensure!(order == (0..n).collect::<Vec<_>>(), "alltoallv_in_place handed parts over in the order {order:?}");
+        if round % 3 == 1 {
+            let got = comm.alltoallv(&vec![&[me as u8; 5][..]; n])?;
+            ensure!(got.iter().enumerate().all(|(r, g)| g == &[r as u8; 5]), "alltoallv between in-place rounds: {got:?}");
+        }
+    }
+    let err = comm.alltoallv_in_place(&vec![0; n + 1], &mut |_, _| {}, &mut |_, _| {}).expect_err("wrong number of sizes");
+    ensure!(err.to_string().contains(&format!("{} sizes", n + 1)), "the error does not name the count: {err}");
+    Ok(())
+}
+
 fn collectives(world: &Comm) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     world.barrier()?;
@@ -100,6 +147,8 @@ fn collectives(world: &Comm) -> Result<()> {
     let three = [me as u32; 3];
     let typed = world.alltoallv_pod::<u32>(&vec![&three[..]; n])?;
     ensure!(typed.iter().enumerate().all(|(r, v)| v == &[r as u32; 3]), "alltoallv_pod: {typed:?}");
+    in_place(world)?;
+    in_place(&world.local())?;
 
     // split: odd and even ranks, in reverse order.
     let sub = world.split((me % 2) as u32, (n - me) as u32)?;

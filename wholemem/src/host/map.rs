@@ -3,7 +3,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::ptr::NonNull;
 
 /// The system page size.
@@ -13,10 +13,32 @@ pub fn page_size() -> usize {
     if p > 0 { p as usize } else { 4096 }
 }
 
+/// The size of a page the kernel maps with one middle-level page-table entry
+/// (a "PMD" huge page): `hpage_pmd_size` from sysfs, else 2 MiB.
+pub fn huge_page_size() -> usize {
+    static SIZE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *SIZE.get_or_init(|| {
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .filter(|&s| s.is_power_of_two() && s > page_size())
+            .unwrap_or(2 << 20)
+    })
+}
+
+/// Whether `WM_HUGE_PAGES` leaves shared portions free to use huge pages.
+fn huge_pages_wanted() -> bool {
+    !matches!(wm_topology::env::WM_HUGE_PAGES.get().as_deref().map(str::trim), Some("off" | "0" | "no" | "false"))
+}
+
 /// An anonymous shared-memory file of `size` bytes (zero-filled). It has no
 /// name in any file system, so nothing is left behind when the last process
 /// holding it exits, however it exits.
-pub fn memfd(name: &str, size: usize) -> io::Result<OwnedFd> {
+///
+/// With `huge`, the whole huge pages at its start are asked for as huge pages
+/// ([`back_with_huge_pages`]); the rest, or all of it where the kernel
+/// declines, gets ordinary pages.
+pub fn memfd(name: &str, size: usize, huge: bool) -> io::Result<OwnedFd> {
     let cname = CString::new(name).map_err(io::Error::other)?;
     // SAFETY: `cname` is a valid NUL-terminated string for the call.
     let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
@@ -29,8 +51,12 @@ pub fn memfd(name: &str, size: usize) -> io::Result<OwnedFd> {
     if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
         return Err(io::Error::last_os_error());
     }
-    // Allocate the pages now, by this process (so on its NUMA node, and so a
-    // lack of memory is an error here rather than a SIGBUS at first touch).
+    if huge && huge_pages_wanted() {
+        back_with_huge_pages(fd.as_fd(), size);
+    }
+    // Allocate the (remaining) pages now, by this process (so on its NUMA
+    // node, and so a lack of memory is an error here rather than a SIGBUS
+    // at first touch).
     // SAFETY: `fd` is open; fallocate only allocates its pages.
     if size > 0 && unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, size as libc::off_t) } != 0 {
         let e = io::Error::last_os_error();
@@ -39,6 +65,88 @@ pub fn memfd(name: &str, size: usize) -> io::Result<OwnedFd> {
         }
     }
     Ok(fd)
+}
+
+/// Backs the first `size / H` whole huge pages of a fresh shared-memory file
+/// with huge pages (`H` = [`huge_page_size`]), as far as the kernel allows.
+///
+/// A table of random rows in 4 KiB pages misses the TLB on nearly every row,
+/// and each miss walks four levels of page tables (more under a hypervisor);
+/// with 2 MiB pages a 2 GiB table needs 1024 entries instead of 524 288.
+/// Shared memory (tmpfs, memfd) gets huge pages at fault time only where
+/// `shmem_enabled` allows it, which distributions leave at `never`; but
+/// `MADV_COLLAPSE` (Linux 6.1) builds huge pages for shared memory regardless
+/// of that setting. So: one small page per huge page (so each range is not
+/// an empty hole, which the kernel refuses to collapse), a temporary aligned
+/// mapping, `MADV_COLLAPSE`, unmap. The huge pages stay in the file; every
+/// later mapping at a huge-page-aligned address and offset maps them with
+/// one entry each.
+///
+/// Best effort: an older kernel, no contiguous memory free, or any other
+/// refusal leaves the file as it was, and the caller allocates ordinary
+/// pages.
+fn back_with_huge_pages(fd: BorrowedFd<'_>, size: usize) {
+    let huge = huge_page_size();
+    let len = size / huge * huge;
+    if len == 0 {
+        return;
+    }
+    for off in (0..len).step_by(huge) {
+        // SAFETY: `fd` is open; fallocate only allocates one page of it.
+        if unsafe { libc::fallocate(fd.as_raw_fd(), 0, off as libc::off_t, page_size() as libc::off_t) } != 0 {
+            return;
+        }
+    }
+    let Ok(window) = Region::reserve_aligned(len, huge) else { return };
+    // SAFETY: the reservation is fresh and private to this function.
+    if unsafe { window.place_lazily(0, fd, len) }.is_err() {
+        return;
+    }
+    // SAFETY: the range is `window`'s own mapping of `fd`; MADV_COLLAPSE
+    // moves the file's contents into huge pages without changing them.
+    unsafe { libc::madvise(window.ptr().cast(), len, libc::MADV_COLLAPSE) };
+}
+
+/// Bytes of `start..start + len` this process maps with huge pages now, from
+/// `/proc/self/smaps` (0 where it cannot be read). smaps counts huge pages
+/// per mapping, so a mapping that only partly overlaps the range counts at
+/// most its overlap.
+pub fn huge_bytes_in(start: usize, len: usize) -> usize {
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else { return 0 };
+    let end = start + len;
+    let mut overlap = 0;
+    let mut total = 0;
+    for line in smaps.lines() {
+        let mut words = line.split_whitespace();
+        let Some(first) = words.next() else { continue };
+        if first.ends_with(':') {
+            // A field of the current mapping.
+            if overlap > 0 && matches!(first, "AnonHugePages:" | "ShmemPmdMapped:" | "FilePmdMapped:") {
+                let huge = words.next().and_then(|kb| kb.parse::<usize>().ok()).unwrap_or(0) * 1024;
+                total += huge.min(overlap);
+            }
+        } else if let Some((a, b)) = first.split_once('-') {
+            // The header of the next mapping: `start-end perms offset ...`.
+            let parse = |s: &str| usize::from_str_radix(s, 16).ok();
+            overlap = match (parse(a), parse(b)) {
+                (Some(a), Some(b)) => b.min(end).saturating_sub(a.max(start)),
+                _ => 0,
+            };
+        }
+    }
+    total
+}
+
+/// `madvise(MADV_HUGEPAGE)` on the whole pages inside `memory`.
+pub fn advise_huge_pages(memory: &mut [u8]) {
+    let page = page_size();
+    let head = memory.as_ptr().align_offset(page);
+    let len = memory.len().saturating_sub(head) / page * page;
+    if len > 0 {
+        // SAFETY: `head..head + len` lies inside `memory`, which the caller
+        // borrows exclusively; MADV_HUGEPAGE does not change contents.
+        unsafe { libc::madvise(memory.as_mut_ptr().add(head).cast(), len, libc::MADV_HUGEPAGE) };
+    }
 }
 
 /// One `mmap`ed range this process owns; unmapped on drop.
@@ -72,26 +180,48 @@ impl Region {
         assert!(len > 0);
         let ptr = mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)?;
         let region = Self { ptr, len };
-        region.advise_huge_pages();
+        region.advise_huge_pages(0, len);
         Ok(region)
     }
 
     /// `len` bytes of a shared file from offset 0 (`len > 0`), page tables
-    /// filled in now so that no later access faults.
+    /// filled in now so that no later access faults. Placed at a huge-page
+    /// boundary when it spans a huge page, so huge pages the file holds are
+    /// mapped as such.
     pub fn shared(fd: BorrowedFd<'_>, len: usize) -> io::Result<Self> {
         assert!(len > 0);
-        let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
-        let ptr = mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd())?;
-        let region = Self { ptr, len };
-        region.advise_huge_pages();
+        let huge = huge_page_size();
+        let align = if len >= huge { huge } else { page_size() };
+        let region = Self::reserve_aligned(len.div_ceil(page_size()) * page_size(), align)?;
+        // SAFETY: the reservation is fresh; nothing points into it.
+        unsafe { region.place(0, fd, len) }?;
         Ok(region)
     }
 
     /// An inaccessible range of address space to place mappings in
-    /// (`len > 0`, a multiple of the page size).
-    pub fn reserve(len: usize) -> io::Result<Self> {
-        assert!(len > 0 && len % page_size() == 0);
-        let ptr = mmap(std::ptr::null_mut(), len, libc::PROT_NONE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE, -1)?;
+    /// (`len > 0`, a multiple of the page size), starting at a multiple of
+    /// `align` (a power of two, at least the page size).
+    pub fn reserve_aligned(len: usize, align: usize) -> io::Result<Self> {
+        let page = page_size();
+        assert!(len > 0 && len % page == 0 && align.is_power_of_two() && align >= page);
+        let slack = align - page;
+        let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE;
+        let raw = mmap(std::ptr::null_mut(), len + slack, libc::PROT_NONE, flags, -1)?.as_ptr();
+        let head = raw.align_offset(align);
+        let tail = slack - head;
+        // SAFETY: `raw..raw+len+slack` was just mapped by this function;
+        // unmapping its unaligned head and surplus tail leaves
+        // `raw+head..raw+head+len`, which the returned Region owns.
+        unsafe {
+            if head > 0 {
+                libc::munmap(raw.cast(), head);
+            }
+            if tail > 0 {
+                libc::munmap(raw.add(head + len).cast(), tail);
+            }
+        }
+        // SAFETY: `raw + head` lies inside the mapping (head ≤ slack).
+        let ptr = NonNull::new(unsafe { raw.add(head) }).expect("mmap does not return null on success");
         Ok(Self { ptr, len })
     }
 
@@ -103,8 +233,27 @@ impl Region {
     /// the old pages vanish. Call it while building a reservation, before
     /// handing out pointers.
     pub unsafe fn place(&self, offset: usize, fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.place_with(offset, fd, len, libc::MAP_POPULATE) }?;
+        self.advise_huge_pages(offset, len);
+        Ok(())
+    }
+
+    /// As [`place`](Self::place), without filling in page tables: a read
+    /// of a hole in the file then allocates nothing until it happens.
+    ///
+    /// # Safety
+    /// As for [`place`](Self::place).
+    unsafe fn place_lazily(&self, offset: usize, fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.place_with(offset, fd, len, 0) }
+    }
+
+    /// # Safety
+    /// As for [`place`](Self::place).
+    unsafe fn place_with(&self, offset: usize, fd: BorrowedFd<'_>, len: usize, extra: i32) -> io::Result<()> {
         assert!(offset % page_size() == 0 && len > 0 && offset + len <= self.len, "placement outside the reservation");
-        let flags = libc::MAP_SHARED | libc::MAP_FIXED | libc::MAP_POPULATE;
+        let flags = libc::MAP_SHARED | libc::MAP_FIXED | extra;
         // SAFETY: the target range is inside this reservation (asserted), so
         // MAP_FIXED replaces only pages this Region owns.
         let at = unsafe { self.ptr.as_ptr().add(offset) };
@@ -113,10 +262,16 @@ impl Region {
 
     /// Asks for transparent huge pages: random rows of a large table miss
     /// the TLB far less. A hint; where the kernel declines, nothing changes.
-    fn advise_huge_pages(&self) {
-        // SAFETY: the range is this Region's own mapping; MADV_HUGEPAGE does
-        // not change its contents.
-        unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_HUGEPAGE) };
+    fn advise_huge_pages(&self, offset: usize, len: usize) {
+        // SAFETY: the range is inside this Region's own mapping (callers
+        // pass a placed or allocated range); MADV_HUGEPAGE does not change
+        // its contents.
+        unsafe { libc::madvise(self.ptr.as_ptr().add(offset).cast(), len, libc::MADV_HUGEPAGE) };
+    }
+
+    /// Bytes of this range the process maps with huge pages now.
+    pub fn huge_bytes(&self) -> usize {
+        huge_bytes_in(self.ptr.as_ptr() as usize, self.len)
     }
 
     /// The first byte.
@@ -147,9 +302,9 @@ mod tests {
     #[test]
     fn placed_memfds_are_side_by_side_and_shared() {
         let page = page_size();
-        let a = memfd("wholemem-test-a", page).unwrap();
-        let b = memfd("wholemem-test-b", 2 * page).unwrap();
-        let res = Region::reserve(3 * page).unwrap();
+        let a = memfd("wholemem-test-a", page, false).unwrap();
+        let b = memfd("wholemem-test-b", 2 * page, false).unwrap();
+        let res = Region::reserve_aligned(3 * page, page).unwrap();
         // SAFETY: nothing points into the fresh reservation.
         unsafe {
             res.place(0, a.as_fd(), page).unwrap();

@@ -6,10 +6,16 @@
 //! | Chunked | one mapping per rank's memfd, each on its own |
 //! | Distributed, Hierarchy | private memory for its own rows only |
 //!
-//! Continuous places portions at page boundaries, so a portion's memfd backs
-//! the pages from the one holding its first byte up to the one holding the
-//! next portion's first byte: a rank's rows may end in a page its successor
-//! backs. Ownership of rows (the partition) is unaffected.
+//! Continuous places portions at boundaries of a layout unit, so a portion's
+//! memfd backs the units from the one holding its first byte up to the one
+//! holding the next portion's first byte: a rank's rows may end in a unit its
+//! successor backs. Ownership of rows (the partition) is unaffected. The unit
+//! is a huge page for tables of at least [`huge_layout_min`] per rank, so
+//! each portion can be mapped with huge pages, and the page size otherwise.
+//!
+//! Portions of mapped types of at least that size are built from huge pages
+//! where the kernel allows it (see `map::back_with_huge_pages`), and every
+//! mapping of them starts at a huge-page boundary.
 
 pub(crate) mod locks;
 pub(crate) mod map;
@@ -38,30 +44,48 @@ pub(crate) enum HostStorage {
     Local(Option<Region>),
 }
 
+/// Bytes per rank from which mapped tables are laid out for huge pages (16
+/// huge pages, 32 MiB on x86-64): the at most one huge page a continuous
+/// portion gains or loses at each end is then under 1/16 of it.
+pub(crate) fn huge_layout_min() -> usize {
+    16 * map::huge_page_size()
+}
+
+/// The unit continuous portions start at: a huge page when the average
+/// portion is at least [`huge_layout_min`], else a page. A function of the
+/// request alone, so every rank computes the same layout.
+fn continuous_unit(total: usize, world: usize) -> usize {
+    if total / world >= huge_layout_min() { map::huge_page_size() } else { page_size() }
+}
+
 /// Where rank `r`'s memfd starts in a continuous layout of `total` bytes.
 pub(crate) fn continuous_split(byte_offsets: &[usize], total: usize, r: usize) -> usize {
-    let page = page_size();
     let world = byte_offsets.len() - 1;
+    let unit = continuous_unit(total, world);
     if r == 0 {
         0
     } else if r == world {
-        total.div_ceil(page) * page
+        total.div_ceil(page_size()) * page_size()
     } else {
-        byte_offsets[r] / page * page
+        byte_offsets[r] / unit * unit
     }
 }
 
 /// The memfd this rank contributes, sized for the layout.
 pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Result<Option<OwnedFd>> {
-    let bytes = match ty {
+    let (bytes, huge) = match ty {
         MemoryType::Continuous => {
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
-            continuous_split(&offs, total, rank + 1) - continuous_split(&offs, total, rank)
+            let bytes = continuous_split(&offs, total, rank + 1) - continuous_split(&offs, total, rank);
+            (bytes, continuous_unit(total, p.world()) > page_size())
         }
-        MemoryType::Chunked => p.count(rank) * granularity,
+        MemoryType::Chunked => {
+            let bytes = p.count(rank) * granularity;
+            (bytes, bytes >= huge_layout_min())
+        }
         MemoryType::Distributed | MemoryType::Hierarchy => return Ok(None),
     };
-    map::memfd(&format!("wholemem-r{rank}"), bytes)
+    map::memfd(&format!("wholemem-r{rank}"), bytes, huge)
         .map(Some)
         .map_err(|e| Error::os(format!("creating a shared portion of {bytes} bytes"), e))
 }
@@ -142,7 +166,8 @@ pub(crate) fn map_storage(
         MemoryType::Continuous => {
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
             let span = continuous_split(&offs, total, p.world());
-            let res = Region::reserve(span).map_err(oops("reserving address space for the table"))?;
+            let res =
+                Region::reserve_aligned(span, continuous_unit(total, p.world())).map_err(oops("reserving address space for the table"))?;
             for (r, fd) in fds.iter().enumerate() {
                 let (at, end) = (continuous_split(&offs, total, r), continuous_split(&offs, total, r + 1));
                 if end > at {
@@ -173,6 +198,15 @@ pub(crate) fn map_storage(
 }
 
 impl HostStorage {
+    /// Bytes of the table this rank maps with huge pages now.
+    pub(crate) fn huge_bytes(&self) -> usize {
+        match self {
+            HostStorage::Continuous(res) => res.huge_bytes(),
+            HostStorage::Chunked(maps) => maps.iter().flatten().map(Region::huge_bytes).sum(),
+            HostStorage::Local(region) => region.as_ref().map_or(0, Region::huge_bytes),
+        }
+    }
+
     /// The first byte of rank `r`'s rows, if this rank maps them.
     pub(crate) fn rank_ptr(&self, r: usize, me: usize, p: &Partition, granularity: usize) -> Option<*mut u8> {
         match self {

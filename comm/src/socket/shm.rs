@@ -1,0 +1,189 @@
+//! Shared-memory mailboxes between ranks of one node, for
+//! [`Communicator::alltoallv_in_place`](crate::Communicator::alltoallv_in_place).
+//!
+//! A large payload to a rank on the same node does not travel through the
+//! Unix socket (a copy into the kernel, a copy out, a wake-up per socket
+//! buffer's worth): the sender writes it straight into a memfd both
+//! processes map, and the frame on the socket only says where it is. The
+//! receiver reads it there. Each (communicator, peer) pair has two mailboxes
+//! per direction, used alternately; see [`Channels`] for why no
+//! acknowledgement is needed before a mailbox is written again.
+
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::ptr::NonNull;
+
+/// Payloads from this size go through a mailbox; smaller ones ride on the
+/// socket, where one send is cheaper than touching shared pages.
+pub(crate) const MAILBOX_MIN: usize = 16 << 10;
+
+/// A shared-memory file mapped into this process; unmapped on drop.
+#[derive(Debug)]
+pub(crate) struct Mailbox {
+    fd: OwnedFd,
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: a Mailbox is plain shared memory plus a descriptor; it can move
+// between threads. Who may write it when is the protocol's business (see
+// `Channels`), and access goes through `&mut self` or the unsafe `bytes`.
+unsafe impl Send for Mailbox {}
+// SAFETY: as above; `&Mailbox` hands out bytes only through `unsafe fn bytes`.
+unsafe impl Sync for Mailbox {}
+
+fn page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let p = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    if p > 0 { p as usize } else { 4096 }
+}
+
+impl Mailbox {
+    /// A fresh zero-filled mailbox of at least `len` bytes, mapped for
+    /// writing.
+    pub fn create(len: usize) -> io::Result<Self> {
+        let len = len.max(1).div_ceil(page_size()) * page_size();
+        let name = CString::new("wm-comm-mailbox").expect("no NUL in the name");
+        // SAFETY: `name` is a valid NUL-terminated string for the call.
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: memfd_create returned a fresh descriptor this process owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: `fd` is open; ftruncate only sets its size.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Self::map(fd, len, libc::PROT_READ | libc::PROT_WRITE)
+    }
+
+    /// Maps a mailbox a peer created (its size from `fstat`), for reading.
+    pub fn open(fd: OwnedFd) -> io::Result<Self> {
+        // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: `fd` is open and `st` is writable for the call.
+        if unsafe { libc::fstat(fd.as_raw_fd(), &raw mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let len = usize::try_from(st.st_size).map_err(|_| io::Error::other("a mailbox of negative size"))?;
+        if len == 0 {
+            return Err(io::Error::other("an empty mailbox"));
+        }
+        Self::map(fd, len, libc::PROT_READ)
+    }
+
+    fn map(fd: OwnedFd, len: usize, prot: i32) -> io::Result<Self> {
+        // SAFETY: a fresh shared mapping of an open file at a kernel-chosen
+        // address; it overlaps nothing this process uses.
+        let p = unsafe { libc::mmap(std::ptr::null_mut(), len, prot, libc::MAP_SHARED, fd.as_raw_fd(), 0) };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Self { fd, ptr: NonNull::new(p.cast()).expect("mmap does not return null on success"), len })
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The descriptor, to hand to the peer.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.fd.as_fd()
+    }
+
+    /// The first `len` bytes, for the sender to fill (a mailbox it created).
+    pub fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+        assert!(len <= self.len, "{len} bytes do not fit in a mailbox of {}", self.len);
+        // SAFETY: the range is inside the mapping, which is writable (only
+        // `create` makes mailboxes a sender fills). The peer reads it only
+        // between this call's frame and the next use of this mailbox, which
+        // cannot overlap this borrow (see `Channels`).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
+    }
+
+    /// The first `len` bytes, as the peer wrote them.
+    ///
+    /// # Safety
+    /// The peer must not write the mailbox while the slice lives: true from
+    /// the arrival of the frame announcing these bytes until this rank's
+    /// next in-place exchange on the same communicator begins.
+    pub unsafe fn bytes(&self, len: usize) -> &[u8] {
+        assert!(len <= self.len, "a payload of {len} bytes announced in a mailbox of {}", self.len);
+        // SAFETY: inside the mapping; no writer meanwhile (the caller's
+        // contract).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
+    }
+}
+
+impl Drop for Mailbox {
+    fn drop(&mut self) {
+        // SAFETY: `ptr..ptr+len` was mapped by this Mailbox and nothing else
+        // unmaps it.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The mailboxes of one communicator, by peer (rank in the communicator).
+///
+/// Why a mailbox can be written again without waiting for an
+/// acknowledgement: the two outboxes to a peer are used alternately, so
+/// between two writes of one mailbox lies at least one other exchange: if
+/// exchange `k` wrote it, the next write is exchange `k + 2` or later. Every in-place
+/// exchange waits for a frame from every peer; this rank's exchange `k + 1`
+/// therefore ended only after the peer had *started* its exchange `k + 1`,
+/// that is after the peer had *finished* its exchange `k`, reading included.
+/// So by the time exchange `k + 2` begins here, the peer is done with what
+/// exchange `k` left in that mailbox.
+#[derive(Debug, Default)]
+pub(crate) struct Channels {
+    peers: HashMap<usize, PeerBoxes>,
+}
+
+#[derive(Debug, Default)]
+struct PeerBoxes {
+    /// Mailboxes written for this peer so far (which outbox is next).
+    count: u64,
+    /// What this rank writes for the peer.
+    outbox: [Option<Mailbox>; 2],
+    /// What the peer writes for this rank, as mapped here.
+    inbox: [Option<Mailbox>; 2],
+}
+
+impl Channels {
+    /// The outbox for the next exchange to `peer`, at least `len` bytes:
+    /// its index, the mailbox, and whether it is new (its descriptor must
+    /// travel with the frame).
+    pub fn next_outbox(&mut self, peer: usize, len: usize) -> io::Result<(usize, &mut Mailbox, bool)> {
+        let p = self.peers.entry(peer).or_default();
+        let i = (p.count % 2) as usize;
+        p.count += 1;
+        let slot = &mut p.outbox[i];
+        let fresh = match slot {
+            Some(m) if m.len() >= len => false,
+            _ => {
+                // Grow geometrically, so a slowly rising size replaces the
+                // mailbox a few times only.
+                let old = slot.as_ref().map_or(0, Mailbox::len);
+                *slot = Some(Mailbox::create(len.max(2 * old).max(MAILBOX_MIN))?);
+                true
+            }
+        };
+        Ok((i, slot.as_mut().expect("just filled"), fresh))
+    }
+
+    /// Inbox `index` from `peer`: the mailbox `fd` when the frame brought
+    /// one (the peer replaced that mailbox), else the one mapped before.
+    pub fn inbox(&mut self, peer: usize, index: usize, fd: Option<OwnedFd>) -> io::Result<&Mailbox> {
+        let p = self.peers.entry(peer).or_default();
+        let slot = &mut p.inbox[index];
+        if let Some(fd) = fd {
+            *slot = Some(Mailbox::open(fd)?);
+        }
+        slot.as_ref().ok_or_else(|| io::Error::other(format!("mailbox {index} was announced without ever being sent")))
+    }
+}
