@@ -15,6 +15,15 @@ fn every_type_fills_and_reads_back_on_1_to_4_ranks() {
     }
 }
 
+/// Tables of over 16 huge pages per rank: laid out and mapped for huge
+/// pages, built from them where the kernel allows, and read back exactly —
+/// and the same with `WM_HUGE_PAGES=off`.
+#[test]
+fn large_mapped_tables_use_huge_pages_and_read_back() {
+    World::new(2).run_ok(RANK, &["huge-pages"]);
+    World::new(3).env("WM_HUGE_PAGES", "off").run_ok(RANK, &["huge-pages", "off"]);
+}
+
 #[test]
 fn two_nodes_refuse_mapped_types_and_split_communicators() {
     World::new(4).nodes_of(2).run_ok(RANK, &["two-nodes"]);

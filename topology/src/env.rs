@@ -88,7 +88,7 @@ pub const WM_THREADS: EnvVar = EnvVar {
 pub const WM_HUGE_PAGES: EnvVar = EnvVar {
     name: "WM_HUGE_PAGES",
     default: "auto",
-    doc: "`off` keeps shared host portions in ordinary pages; by default portions of 32 MiB or more are built from huge pages where the kernel allows (`MADV_COLLAPSE`)",
+    doc: "`off` keeps shared host portions in ordinary pages; by default portions of 16 huge pages (32 MiB) or more are built from huge pages where the kernel allows (`MADV_COLLAPSE`)",
 };
 /// Forces GPU tests to fail rather than skip.
 pub const WM_REQUIRE_GPU: EnvVar =

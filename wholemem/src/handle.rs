@@ -101,6 +101,9 @@ pub struct WholeMemory {
     device_ptrs: Vec<Option<u64>>,
     /// Striped locks shared by the node's ranks (host mapped types only).
     row_locks: Option<RowLocks>,
+    /// [`huge_page_bytes`](Self::huge_page_bytes) of a mapped host table,
+    /// measured at allocation.
+    mapped_huge_bytes: usize,
     /// This rank's GPU, or why it has none.
     #[cfg(feature = "cuda")]
     gpu: std::result::Result<Arc<crate::device::driver::Gpu>, String>,
@@ -214,6 +217,7 @@ impl WholeMemory {
         });
         let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
         drop(fds);
+        let storage_huge = if req.ty.is_mapped() { storage.huge_bytes() } else { 0 };
         let chunk_ptrs: Vec<Option<RowPtr>> =
             (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
@@ -231,6 +235,7 @@ impl WholeMemory {
             device_ptrs: vec![None; chunk_ptrs.len()],
             chunk_ptrs,
             row_locks,
+            mapped_huge_bytes: if req.ty.is_mapped() { storage_huge } else { 0 },
             #[cfg(feature = "cuda")]
             gpu: Err(String::new()),
             #[cfg(feature = "cuda")]
@@ -296,6 +301,7 @@ impl WholeMemory {
             chunk_ptrs: vec![None; comm.size()],
             device_ptrs,
             row_locks: None,
+            mapped_huge_bytes: 0,
             gpu: Ok(gpu),
             nccl,
         })
@@ -453,10 +459,12 @@ impl WholeMemory {
         (cores / local.max(1)).max(1)
     }
 
-    /// Bytes of the table this process maps with huge pages right now (host
-    /// memory; 0 for device memory), read from `/proc/self/smaps`. For
-    /// Continuous and Chunked this counts every rank's rows this rank maps;
-    /// compare it with [`mapped_bytes`](Self::mapped_bytes).
+    /// Bytes of the table this process maps with huge pages (host memory;
+    /// 0 for device memory), from `/proc/self/smaps`: for Continuous and
+    /// Chunked measured once at allocation (every page exists by then; it
+    /// counts every rank's rows this rank maps), for Distributed and
+    /// Hierarchy at each call (private pages appear when first written).
+    /// Compare it with [`mapped_bytes`](Self::mapped_bytes).
     ///
     /// Shared portions of at least 16 huge pages are built from huge pages
     /// where the kernel allows (`WM_HUGE_PAGES=off` declines);
@@ -464,6 +472,7 @@ impl WholeMemory {
     /// pages as transparent huge pages allow.
     pub fn huge_page_bytes(&self) -> usize {
         match &self.storage {
+            Storage::Host(_) if self.ty.is_mapped() => self.mapped_huge_bytes,
             Storage::Host(h) => h.huge_bytes(),
             #[cfg(feature = "cuda")]
             Storage::Device(_) => 0,

@@ -30,6 +30,7 @@ fn main() {
             "lose-peer" => lose_peer(&world, rest),
             "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
             "concurrent-scatter" => concurrent_scatter(&world),
+            "huge-pages" => huge_pages(&world, rest),
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -230,6 +231,77 @@ fn partitions(rows: usize, n: usize, rng: &mut Rng) -> Vec<(&'static str, Option
         zero[holders[i % holders.len()]] += 1;
     }
     vec![("equal", None), ("uneven", Some(uneven)), ("zero-row", Some(zero))]
+}
+
+/// Why this kernel cannot build shared memory from huge pages
+/// (`MADV_COLLAPSE` needs Linux 6.1 and transparent huge pages, and
+/// `shmem_enabled=deny` refuses it), or `None` when it can.
+fn no_shmem_collapse() -> Option<String> {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.trim().split(|c: char| !c.is_ascii_digit()).filter_map(|p| p.parse::<u32>().ok());
+    let version = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if version < (6, 1) {
+        return Some(format!("kernel {} is older than 6.1 (no MADV_COLLAPSE)", release.trim()));
+    }
+    match std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/shmem_enabled") {
+        Err(_) => Some("this kernel has no transparent huge pages".into()),
+        Ok(s) if s.contains("[deny]") => Some("shmem_enabled is deny".into()),
+        Ok(_) => None,
+    }
+}
+
+/// `huge-pages [off]`: continuous and chunked tables large enough to be laid
+/// out in huge pages (over 16 of them per rank), rows of 516 bytes so rows
+/// straddle every 2 MiB boundary, equal and uneven partitions: every rank
+/// fills its rows and reads every row through the mapping, and a row is
+/// written across a portion boundary. Unless `off` (`WM_HUGE_PAGES=off`)
+/// or the kernel cannot, the table must be mapped at least partly with huge
+/// pages (not wholly: free 2 MiB blocks may run out on a busy machine).
+fn huge_pages(world: &Comm, rest: &[String]) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let cols = 129usize;
+    let rows = n * ((34 << 20) / (cols * 4)) + 11;
+    let off = rest.first().map(String::as_str) == Some("off");
+    let why_not = if off { Some("WM_HUGE_PAGES=off".to_owned()) } else { no_shmem_collapse() };
+    let mut skewed = vec![rows / (2 * n); n];
+    skewed[n - 1] = rows - skewed.iter().take(n - 1).sum::<usize>();
+    for ty in [MemoryType::Continuous, MemoryType::Chunked] {
+        for part in [None, Some(skewed.clone())] {
+            let ctx = || format!("{ty} rows={rows} cols={cols} partition={part:?}");
+            let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, rows, cols, part.as_deref()).with_context(ctx)?;
+            fill_rows(&mut t, cols, value)?;
+            world.barrier()?;
+            let mut buf = vec![0u32; cols];
+            for row in 0..rows {
+                t.read_row(row, &mut buf).with_context(ctx)?;
+                ensure!(
+                    buf.iter().enumerate().all(|(c, &v)| v == value(row, c)),
+                    "{}: rank {me} reads row {row} wrong: {:x?}",
+                    ctx(),
+                    &buf[..4]
+                );
+            }
+            // A write by the last rank into the first row of rank 1's part.
+            let row = t.memory().partition().offset(1.min(n - 1));
+            let marker: Vec<u32> = (0..cols).map(|c| 0xbeef_0000 | c as u32).collect();
+            world.barrier()?;
+            if me == n - 1 {
+                t.write_row(row, &marker)?;
+            }
+            world.barrier()?;
+            t.read_row(row, &mut buf)?;
+            ensure!(buf == marker, "{}: rank {me} does not see the write to row {row}", ctx());
+            let huge = t.memory().huge_page_bytes();
+            let mapped = t.memory().mapped_bytes();
+            match &why_not {
+                None => ensure!(huge > 0, "{}: rank {me} maps none of its {mapped} bytes with huge pages", ctx()),
+                Some(why) => println!("{}: huge pages not required ({why}); {huge} of {mapped} bytes in huge pages", ctx()),
+            }
+            world.barrier()?;
+            t.free()?;
+        }
+    }
+    Ok(())
 }
 
 fn fill_read(world: &Comm, loc: Location) -> Result<()> {

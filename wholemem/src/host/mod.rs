@@ -221,3 +221,44 @@ impl HostStorage {
 fn oops(what: &'static str) -> impl Fn(std::io::Error) -> Error {
     move |e| Error::os(what, e)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every split for `counts` rows of `granularity` bytes.
+    fn splits(counts: &[usize], granularity: usize) -> (Vec<usize>, usize) {
+        let p = Partition::from_counts(counts);
+        let total = p.rows() * granularity;
+        let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
+        ((0..=p.world()).map(|r| continuous_split(&offs, total, r)).collect(), total)
+    }
+
+    #[test]
+    fn large_continuous_tables_split_at_huge_pages() {
+        let huge = map::huge_page_size();
+        // Rows of 516 bytes never line up with a huge page; one rank holds
+        // most of the table, one nothing.
+        let g = 516;
+        let per = 40 * huge / g;
+        for counts in [vec![per, per + 3, per - 7], vec![3 * per, 0, per / 2 + 5]] {
+            let (s, total) = splits(&counts, g);
+            assert_eq!(s[0], 0);
+            assert_eq!(*s.last().unwrap(), total.div_ceil(page_size()) * page_size());
+            assert!(s.windows(2).all(|w| w[0] <= w[1]), "{s:?}");
+            for (r, &at) in s.iter().enumerate().take(counts.len()).skip(1) {
+                assert_eq!(at % huge, 0, "rank {r} starts at {at}, inside a huge page");
+                // At most one huge page away from the rank's first byte.
+                let first = counts[..r].iter().sum::<usize>() * g;
+                assert!(at <= first && first - at < huge, "rank {r}: split {at}, first byte {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn small_continuous_tables_split_at_pages() {
+        let page = page_size();
+        let (s, total) = splits(&[1000, 999, 0, 5], 12);
+        assert_eq!(s, vec![0, 12_000 / page * page, 23_988 / page * page, 23_988 / page * page, total.div_ceil(page) * page]);
+    }
+}
