@@ -84,13 +84,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         fill: &mut dyn FnMut(usize, &mut [u8]),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        if sizes.len() != self.size() {
-            return Err(Error::InvalidArgument(format!(
-                "alltoallv_in_place got {} sizes for a communicator of {} ranks",
-                sizes.len(),
-                self.size()
-            )));
-        }
+        check_sizes(sizes, self.size())?;
         let bufs: Vec<Vec<u8>> = sizes
             .iter()
             .enumerate()
@@ -176,6 +170,14 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         }
         Ok(parts.concat())
     }
+}
+
+/// The one check of `alltoallv_in_place`'s arguments, for every backend.
+pub(crate) fn check_sizes(sizes: &[usize], ranks: usize) -> Result<()> {
+    if sizes.len() != ranks {
+        return Err(Error::InvalidArgument(format!("alltoallv_in_place got {} sizes for a communicator of {ranks} ranks", sizes.len())));
+    }
+    Ok(())
 }
 
 /// Typed collectives over any [`Communicator`], for `bytemuck::Pod` data.

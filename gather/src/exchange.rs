@@ -166,6 +166,41 @@ fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
     }
 }
 
+/// Tells each owner which of its rows this rank names: to rank `r` the
+/// local row numbers of `rows[i]` for every `i` in `positions(r)`, written
+/// straight into the exchange. Returns the rows every rank named here, and
+/// a malformed part's error — kept for after the caller's next exchange,
+/// so every rank stays in step.
+fn exchange_row_ids<'a>(
+    comm: &dyn Communicator,
+    p: &wholemem::Partition,
+    rows: &[usize],
+    positions: impl Fn(usize) -> &'a [usize],
+) -> Result<(Vec<Vec<usize>>, Option<Error>)> {
+    let n = comm.size();
+    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * 8).collect();
+    let mut named: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut problem = None;
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |r, buf| {
+            for (slot, &i) in buf.chunks_exact_mut(8).zip(positions(r)) {
+                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+            }
+        },
+        &mut |r, bytes| {
+            if bytes.len() % 8 != 0 {
+                problem.get_or_insert(Error::PeerFailed {
+                    rank: comm.world_ranks()[r],
+                    detail: format!("it sent {} bytes of row ids", bytes.len()),
+                });
+            }
+            named[r] = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
+        },
+    )?;
+    Ok((named, problem))
+}
+
 pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
@@ -175,29 +210,10 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
     let (order, starts) = bucket(&owners, n);
     let wanted = |r: usize| &order[starts[r]..starts[r + 1]];
     let db = conv.dst_bytes();
-    let mut problem: Option<Error> = None;
 
-    // 1. Each owner learns which of its rows each rank wants (as local row
-    //    numbers), written straight into the exchange.
-    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { wanted(r).len() * 8 }).collect();
-    let mut asked: Vec<Vec<usize>> = vec![Vec::new(); n];
-    comm.alltoallv_in_place(
-        &sizes,
-        &mut |r, buf| {
-            for (slot, &i) in buf.chunks_exact_mut(8).zip(wanted(r)) {
-                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
-            }
-        },
-        &mut |r, bytes| {
-            if bytes.len() % 8 != 0 {
-                problem.get_or_insert(Error::PeerFailed {
-                    rank: comm.world_ranks()[r],
-                    detail: format!("it asked for {} bytes of row ids", bytes.len()),
-                });
-            }
-            asked[r] = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
-        },
-    )?;
+    // 1. Each owner learns which of its rows each rank wants (own rows are
+    //    not sent).
+    let (asked, problem) = exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) })?;
 
     // 2. Owners copy the rows asked of them straight into the exchange;
     //    each arriving part goes to its places in `out`, and this rank's
@@ -354,31 +370,9 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
     let (order, starts) = bucket(&owners, n);
     let positions = |r: usize| &order[starts[r]..starts[r + 1]];
     let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
-    let mut problem: Option<Error> = None;
 
-    // 1. Owners learn which of their rows arrive (local row numbers).
-    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * 8).collect();
-    let mut incoming: Vec<Vec<usize>> = vec![Vec::new(); n];
-    comm.alltoallv_in_place(
-        &sizes,
-        &mut |r, buf| {
-            for (slot, &i) in buf.chunks_exact_mut(8).zip(positions(r)) {
-                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
-            }
-        },
-        &mut |r, bytes| {
-            if bytes.len() % 8 != 0 {
-                problem.get_or_insert(Error::PeerFailed {
-                    rank: comm.world_ranks()[r],
-                    detail: format!("it sent {} bytes of row ids", bytes.len()),
-                });
-            }
-            incoming[r] = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
-        },
-    )?;
-    if let Some(e) = problem {
-        return Err(e);
-    }
+    // 1. Owners learn which of their rows arrive.
+    let (incoming, problem) = exchange_row_ids(comm.as_ref(), &p, &rows, positions)?;
     let count = mem.local_rows().len();
     assert!(incoming.iter().flatten().all(|&r| r < count), "a peer sent a row this rank does not own");
 
@@ -417,7 +411,7 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
             }
         },
     )?;
-    if let Some(e) = misfit {
+    if let Some(e) = problem.or(misfit) {
         return Err(e);
     }
     #[cfg(feature = "cuda")]

@@ -322,13 +322,7 @@ impl Communicator for SocketComm {
         fill: &mut dyn FnMut(usize, &mut [u8]),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        if sizes.len() != self.size() {
-            return Err(Error::InvalidArgument(format!(
-                "alltoallv_in_place got {} sizes for a communicator of {} ranks",
-                sizes.len(),
-                self.size()
-            )));
-        }
+        crate::communicator::check_sizes(sizes, self.size())?;
         let i = &self.inner;
         let (n, me) = (i.members.len(), i.me);
         let op = Op::AlltoallvInPlace;
