@@ -379,7 +379,7 @@ impl Communicator for SocketComm {
             let bad = |what: &str| Error::Mismatch { op: op.name(), detail: format!("rank {} sent {what}", i.members[r]) };
             match word(0) {
                 Some(INLINE) => take(r, &m.payload[8..]),
-                Some(w @ (IN_MAILBOX | 3)) => {
+                Some(w) if w == IN_MAILBOX || w == IN_MAILBOX + 1 => {
                     let len = word(1).and_then(|l| usize::try_from(l).ok()).ok_or_else(|| bad("a mailbox note without a length"))?;
                     let index = (w - IN_MAILBOX) as usize;
                     let mailbox = channels
