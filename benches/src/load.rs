@@ -255,12 +255,7 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let mut mine = times.clone();
     mine.extend([local_bytes, wrong as f64, loaded.threads as f64]);
     let all = world.allgather_pod(&mine)?;
-    let nodes = {
-        let mut ids: Vec<&str> = world.nodes().iter().map(|n| n.id()).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.len()
-    };
+    let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
     mem.free()?;
     if me != 0 {
         return Ok(if all.chunks(a.iters + 3).all(|r| r[a.iters + 1] == 0.0) { 0 } else { 3 });

@@ -377,12 +377,7 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     drop(base);
     #[cfg(feature = "cuda")]
     drop(gpu);
-    let nodes = {
-        let mut ids: Vec<&str> = world.nodes().iter().map(|n| n.id()).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids.len()
-    };
+    let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
     mem.free()?;
     let per_rank: Vec<f64> = stats.chunks(3).map(|s| s[0]).collect();
     let slowest = stats.chunks(3).map(|s| s[1]).fold(0.0f64, f64::max);
