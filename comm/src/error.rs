@@ -20,6 +20,18 @@ pub enum Error {
         /// How it was noticed.
         detail: String,
     },
+    /// A peer sent something the protocol does not allow: a frame over the
+    /// size limit, a garbled header, a payload that does not describe
+    /// itself. Every rank learns of it (the peer is then treated as lost).
+    #[error("rank {rank} broke the protocol during {op}: {detail}")]
+    Protocol {
+        /// The world rank that sent it.
+        rank: usize,
+        /// The operation that received it.
+        op: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
     /// No progress was made for the whole timeout (`WM_TIMEOUT_S`).
     #[error("{op} timed out after {secs:.1} s waiting for {} (set WM_TIMEOUT_S to change the limit)", rank_list(ranks))]
     Timeout {
@@ -73,7 +85,7 @@ impl Error {
     /// The world rank this error blames, if it blames exactly one.
     pub fn blamed_rank(&self) -> Option<usize> {
         match self {
-            Self::PeerLost { rank, .. } => Some(*rank),
+            Self::PeerLost { rank, .. } | Self::Protocol { rank, .. } => Some(*rank),
             Self::Timeout { ranks, .. } if ranks.len() == 1 => Some(ranks[0]),
             _ => None,
         }

@@ -12,14 +12,15 @@
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
-use std::net::{Ipv4Addr, TcpListener};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wm_topology::env::{WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_UNTAGGED, WM_WORLD_SIZE};
+use wm_topology::env::{WM_JOB_KEY, WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_RENDEZVOUS_PORT_FILE, WM_UNTAGGED, WM_WORLD_SIZE};
+
+use crate::JobKey;
 
 /// How the started ranks meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -27,7 +28,8 @@ pub enum Meet {
     /// A fresh private directory (`dir:`), removed afterwards.
     #[default]
     Dir,
-    /// A free TCP port on 127.0.0.1 (`host:port`).
+    /// TCP on 127.0.0.1: rank 0 listens on a port the kernel picks and
+    /// publishes it in the launcher's private directory.
     Tcp,
 }
 
@@ -156,12 +158,14 @@ pub fn untagged(line: &str) -> String {
 struct TempDir(PathBuf);
 
 impl TempDir {
+    /// A fresh directory only this user can enter (mode 700).
     fn new() -> io::Result<Self> {
+        use std::os::unix::fs::DirBuilderExt;
         let base = std::env::temp_dir();
         for i in 0..100u32 {
             let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
             let p = base.join(format!("wm-run.{}.{nanos:x}.{i}", std::process::id()));
-            match std::fs::create_dir(&p) {
+            match std::fs::DirBuilder::new().mode(0o700).create(&p) {
                 Ok(()) => return Ok(Self(p)),
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
                 Err(e) => return Err(e),
@@ -177,8 +181,15 @@ impl Drop for TempDir {
     }
 }
 
-fn free_port() -> io::Result<u16> {
-    Ok(TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?.local_addr()?.port())
+/// The key of a launch: the launcher's own `WM_JOB_KEY` when it has one
+/// (so an outside process the user gives that key can join), else a fresh one.
+fn launch_key(l: &Launch) -> io::Result<String> {
+    let given = l.env.iter().rev().find(|(k, _)| k == WM_JOB_KEY.name).map(|(_, v)| v.to_string_lossy().into_owned());
+    let key = match given.or_else(|| WM_JOB_KEY.get()) {
+        Some(v) => JobKey::from_hex(&v, WM_JOB_KEY.name),
+        None => JobKey::generate(),
+    };
+    key.map(|k| k.to_hex()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
 }
 
 fn pump(
@@ -226,10 +237,12 @@ pub fn run(l: &Launch) -> io::Result<Report> {
         ));
     }
     let dir = TempDir::new()?;
+    let key = launch_key(l)?;
     let rendezvous = match l.meet {
         Meet::Dir => format!("dir:{}", dir.0.display()),
-        Meet::Tcp => format!("127.0.0.1:{}", free_port()?),
+        Meet::Tcp => "127.0.0.1:0".to_owned(),
     };
+    let port_file = dir.0.join("port");
     let start = Instant::now();
     let mut children: Vec<Child> = Vec::with_capacity(l.ranks);
     let mut pumps = Vec::new();
@@ -240,6 +253,7 @@ pub fn run(l: &Launch) -> io::Result<Report> {
             .env(WM_RANK.name, r.to_string())
             .env(WM_WORLD_SIZE.name, l.ranks.to_string())
             .env(WM_RENDEZVOUS.name, &rendezvous)
+            .env(WM_RENDEZVOUS_PORT_FILE.name, &port_file)
             .env(WM_UNTAGGED.name, UNTAGGED_MARKER)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -251,6 +265,8 @@ pub fn run(l: &Launch) -> io::Result<Report> {
         for (k, v) in &l.env {
             cmd.env(k, v);
         }
+        // After the caller's environment: the key it gave, or a fresh one.
+        cmd.env(WM_JOB_KEY.name, &key);
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {

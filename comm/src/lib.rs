@@ -18,6 +18,7 @@
 //! # Ok::<(), wm_comm::Error>(())
 //! ```
 
+pub mod auth;
 mod communicator;
 mod error;
 pub mod launch;
@@ -31,6 +32,7 @@ mod sys;
 
 use std::sync::Arc;
 
+pub use auth::JobKey;
 pub use communicator::{CommExt, Communicator};
 pub use error::{Error, Result, rank_list};
 pub use ranks::{RankEnv, RankSource};

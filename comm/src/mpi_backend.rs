@@ -78,6 +78,24 @@ fn displs(counts: &[i32]) -> Vec<i32> {
         .collect()
 }
 
+/// The job key for the socket mesh: `WM_JOB_KEY` where set (it must then be
+/// the same everywhere), else one rank 0 draws and broadcasts over MPI —
+/// the MPI runtime already decides who belongs to the job.
+fn job_key(world: &SimpleCommunicator) -> Result<crate::JobKey> {
+    let mut bytes = [0u8; crate::auth::KEY_LEN];
+    if world.rank() == 0 {
+        let key = match crate::JobKey::from_env()? {
+            Some(k) => k,
+            None => crate::JobKey::generate()?,
+        };
+        bytes = *key.bytes();
+    }
+    world.process_at_rank(0).broadcast_into(&mut bytes[..]);
+    let key = crate::JobKey::from_bytes(bytes);
+    zeroize::Zeroize::zeroize(&mut bytes);
+    Ok(key)
+}
+
 impl MpiComm {
     /// The world communicator: initialises MPI and the socket mesh.
     ///
@@ -94,9 +112,10 @@ impl MpiComm {
         let (rank, size) = (world.rank() as usize, world.size() as usize);
         let timeout = wm_topology::env::timeout().map_err(Error::Bootstrap)?;
         let handle = Handle(world);
+        let key = job_key(&handle.0)?;
         let sock = {
             let mut ex = |mine: &[u8]| allgatherv(&handle.0, mine);
-            SocketComm::bootstrap_with(rank, size, timeout, &mut ex)?
+            SocketComm::bootstrap_with(rank, size, timeout, &key, &mut ex)?
         };
         Ok(Self::wrap(handle, sock, Arc::new(Runtime(universe))))
     }

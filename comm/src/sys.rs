@@ -111,3 +111,58 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
         Ok(n as usize)
     }
 }
+
+/// This process's effective user id.
+pub fn effective_uid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// The process id and user id of the process at the other end of a Unix
+/// socket, as the kernel recorded them when the connection was made
+/// (`SO_PEERCRED`).
+pub fn peer_cred(fd: RawFd) -> io::Result<(i32, u32)> {
+    // SAFETY: an all-zero ucred is a valid value to be overwritten.
+    let mut cred: libc::ucred = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` is writable for `len` bytes; `fd` is open.
+    let r = unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_PEERCRED, (&raw mut cred).cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if len as usize != mem::size_of::<libc::ucred>() {
+        return Err(io::Error::other("SO_PEERCRED returned a short credential"));
+    }
+    Ok((cred.pid, cred.uid))
+}
+
+/// The first IPv4 address of the network interface `name`, if it has one.
+pub fn interface_ipv4(name: &str) -> io::Result<Option<std::net::Ipv4Addr>> {
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head we free below.
+    if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut found = None;
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, alive
+        // until freeifaddrs; its name is a NUL-terminated string and a
+        // non-null address of family AF_INET is a sockaddr_in.
+        unsafe {
+            let ifa = &*cur;
+            if !ifa.ifa_addr.is_null()
+                && i32::from((*ifa.ifa_addr).sa_family) == libc::AF_INET
+                && std::ffi::CStr::from_ptr(ifa.ifa_name).to_bytes() == name.as_bytes()
+            {
+                let sin = &*ifa.ifa_addr.cast::<libc::sockaddr_in>();
+                found = Some(std::net::Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+                break;
+            }
+            cur = ifa.ifa_next;
+        }
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    Ok(found)
+}

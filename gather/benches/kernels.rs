@@ -28,7 +28,7 @@ fn ids() -> Vec<i64> {
 fn kernels(c: &mut Criterion) {
     // One thread, so the figures measure the kernel, not the machine's cores.
     one_thread();
-    let world: Arc<dyn Communicator> = Arc::new(SocketComm::bootstrap(0, 1, None, Duration::from_secs(60)).expect("single rank"));
+    let world: Arc<dyn Communicator> = Arc::new(SocketComm::bootstrap(0, 1, None, None, Duration::from_secs(60)).expect("single rank"));
     let ids = ids();
     let mut g = c.benchmark_group("gather");
     for cols in [1usize, 7, 32, 128, 129] {

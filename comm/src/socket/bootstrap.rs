@@ -1,33 +1,47 @@
 //! How ranks of the socket backend find each other.
 //!
-//! 1. Each rank opens two listeners: an abstract Unix socket (no file, so
-//!    nothing is left behind) for ranks of its node and a TCP socket for the
-//!    others.
-//! 2. Rendezvous gives every rank the table of all ranks' addresses:
-//!    `host:port` (rank 0 collects and hands out the table) or `dir:/path`
-//!    (each rank writes `rank-<r>.json` there and reads the others').
-//! 3. Mesh: each rank connects to every lower rank and accepts every higher
-//!    one; a hello frame names the caller and the callee's nonce, so a stale
-//!    address from an earlier job is never taken for a live rank.
+//! 1. Each rank chooses the address it listens on (`WM_HOST_ADDR`,
+//!    `WM_IFACE`, or the interface the rendezvous implies) and opens two
+//!    listeners: an abstract Unix socket for ranks of its node and a TCP
+//!    socket on that address for the others.
+//! 2. Rendezvous gives every rank the table of all ranks' records
+//!    ([`rendezvous`](super::rendezvous)): `host:port` (rank 0 collects and
+//!    hands out the table) or `dir:/path` (each rank writes `rank-<r>.json`
+//!    there and reads the others'), or another communicator's allgather.
+//! 3. Mesh ([`mesh`](super::mesh)): each rank connects to every lower rank
+//!    and accepts every higher one.
+//!
+//! Every connection a rank accepts starts with the job-key handshake
+//! ([`crate::auth`]); Unix connections also check that the peer runs as
+//! this user. Records that arrive are parsed and checked here before
+//! anything indexes by them.
 
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::os::fd::AsRawFd;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
-use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 use wm_topology::NodeIdentity;
-use wm_topology::env::{WM_HOST_ADDR, WM_RENDEZVOUS};
+use wm_topology::env::{WM_HOST_ADDR, WM_IFACE, WM_RENDEZVOUS};
 
-use super::endpoint::Conn;
+use crate::auth::JobKey;
 use crate::sys;
 use crate::{Error, Result};
 
+/// The largest rank record accepted, in bytes.
+pub(crate) const RECORD_MAX: usize = 16 << 10;
+/// Longest host name or node id in a record.
+const NAME_MAX: usize = 512;
+/// Longest abstract socket name (the kernel allows 107 bytes).
+const UNIX_NAME_MAX: usize = 100;
+/// The prefix of every rank's abstract socket name.
+const UNIX_PREFIX: &str = "wholemem.";
+
 /// What every rank tells the others about itself.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct RankInfo {
     pub rank: usize,
     pub world: usize,
@@ -44,12 +58,71 @@ impl RankInfo {
     pub fn node(&self) -> NodeIdentity {
         NodeIdentity::from_parts(self.node_id.clone(), self.hostname.clone(), self.node_overridden)
     }
+
+    /// Whether the record is one a rank of a world of `world` ranks can
+    /// have sent: every field bounded and well-formed.
+    pub fn check(&self, world: usize) -> std::result::Result<(), String> {
+        if self.world != world {
+            return Err(format!("it is for a world of {} ranks, not {world}", self.world));
+        }
+        if self.rank >= world {
+            return Err(format!("it claims rank {}, not below {world}", self.rank));
+        }
+        if self.node_id.is_empty() || self.node_id.len() > NAME_MAX || self.hostname.len() > NAME_MAX {
+            return Err(format!("its node id or host name is empty or longer than {NAME_MAX} bytes"));
+        }
+        if !self.unix_name.starts_with(UNIX_PREFIX) || self.unix_name.len() > UNIX_NAME_MAX {
+            return Err(format!("its socket name is not `{UNIX_PREFIX}…` of at most {UNIX_NAME_MAX} bytes"));
+        }
+        match self.tcp_addr.parse::<SocketAddr>() {
+            Ok(a) if !a.ip().is_unspecified() && a.port() != 0 => Ok(()),
+            _ => Err(format!("its TCP address {:?} is not a reachable address and port", self.tcp_addr)),
+        }
+    }
+
+    /// Parses and checks one record.
+    pub fn parse(bytes: &[u8], world: usize) -> std::result::Result<Self, String> {
+        if bytes.len() > RECORD_MAX {
+            return Err(format!("a record of {} bytes (at most {RECORD_MAX})", bytes.len()));
+        }
+        let i: Self = serde_json::from_slice(bytes).map_err(|e| format!("the record does not parse: {e}"))?;
+        i.check(world)?;
+        Ok(i)
+    }
+}
+
+/// Parses and checks the table of every rank's record: exactly `world`
+/// records, record `r` from rank `r`.
+pub(crate) fn parse_table(bytes: &[u8], world: usize) -> std::result::Result<Vec<RankInfo>, String> {
+    let max = RECORD_MAX.saturating_mul(world);
+    if bytes.len() > max {
+        return Err(format!("a table of {} bytes for {world} ranks (at most {max})", bytes.len()));
+    }
+    let infos: Vec<RankInfo> = serde_json::from_slice(bytes).map_err(|e| format!("the table does not parse: {e}"))?;
+    check_table(&infos, world)?;
+    Ok(infos)
+}
+
+/// Checks a table of records, however it arrived.
+pub(crate) fn check_table(infos: &[RankInfo], world: usize) -> std::result::Result<(), String> {
+    if infos.len() != world {
+        return Err(format!("it holds {} records for a world of {world} ranks", infos.len()));
+    }
+    for (r, i) in infos.iter().enumerate() {
+        i.check(world).map_err(|e| format!("record {r}: {e}"))?;
+        if i.rank != r {
+            return Err(format!("record {r} is rank {}'s", i.rank));
+        }
+    }
+    Ok(())
 }
 
 /// Where ranks meet.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendezvous {
-    /// Rank 0 listens at this address; the others connect.
+    /// Rank 0 listens at this address; the others connect. Port 0: rank 0
+    /// lets the kernel pick one and publishes it in
+    /// `WM_RENDEZVOUS_PORT_FILE`.
     Tcp(String),
     /// A directory every rank can read and write.
     Dir(PathBuf),
@@ -85,26 +158,28 @@ impl Rendezvous {
 
 /// This rank's listeners and what it advertises.
 pub(crate) struct Listeners {
-    unix: UnixListener,
-    tcp: TcpListener,
+    pub unix: UnixListener,
+    pub tcp: TcpListener,
     pub info: RankInfo,
 }
 
-fn random_u64() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
-    h.write_u32(std::process::id());
-    h.finish()
-}
-
 impl Listeners {
-    pub fn open(rank: usize, world: usize, node: &NodeIdentity) -> Result<Self> {
-        let nonce = random_u64();
-        let unix_name = format!("wholemem.{}.{nonce:016x}", std::process::id());
+    /// Opens both listeners, the TCP one on `ip`.
+    pub fn open(rank: usize, world: usize, node: &NodeIdentity, ip: Chosen) -> Result<Self> {
+        let nonce = crate::auth::random_u64()?;
+        let unix_name = format!("{UNIX_PREFIX}{}.{:016x}", std::process::id(), crate::auth::random_u64()?);
         let addr = UnixAddr::from_abstract_name(unix_name.as_bytes()).map_err(|e| Error::io("abstract socket name", e))?;
         let unix = UnixListener::bind_addr(&addr).map_err(|e| Error::io("binding the node-local listener", e))?;
-        let tcp = TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(|e| Error::io("binding the TCP listener", e))?;
+        let tcp = match TcpListener::bind((ip.addr, 0)) {
+            Ok(t) => t,
+            // An address given by hand may be one other nodes reach through
+            // a translation this host cannot bind; listen everywhere then.
+            Err(e) if ip.by_hand && e.raw_os_error() == Some(libc::EADDRNOTAVAIL) => {
+                warn(&format!("rank {rank}: cannot listen on {} ({e}); listening on every interface and advertising it anyway", ip.addr));
+                TcpListener::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(|e| Error::io("binding the TCP listener", e))?
+            }
+            Err(e) => return Err(Error::io(format!("binding the TCP listener on {}", ip.addr), e)),
+        };
         unix.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
         tcp.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
         let port = tcp.local_addr().map_err(|e| Error::io("listener address", e))?.port();
@@ -115,28 +190,42 @@ impl Listeners {
             hostname: node.hostname().to_owned(),
             node_overridden: node.overridden(),
             unix_name,
-            tcp_addr: format!("0.0.0.0:{port}"),
+            tcp_addr: SocketAddr::new(ip.addr, port).to_string(),
             nonce,
             pid: std::process::id(),
         };
         Ok(Self { unix, tcp, info })
     }
-
-    fn set_ip(&mut self, ip: IpAddr) {
-        let port = self.info.tcp_addr.rsplit_once(':').map(|(_, p)| p.to_owned()).unwrap_or_default();
-        self.info.tcp_addr = SocketAddr::new(ip, port.parse().unwrap_or(0)).to_string();
-    }
 }
 
-fn host_addr_override() -> Result<Option<IpAddr>> {
-    match WM_HOST_ADDR.get() {
-        None => Ok(None),
-        Some(v) => v.parse::<IpAddr>().map(Some).map_err(|_| Error::Bootstrap(format!("{}={v:?} is not an IP address", WM_HOST_ADDR.name))),
-    }
+/// The address a rank listens on and advertises.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Chosen {
+    pub addr: IpAddr,
+    /// Named by `WM_HOST_ADDR` or `WM_IFACE` rather than implied.
+    pub by_hand: bool,
 }
 
-/// The address of this host's name, for `dir:` rendezvous.
-fn hostname_ip() -> IpAddr {
+/// The address named by `WM_HOST_ADDR`, else `WM_IFACE`, else `implied()`.
+pub(crate) fn choose_addr(implied: impl FnOnce() -> IpAddr) -> Result<Chosen> {
+    if let Some(v) = WM_HOST_ADDR.get() {
+        let ip: IpAddr = v.trim().parse().map_err(|_| Error::Bootstrap(format!("{}={v:?} is not an IP address", WM_HOST_ADDR.name)))?;
+        if ip.is_unspecified() {
+            return Err(Error::Bootstrap(format!("{}={v:?} is not an address other ranks can reach", WM_HOST_ADDR.name)));
+        }
+        return Ok(Chosen { addr: ip, by_hand: true });
+    }
+    if let Some(name) = WM_IFACE.get() {
+        let ip = sys::interface_ipv4(&name).map_err(|e| Error::io("listing network interfaces", e))?;
+        let ip = ip.ok_or_else(|| Error::Bootstrap(format!("{}={name:?}: no such interface with an IPv4 address", WM_IFACE.name)))?;
+        return Ok(Chosen { addr: IpAddr::V4(ip), by_hand: true });
+    }
+    Ok(Chosen { addr: implied(), by_hand: false })
+}
+
+/// The address of this host's name (what `dir:` and MPI rendezvous
+/// advertise unless told otherwise).
+pub(crate) fn hostname_ip() -> IpAddr {
     let name = wm_topology::node::hostname();
     (name.as_str(), 0)
         .to_socket_addrs()
@@ -145,328 +234,81 @@ fn hostname_ip() -> IpAddr {
         .unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST))
 }
 
-/// Runs rendezvous and returns every rank's record, indexed by rank.
-pub(crate) fn rendezvous(l: &mut Listeners, how: &Rendezvous, timeout: Duration) -> Result<Vec<RankInfo>> {
-    let deadline = Instant::now() + timeout;
-    let infos = match how {
-        Rendezvous::Tcp(addr) => tcp_rendezvous(l, addr, deadline)?,
-        Rendezvous::Dir(dir) => {
-            l.set_ip(host_addr_override()?.unwrap_or_else(hostname_ip));
-            dir_rendezvous(&l.info, dir, deadline)?
-        }
-    };
-    for (r, i) in infos.iter().enumerate() {
-        if i.rank != r || i.world != l.info.world {
-            return Err(Error::Bootstrap(format!(
-                "rank {} says the world has {} ranks, rank {} says {}",
-                i.rank, i.world, l.info.rank, l.info.world
-            )));
-        }
-    }
-    Ok(infos)
-}
-
 /// Another communicator's allgather: this rank's bytes in, every rank's out.
 pub type Exchange<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>> + 'a;
 
-/// Rendezvous through a caller's exchange (another communicator's
-/// allgather): each rank's record in, everyone's out.
-pub(crate) fn exchange(l: &mut Listeners, exchange: &mut Exchange<'_>) -> Result<Vec<RankInfo>> {
-    l.set_ip(host_addr_override()?.unwrap_or_else(hostname_ip));
+/// Opens listeners and meets through a caller's exchange (another
+/// communicator's allgather, trusted to deliver what each rank put in).
+pub(crate) fn exchange(rank: usize, world: usize, node: &NodeIdentity, exchange: &mut Exchange<'_>) -> Result<(Listeners, Vec<RankInfo>)> {
+    let l = Listeners::open(rank, world, node, choose_addr(hostname_ip)?)?;
     let mine = serde_json::to_vec(&l.info).map_err(|e| Error::Bootstrap(e.to_string()))?;
-    let infos = exchange(&mine)?
+    let all = exchange(&mine)?;
+    if all.len() != world {
+        return Err(Error::Bootstrap(format!("the exchange returned {} records for {world} ranks", all.len())));
+    }
+    let infos = all
         .iter()
-        .map(|b| serde_json::from_slice::<RankInfo>(b).map_err(|e| Error::Bootstrap(format!("a rank's record does not parse: {e}"))))
+        .enumerate()
+        .map(|(r, b)| RankInfo::parse(b, world).map_err(|e| Error::Bootstrap(format!("rank {r}'s record: {e}"))))
         .collect::<Result<Vec<_>>>()?;
-    for (r, i) in infos.iter().enumerate() {
-        if i.rank != r || i.world != l.info.world {
-            return Err(Error::Bootstrap(format!("the exchange returned rank {}'s record at position {r}", i.rank)));
-        }
-    }
-    Ok(infos)
+    check_table(&infos, world).map_err(|e| Error::Bootstrap(format!("the exchanged records: {e}")))?;
+    Ok((l, infos))
 }
 
-fn write_frame(s: &mut TcpStream, v: &impl Serialize) -> io::Result<()> {
-    let body = serde_json::to_vec(v).map_err(io::Error::other)?;
-    s.write_all(&(body.len() as u32).to_le_bytes())?;
-    s.write_all(&body)
-}
+/// Most refusals a process reports; after that it counts them silently.
+const WARN_MAX: usize = 20;
+static WARNED: AtomicUsize = AtomicUsize::new(0);
 
-fn read_frame<T: for<'de> Deserialize<'de>>(s: &mut TcpStream) -> io::Result<T> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
-    let len = u32::from_le_bytes(len) as usize;
-    if len > 16 << 20 {
-        return Err(io::Error::other(format!("a rendezvous frame of {len} bytes: not a wholemem rank")));
-    }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body)?;
-    serde_json::from_slice(&body).map_err(io::Error::other)
-}
-
-fn left(deadline: Instant) -> Duration {
-    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
-}
-
-fn tcp_rendezvous(l: &mut Listeners, addr: &str, deadline: Instant) -> Result<Vec<RankInfo>> {
-    let world = l.info.world;
-    if l.info.rank == 0 {
-        let resolved: Vec<SocketAddr> =
-            addr.to_socket_addrs().map_err(|e| Error::Bootstrap(format!("cannot resolve rendezvous address {addr:?}: {e}")))?.collect();
-        let listener = resolved
-            .iter()
-            .find_map(|a| TcpListener::bind(a).ok())
-            .or_else(|| resolved.first().and_then(|a| TcpListener::bind((Ipv4Addr::UNSPECIFIED, a.port())).ok()))
-            .ok_or_else(|| Error::Bootstrap(format!("rank 0 cannot listen on {addr} (is the port in use?)")))?;
-        let my_ip = match host_addr_override()? {
-            Some(ip) => ip,
-            None => resolved.iter().map(|a| a.ip()).find(|ip| !ip.is_unspecified()).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)),
-        };
-        l.set_ip(my_ip);
-        listener.set_nonblocking(true).map_err(|e| Error::io("rendezvous listener", e))?;
-        let mut infos: Vec<Option<RankInfo>> = vec![None; world];
-        infos[0] = Some(l.info.clone());
-        let mut streams = Vec::new();
-        while infos.iter().any(Option::is_none) {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false)
-                        .and_then(|_| s.set_read_timeout(Some(left(deadline))))
-                        .map_err(|e| Error::io("rendezvous", e))?;
-                    let info: RankInfo = read_frame(&mut s).map_err(|e| Error::io("reading a rank's rendezvous record", e))?;
-                    if info.rank >= world || infos[info.rank].is_some() {
-                        return Err(Error::Bootstrap(format!("two processes claim rank {} (or it is not below {world})", info.rank)));
-                    }
-                    let r = info.rank;
-                    infos[r] = Some(info);
-                    streams.push(s);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if Instant::now() >= deadline {
-                        let missing: Vec<usize> = (0..world).filter(|&r| infos[r].is_none()).collect();
-                        return Err(Error::Timeout { op: "rendezvous", ranks: missing, secs: 0.0 });
-                    }
-                    std::thread::sleep(Duration::from_millis(5));
-                }
-                Err(e) => return Err(Error::io("accepting at the rendezvous", e)),
-            }
-        }
-        let infos: Vec<RankInfo> = infos.into_iter().map(|i| i.expect("all arrived")).collect();
-        for s in &mut streams {
-            write_frame(s, &infos).map_err(|e| Error::io("sending the rank table", e))?;
-        }
-        Ok(infos)
-    } else {
-        let mut last_err;
-        let mut s = loop {
-            let attempt = addr.to_socket_addrs().and_then(|mut a| {
-                let a = a.next().ok_or_else(|| io::Error::other("the name has no address"))?;
-                TcpStream::connect_timeout(&a, left(deadline).min(Duration::from_secs(5)))
-            });
-            match attempt {
-                Ok(s) => break s,
-                Err(e) => last_err = e,
-            }
-            if Instant::now() >= deadline {
-                return Err(Error::Bootstrap(format!("rank {} could not reach rank 0 at {addr}: {}", l.info.rank, last_err)));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let ip = match host_addr_override()? {
-            Some(ip) => ip,
-            None => s.local_addr().map_err(|e| Error::io("rendezvous", e))?.ip(),
-        };
-        l.set_ip(ip);
-        s.set_read_timeout(Some(left(deadline))).map_err(|e| Error::io("rendezvous", e))?;
-        write_frame(&mut s, &l.info).map_err(|e| Error::io("sending this rank's record to rank 0", e))?;
-        read_frame(&mut s).map_err(|e| match e.kind() {
-            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout { op: "rendezvous", ranks: vec![0], secs: 0.0 },
-            _ => Error::io("receiving the rank table from rank 0", e),
-        })
+/// Reports something a user should know but that is not an error — a
+/// stranger refused at a listener, a fallback taken — on standard error,
+/// at most [`WARN_MAX`] times per process.
+pub(crate) fn warn(msg: &str) {
+    match WARNED.fetch_add(1, Ordering::Relaxed) {
+        n if n < WARN_MAX => eprintln!("wholemem: {msg}"),
+        WARN_MAX => eprintln!("wholemem: {msg} (further such messages are not shown)"),
+        _ => {}
     }
 }
 
-fn rank_file(dir: &Path, rank: usize) -> PathBuf {
-    dir.join(format!("rank-{rank}.json"))
-}
-
-/// Rank `rank`'s record, if there is one for a world of `world` ranks (a
-/// record for another world size is left over from an earlier job).
-fn read_rank_file(dir: &Path, rank: usize, world: usize) -> Option<RankInfo> {
-    let bytes = std::fs::read(rank_file(dir, rank)).ok()?;
-    serde_json::from_slice::<RankInfo>(&bytes).ok().filter(|i| i.world == world && i.rank == rank)
-}
-
-fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<RankInfo>> {
-    if !dir.is_dir() {
-        return Err(Error::Bootstrap(format!("rendezvous directory {} does not exist", dir.display())));
+/// Where the job key comes from for a rendezvous: the environment, or
+/// (for `dir:`) the directory's key file.
+pub(crate) fn job_key(how: &Rendezvous) -> Result<JobKey> {
+    if let Some(k) = JobKey::from_env()? {
+        return Ok(k);
     }
-    let tmp = dir.join(format!(".rank-{}.{}.tmp", me.rank, me.nonce));
-    let body = serde_json::to_vec(me).map_err(|e| Error::Bootstrap(e.to_string()))?;
-    std::fs::write(&tmp, body)
-        .and_then(|_| std::fs::rename(&tmp, rank_file(dir, me.rank)))
-        .map_err(|e| Error::io(format!("writing this rank's record into {}", dir.display()), e))?;
-    let mut infos: Vec<Option<RankInfo>> = vec![None; me.world];
-    loop {
-        for (r, slot) in infos.iter_mut().enumerate() {
-            if slot.is_none() {
-                *slot = read_rank_file(dir, r, me.world);
-            }
-        }
-        if infos.iter().all(Option::is_some) {
-            return Ok(infos.into_iter().map(|i| i.expect("all read")).collect());
-        }
-        if Instant::now() >= deadline {
-            let missing: Vec<usize> = (0..me.world).filter(|&r| infos[r].is_none()).collect();
-            return Err(Error::Timeout { op: "rendezvous", ranks: missing, secs: 0.0 });
-        }
-        std::thread::sleep(Duration::from_millis(10));
+    match how {
+        Rendezvous::Dir(dir) => super::rendezvous::dir_key(dir),
+        Rendezvous::Tcp(addr) => Err(Error::Bootstrap(format!(
+            "{}={addr} needs a job key, so that only this job's ranks can join it: set {} to the same 64 hexadecimal digits on every rank \
+             (e.g. `export {}=$(openssl rand -hex 32)` before `srun`/`mpirun`), or name a mode-600 file holding them in {}; \
+             `wm-run` does this for you, and a `dir:` rendezvous keeps one in the directory",
+            WM_RENDEZVOUS.name,
+            wm_topology::env::WM_JOB_KEY.name,
+            wm_topology::env::WM_JOB_KEY.name,
+            wm_topology::env::WM_JOB_KEY_FILE.name
+        ))),
     }
-}
-
-/// Removes this rank's rendezvous file (after the mesh is up, so everyone
-/// has read it).
-pub(crate) fn remove_rank_file(how: &Rendezvous, rank: usize) {
-    if let Rendezvous::Dir(dir) = how {
-        let _ = std::fs::remove_file(rank_file(dir, rank));
-    }
-}
-
-const HELLO_MAGIC: u64 = u64::from_le_bytes(*b"WMHELLO1");
-
-/// The first bytes on a mesh connection: who calls (rank and nonce) and
-/// whom it means (the callee's nonce).
-fn hello(from: usize, from_nonce: u64, to_nonce: u64) -> [u8; 32] {
-    let mut b = [0u8; 32];
-    b[0..8].copy_from_slice(&HELLO_MAGIC.to_le_bytes());
-    b[8..16].copy_from_slice(&(from as u64).to_le_bytes());
-    b[16..24].copy_from_slice(&from_nonce.to_le_bytes());
-    b[24..32].copy_from_slice(&to_nonce.to_le_bytes());
-    b
-}
-
-/// Connects every pair of ranks. Returns one connection per rank (`None` at
-/// this rank's index).
-pub(crate) fn mesh(l: &Listeners, infos: &mut [RankInfo], how: Option<&Rendezvous>, deadline: Instant) -> Result<Vec<Option<Conn>>> {
-    let me = l.info.rank;
-    let world = infos.len();
-    let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
-    // Connect down.
-    for r in 0..me {
-        let conn = loop {
-            match connect(&l.info, &infos[r]) {
-                Ok(c) => break c,
-                Err(e) => {
-                    if Instant::now() >= deadline {
-                        return Err(Error::Bootstrap(format!("rank {me} cannot connect to rank {r}: {e}")));
-                    }
-                    // A record left by an earlier job: wait for the fresh one.
-                    std::thread::sleep(Duration::from_millis(20));
-                    if let Some(Rendezvous::Dir(dir)) = how
-                        && let Some(i) = read_rank_file(dir, r, world)
-                    {
-                        infos[r] = i;
-                    }
-                }
-            }
-        };
-        conns[r] = Some(conn);
-    }
-    // Accept up.
-    let mut missing = world - 1 - me;
-    while missing > 0 {
-        let mut pfds = [
-            libc::pollfd { fd: l.unix.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-            libc::pollfd { fd: l.tcp.as_raw_fd(), events: libc::POLLIN, revents: 0 },
-        ];
-        let wait = left(deadline).as_millis().min(1000) as i32;
-        sys::poll(&mut pfds, wait).map_err(|e| Error::io("waiting for connections", e))?;
-        let mut accepted = Vec::new();
-        if let Ok((s, _)) = l.unix.accept() {
-            accepted.push(Conn::Unix(s));
-        }
-        if let Ok((s, _)) = l.tcp.accept() {
-            let _ = s.set_nodelay(true);
-            accepted.push(Conn::Tcp(s));
-        }
-        for c in accepted {
-            let from = read_hello(&c, l.info.nonce, deadline)?;
-            match from {
-                Some((r, caller_nonce)) if r > me && r < world && conns[r].is_none() => {
-                    if infos[r].nonce != caller_nonce {
-                        // We read a stale record of rank r; the caller wrote
-                        // its fresh one before calling.
-                        match how {
-                            Some(Rendezvous::Dir(dir)) => match read_rank_file(dir, r, world) {
-                                Some(i) if i.nonce == caller_nonce => infos[r] = i,
-                                _ => continue,
-                            },
-                            _ => continue,
-                        }
-                    }
-                    conns[r] = Some(c);
-                    missing -= 1;
-                }
-                _ => {} // a stranger or a stale caller: drop it
-            }
-        }
-        if missing > 0 && Instant::now() >= deadline {
-            let ranks: Vec<usize> = (me + 1..world).filter(|&r| conns[r].is_none()).collect();
-            return Err(Error::Timeout { op: "connecting ranks", ranks, secs: 0.0 });
-        }
-    }
-    for c in conns.iter().flatten() {
-        match c {
-            Conn::Unix(s) => s.set_nonblocking(true),
-            Conn::Tcp(s) => s.set_nonblocking(true),
-        }
-        .map_err(|e| Error::io("socket", e))?;
-    }
-    Ok(conns)
-}
-
-fn connect(me: &RankInfo, peer: &RankInfo) -> io::Result<Conn> {
-    let mut conn = if peer.node_id == me.node_id {
-        let addr = UnixAddr::from_abstract_name(peer.unix_name.as_bytes())?;
-        Conn::Unix(UnixStream::connect_addr(&addr)?)
-    } else {
-        let s = TcpStream::connect_timeout(&peer.tcp_addr.parse().map_err(io::Error::other)?, Duration::from_secs(5))?;
-        s.set_nodelay(true)?;
-        Conn::Tcp(s)
-    };
-    let h = hello(me.rank, me.nonce, peer.nonce);
-    match &mut conn {
-        Conn::Unix(s) => s.write_all(&h)?,
-        Conn::Tcp(s) => s.write_all(&h)?,
-    }
-    Ok(conn)
-}
-
-/// Reads a caller's hello: its rank and nonce, if it is meant for us.
-fn read_hello(c: &Conn, nonce: u64, deadline: Instant) -> Result<Option<(usize, u64)>> {
-    let mut b = [0u8; 32];
-    let t = Some(left(deadline).min(Duration::from_secs(10)));
-    let r = match c {
-        Conn::Unix(s) => s.set_nonblocking(false).and_then(|_| s.set_read_timeout(t)).and_then(|_| (&*s).read_exact(&mut b)),
-        Conn::Tcp(s) => s.set_nonblocking(false).and_then(|_| s.set_read_timeout(t)).and_then(|_| (&*s).read_exact(&mut b)),
-    };
-    if r.is_err() {
-        return Ok(None);
-    }
-    let field = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-    if field(0) != HELLO_MAGIC || field(24) != nonce {
-        return Ok(None);
-    }
-    let _ = match c {
-        Conn::Unix(s) => s.set_read_timeout(None),
-        Conn::Tcp(s) => s.set_read_timeout(None),
-    };
-    Ok(Some((field(8) as usize, field(16))))
 }
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    fn info(rank: usize, world: usize) -> RankInfo {
+        RankInfo {
+            rank,
+            world,
+            node_id: "host:boot".into(),
+            hostname: "host".into(),
+            node_overridden: false,
+            unix_name: format!("wholemem.1.{rank:016x}"),
+            tcp_addr: format!("127.0.0.1:{}", 4000 + rank),
+            nonce: rank as u64,
+            pid: 1,
+        }
+    }
 
     #[test]
     fn rendezvous_strings_parse_or_are_named() {
@@ -476,6 +318,56 @@ mod tests {
         for bad in ["dir:", "nohost", ":12", "host:port"] {
             let e = Rendezvous::parse(bad).unwrap_err().to_string();
             assert!(e.contains(bad), "{e}");
+        }
+    }
+
+    #[test]
+    fn records_and_tables_are_checked() {
+        let good: Vec<RankInfo> = (0..3).map(|r| info(r, 3)).collect();
+        let bytes = serde_json::to_vec(&good).unwrap();
+        assert_eq!(parse_table(&bytes, 3).unwrap(), good);
+        // A short table, a table for another world, records out of order.
+        let e = parse_table(&serde_json::to_vec(&good[..2]).unwrap(), 3).unwrap_err();
+        assert!(e.contains("2 records for a world of 3"), "{e}");
+        let e = parse_table(&bytes, 4).unwrap_err();
+        assert!(e.contains("4"), "{e}");
+        let swapped = vec![good[1].clone(), good[0].clone(), good[2].clone()];
+        let e = parse_table(&serde_json::to_vec(&swapped).unwrap(), 3).unwrap_err();
+        assert!(e.contains("record 0 is rank 1's"), "{e}");
+        // Fields out of bounds.
+        let mut bad = info(1, 3);
+        bad.tcp_addr = "0.0.0.0:5".into();
+        assert!(RankInfo::parse(&serde_json::to_vec(&bad).unwrap(), 3).unwrap_err().contains("reachable"));
+        let mut bad = info(1, 3);
+        bad.unix_name = "x".repeat(200);
+        assert!(RankInfo::parse(&serde_json::to_vec(&bad).unwrap(), 3).unwrap_err().contains("socket name"));
+        let mut bad = info(5, 3);
+        bad.world = 3;
+        assert!(RankInfo::parse(&serde_json::to_vec(&bad).unwrap(), 3).unwrap_err().contains("rank 5"));
+        assert!(RankInfo::parse(&vec![b' '; RECORD_MAX + 1], 3).unwrap_err().contains("at most"));
+    }
+
+    proptest! {
+        #[test]
+        fn arbitrary_records_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..400), world in 0usize..8) {
+            let _ = RankInfo::parse(&bytes, world);
+            let _ = parse_table(&bytes, world);
+        }
+
+        #[test]
+        fn mutated_records_never_panic(pos in 0usize..300, byte in any::<u8>(), world in 1usize..5) {
+            // Near-valid input reaches deeper than random bytes.
+            let mut bytes = serde_json::to_vec(&(0..world).map(|r| info(r, world)).collect::<Vec<_>>()).unwrap();
+            let pos = pos % bytes.len();
+            bytes[pos] = byte;
+            if let Ok(t) = parse_table(&bytes, world) {
+                prop_assert_eq!(t.len(), world);
+            }
+            let one = serde_json::to_vec(&info(0, world)).unwrap();
+            let mut one2 = one.clone();
+            let p = pos % one2.len();
+            one2[p] = byte;
+            let _ = RankInfo::parse(&one2, world);
         }
     }
 }

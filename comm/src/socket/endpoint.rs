@@ -94,6 +94,9 @@ struct State {
     spare: Vec<Vec<u8>>,
 }
 
+/// Longest reason an abort frame carries, in bytes.
+const REASON_MAX: usize = 1024;
+
 /// Frames at least this large take their buffer from the spares.
 const SPARE_MIN: usize = 64 << 10;
 /// Spares kept at most.
@@ -123,6 +126,8 @@ pub(crate) struct Endpoint {
     pub world_rank: usize,
     pub nodes: Vec<NodeIdentity>,
     pub timeout: Duration,
+    /// The largest frame payload sent or accepted, in bytes.
+    pub max_frame: u64,
     state: Mutex<State>,
 }
 
@@ -134,9 +139,10 @@ enum ReadOutcome {
 
 impl Endpoint {
     /// An endpoint over established connections (`conns[world_rank]` is `None`).
-    pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration) -> Self {
+    pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration, max_frame: u64) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
-        Self { world_rank, nodes, timeout, state: Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: Vec::new() }) }
+        let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: Vec::new() });
+        Self { world_rank, nodes, timeout, max_frame, state }
     }
 
     /// Number of ranks in the world.
@@ -161,6 +167,18 @@ impl Endpoint {
             if let Some((_, why)) = st.poisoned.iter().find(|(id, _)| *id == c) {
                 return Err(Error::Mismatch { op, detail: format!("this communicator is out of step since an earlier mismatch: {why}") });
             }
+        }
+        if let Some(o) = out.iter().find(|o| o.payload.len() as u64 > self.max_frame) {
+            let detail = format!(
+                "a message of {} bytes for rank {} exceeds the frame limit of {} bytes ({})",
+                o.payload.len(),
+                o.to,
+                self.max_frame,
+                wm_topology::env::WM_MAX_FRAME_GIB.name
+            );
+            // The peers would wait for it: tell them this rank gives up.
+            self.abandon(&mut st, self.world_rank, &detail);
+            return Err(Error::InvalidArgument(detail));
         }
         let res = self.run(&mut st, op, out, want);
         if let Err(e) = &res {
@@ -313,6 +331,9 @@ impl Endpoint {
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) => {
+                    // The peer may have said why before it went: an abort it
+                    // sent names the rank that was really lost.
+                    self.read_frames(st, o.to)?;
                     return Err(self.lost(o.to, op, &format!("sending to it failed: {e}")));
                 }
                 // Out of descriptors or buffers here: nothing was sent, the
@@ -379,28 +400,54 @@ impl Endpoint {
                     continue;
                 }
                 peer.hdr_got = 0;
-                let hdr = Header::decode(&peer.hdr).map_err(|e| self.lost(rank, "receiving", &format!("its stream is garbled: {e}")))?;
-                let len =
-                    usize::try_from(hdr.len).map_err(|_| self.lost(rank, "receiving", &format!("it sent a frame of {} bytes", hdr.len)))?;
-                let buf = if len >= SPARE_MIN { take_spare(spare, len) } else { vec![0u8; len] };
+                let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
+                let hdr = Header::decode(&peer.hdr).map_err(|e| bad(format!("its stream is garbled: {e}")))?;
+                let limit = if matches!(hdr.kind, Kind::Data) { self.max_frame } else { REASON_MAX as u64 };
+                if hdr.len > limit {
+                    return Err(bad(format!(
+                        "it announced a {} frame of {} bytes; the limit is {limit} bytes ({})",
+                        hdr.op.name(),
+                        hdr.len,
+                        wm_topology::env::WM_MAX_FRAME_GIB.name
+                    )));
+                }
+                let nfds = usize::from(hdr.nfds);
+                let fds_allowed = matches!(hdr.kind, Kind::Data | Kind::Fds) && unix && nfds <= sys::MAX_FDS;
+                if peer.fds.len() != nfds || (nfds > 0 && !fds_allowed) {
+                    let detail = format!("it sent {} descriptors with a {:?} frame announcing {nfds}", peer.fds.len(), hdr.kind);
+                    // Close what came unannounced before reporting it.
+                    peer.fds.clear();
+                    return Err(bad(detail));
+                }
+                // Bounded above by the limit, so this fits a usize.
+                let len = hdr.len as usize;
+                let buf = if len >= SPARE_MIN { take_spare(spare, len) } else { zeroed(len) };
+                let buf = buf.map_err(|e| {
+                    let detail = format!("cannot allocate {len} bytes for a frame from rank {rank}: {e}");
+                    Error::Protocol { rank: self.world_rank, op: "receiving", detail }
+                })?;
                 peer.body = Some((hdr, buf, 0));
                 len == 0
             };
             if complete {
-                let (hdr, payload, _) = peer.body.take().expect("a frame is being read");
-                let nfds = usize::from(hdr.nfds);
-                if peer.fds.len() < nfds {
-                    let detail = format!("it sent a frame announcing {nfds} descriptors, {} arrived", peer.fds.len());
-                    return Err(self.lost(rank, "receiving", &detail));
-                }
-                let fds: Vec<OwnedFd> = peer.fds.drain(..nfds).collect();
+                let Some((hdr, payload, _)) = peer.body.take() else { continue };
+                let fds: Vec<OwnedFd> = peer.fds.drain(..).collect();
                 match hdr.kind {
                     Kind::Bye => peer.state = PeerState::Finished,
                     Kind::Abort => {
-                        let lost = hdr.seq as usize;
-                        let detail = format!("rank {rank} reported that it lost rank {lost}");
-                        let b = Broken { rank: lost, detail: detail.clone() };
-                        *broken = Some(b);
+                        let lost = usize::try_from(hdr.seq).ok().filter(|&r| r < self.world());
+                        let Some(lost) = lost else {
+                            return Err(Error::Protocol { rank, op: "receiving", detail: format!("it reported losing rank {}", hdr.seq) });
+                        };
+                        let why = String::from_utf8_lossy(&payload);
+                        let detail = if lost == rank {
+                            format!("rank {rank} gave up: {why}")
+                        } else if why.is_empty() {
+                            format!("rank {rank} reported that it lost rank {lost}")
+                        } else {
+                            format!("rank {rank} reported that it lost rank {lost}: {why}")
+                        };
+                        *broken = Some(Broken { rank: lost, detail: detail.clone() });
                         return Err(Error::PeerLost { rank: lost, op: "a collective", detail });
                     }
                     Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds }),
@@ -431,23 +478,43 @@ impl Endpoint {
         }
         let (rank, detail) = match e {
             Error::PeerLost { rank, detail, .. } => (*rank, detail.clone()),
+            Error::Protocol { rank, detail, .. } => (*rank, detail.clone()),
             Error::Timeout { ranks, secs, op } => {
                 (ranks.first().copied().unwrap_or(self.world_rank), format!("an earlier {op} timed out after {secs:.1} s waiting for it"))
             }
             // A mismatch or a local error leaves the streams in step.
             _ => return,
         };
-        st.broken = Some(Broken { rank, detail });
-        let abort = Header { kind: Kind::Abort, op: Op::Control, nfds: 0, comm: 0, seq: rank as u64, len: 0 }.encode();
+        self.abandon(st, rank, &detail);
+    }
+
+    /// Gives up on the world because of `rank` (this rank itself when the
+    /// fault is its own): every later call fails naming it, and every other
+    /// peer is told, with the reason.
+    fn abandon(&self, st: &mut State, rank: usize, detail: &str) {
+        if st.broken.is_some() {
+            return;
+        }
+        st.broken = Some(Broken { rank, detail: detail.to_owned() });
+        let frame = abort_frame(rank, detail);
         for (r, p) in st.peers.iter().enumerate() {
             if r != rank
                 && let Some(c) = &p.conn
             {
                 // Best effort: a full socket buffer means that peer is busy
                 // and will find out from its own timeout.
-                let _ = sys::send(c.fd(), &abort);
+                let _ = sys::send(c.fd(), &frame);
             }
         }
+    }
+
+    /// Reports that `rank` sent something malformed that the caller found
+    /// (a payload that does not describe itself): the world is abandoned
+    /// naming it, and the error to return is given back.
+    pub fn fail_peer(&self, rank: usize, op: &'static str, detail: String) -> Error {
+        let mut st = self.lock();
+        self.abandon(&mut st, rank, &detail);
+        Error::Protocol { rank, op, detail }
     }
 }
 
@@ -457,10 +524,9 @@ impl Drop for Endpoint {
         // A broken endpoint repeats the abort on its way out, so a peer that
         // sees this close first still learns which rank was lost.
         let bye = match &st.broken {
-            Some(b) => Header { kind: Kind::Abort, op: Op::Control, nfds: 0, comm: 0, seq: b.rank as u64, len: 0 },
-            None => Header { kind: Kind::Bye, op: Op::Control, nfds: 0, comm: 0, seq: 0, len: 0 },
-        }
-        .encode();
+            Some(b) => abort_frame(b.rank, &b.detail),
+            None => Header { kind: Kind::Bye, op: Op::Control, nfds: 0, comm: 0, seq: 0, len: 0 }.encode().to_vec(),
+        };
         for p in &st.peers {
             if let Some(c) = &p.conn {
                 // Frames already queued in the kernel go first; a peer whose
@@ -471,8 +537,27 @@ impl Drop for Endpoint {
     }
 }
 
+/// An abort frame naming `rank`, with the reason (cut to [`REASON_MAX`]).
+fn abort_frame(rank: usize, why: &str) -> Vec<u8> {
+    let mut cut = why.len().min(REASON_MAX);
+    while !why.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    let hdr = Header { kind: Kind::Abort, op: Op::Control, nfds: 0, comm: 0, seq: rank as u64, len: cut as u64 };
+    [&hdr.encode()[..], &why.as_bytes()[..cut]].concat()
+}
+
+/// A zero-filled buffer of `len` bytes, or the allocation error (a frame's
+/// length comes from a peer: running out of memory is an error, not an abort).
+fn zeroed(len: usize) -> Result<Vec<u8>, std::collections::TryReserveError> {
+    let mut b = Vec::new();
+    b.try_reserve_exact(len)?;
+    b.resize(len, 0);
+    Ok(b)
+}
+
 /// A buffer of exactly `len` bytes: the smallest spare that fits, or new.
-fn take_spare(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
+fn take_spare(spare: &mut Vec<Vec<u8>>, len: usize) -> Result<Vec<u8>, std::collections::TryReserveError> {
     let best = spare.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
     match best {
         Some(i) => {
@@ -481,8 +566,8 @@ fn take_spare(spare: &mut Vec<Vec<u8>>, len: usize) -> Vec<u8> {
             // bytes beyond the old length.
             b.resize(len, 0);
             b.truncate(len);
-            b
+            Ok(b)
         }
-        None => vec![0u8; len],
+        None => zeroed(len),
     }
 }

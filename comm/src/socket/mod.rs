@@ -8,6 +8,8 @@
 
 mod bootstrap;
 mod endpoint;
+mod mesh;
+mod rendezvous;
 mod shm;
 pub(crate) mod wire;
 
@@ -21,6 +23,7 @@ use endpoint::{Endpoint, Outgoing, Wanted};
 use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
 
+use crate::auth::JobKey;
 use crate::communicator::Communicator;
 use crate::ranks::RankEnv;
 use crate::{Error, Result};
@@ -61,6 +64,16 @@ fn with_secs(e: Error, timeout: std::time::Duration) -> Error {
     }
 }
 
+/// The frame limit from `WM_MAX_FRAME_GIB` (default 16 GiB).
+fn frame_limit() -> Result<u64> {
+    let var = wm_topology::env::WM_MAX_FRAME_GIB;
+    match var.parse::<f64>().map_err(Error::Bootstrap)? {
+        None => Ok(16 << 30),
+        Some(g) if g.is_finite() && g > 0.0 && g <= (1u64 << 32) as f64 => Ok((g * f64::from(1u32 << 30)) as u64),
+        Some(g) => Err(Error::Bootstrap(format!("{}={g} must be a positive number of GiB, at most 2^32", var.name))),
+    }
+}
+
 /// A stable 64-bit mix for communicator ids (FNV-1a over the parts).
 fn mix(parts: &[u64]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -75,27 +88,41 @@ fn mix(parts: &[u64]) -> u64 {
 
 impl SocketComm {
     /// The world communicator from the environment (`WM_RANK`, Slurm, Open
-    /// MPI or PMI for the rank; `WM_RENDEZVOUS` for the meeting point).
+    /// MPI or PMI for the rank; `WM_RENDEZVOUS` for the meeting point;
+    /// `WM_JOB_KEY` for the job's key).
     ///
     /// # Errors
-    /// [`Error::Bootstrap`] when the environment is incomplete or wrong;
+    /// [`Error::Bootstrap`] when the environment is incomplete or wrong
+    /// (a `host:port` rendezvous without a job key, say);
     /// [`Error::Timeout`] naming the ranks that never arrived.
     pub fn from_env() -> Result<Self> {
         let env = RankEnv::from_env()?;
         let timeout = wm_topology::env::timeout().map_err(Error::Bootstrap)?;
         let how = Rendezvous::from_env()?;
-        Self::bootstrap(env.rank, env.world, how.as_ref(), timeout)
+        Self::bootstrap(env.rank, env.world, how.as_ref(), None, timeout)
     }
 
     /// The world communicator for an explicit rank, size and rendezvous.
+    /// `key` is the job's key; `None` takes it from the environment (or, for
+    /// `dir:`, the directory's key file).
     ///
     /// # Errors
     /// As [`SocketComm::from_env`].
-    pub fn bootstrap(rank: usize, world: usize, how: Option<&Rendezvous>, timeout: std::time::Duration) -> Result<Self> {
+    pub fn bootstrap(
+        rank: usize,
+        world: usize,
+        how: Option<&Rendezvous>,
+        key: Option<&JobKey>,
+        timeout: std::time::Duration,
+    ) -> Result<Self> {
         let node = NodeIdentity::discover();
+        let max_frame = frame_limit()?;
         if world == 1 {
-            let ep = Endpoint::new(0, vec![node], vec![None], timeout);
+            let ep = Endpoint::new(0, vec![node], vec![None], timeout, max_frame);
             return Ok(Self::world(ep));
+        }
+        if rank >= world {
+            return Err(Error::Bootstrap(format!("rank {rank} is not below the world size {world}")));
         }
         let how = how.ok_or_else(|| {
             Error::Bootstrap(format!(
@@ -103,41 +130,54 @@ impl SocketComm {
                 wm_topology::env::WM_RENDEZVOUS.name
             ))
         })?;
-        let start = Instant::now();
-        let mut l = bootstrap::Listeners::open(rank, world, &node)?;
-        let infos = bootstrap::rendezvous(&mut l, how, timeout).map_err(|e| with_secs(e, timeout))?;
-        let comm = Self::connect(&l, infos, Some(how), start + timeout, timeout)?;
-        bootstrap::remove_rank_file(how, rank);
+        let key = match key {
+            Some(k) => k.clone(),
+            None => bootstrap::job_key(how)?,
+        };
+        let deadline = Instant::now() + timeout;
+        let (l, infos) = rendezvous::run(rank, world, &node, how, &key, deadline).map_err(|e| with_secs(e, timeout))?;
+        let comm = Self::connect(&l, infos, Some(how), &key, deadline, timeout, max_frame)?;
+        rendezvous::remove_rank_file(how, rank);
         Ok(comm)
     }
 
     /// The world communicator, meeting through `exchange` instead of
     /// `WM_RENDEZVOUS`: it receives this rank's record and returns every
-    /// rank's, in rank order (another communicator's allgather, e.g. MPI's).
+    /// rank's, in rank order (another communicator's allgather, e.g. MPI's,
+    /// trusted to deliver what each rank put in). Connections between the
+    /// ranks are still authenticated with `key`.
     ///
     /// # Errors
     /// As [`SocketComm::from_env`], and whatever `exchange` returns.
-    pub fn bootstrap_with(rank: usize, world: usize, timeout: std::time::Duration, exchange: &mut Exchange<'_>) -> Result<Self> {
+    pub fn bootstrap_with(
+        rank: usize,
+        world: usize,
+        timeout: std::time::Duration,
+        key: &JobKey,
+        exchange: &mut Exchange<'_>,
+    ) -> Result<Self> {
         let node = NodeIdentity::discover();
+        let max_frame = frame_limit()?;
         if world == 1 {
-            return Ok(Self::world(Endpoint::new(0, vec![node], vec![None], timeout)));
+            return Ok(Self::world(Endpoint::new(0, vec![node], vec![None], timeout, max_frame)));
         }
-        let start = Instant::now();
-        let mut l = bootstrap::Listeners::open(rank, world, &node)?;
-        let infos = bootstrap::exchange(&mut l, exchange)?;
-        Self::connect(&l, infos, None, start + timeout, timeout)
+        let deadline = Instant::now() + timeout;
+        let (l, infos) = bootstrap::exchange(rank, world, &node, exchange)?;
+        Self::connect(&l, infos, None, key, deadline, timeout, max_frame)
     }
 
     fn connect(
         l: &bootstrap::Listeners,
         mut infos: Vec<bootstrap::RankInfo>,
         how: Option<&Rendezvous>,
+        key: &JobKey,
         deadline: Instant,
         timeout: std::time::Duration,
+        max_frame: u64,
     ) -> Result<Self> {
-        let conns = bootstrap::mesh(l, &mut infos, how, deadline).map_err(|e| with_secs(e, timeout))?;
+        let conns = mesh::mesh(l, &mut infos, how, key, deadline).map_err(|e| with_secs(e, timeout))?;
         let nodes = infos.iter().map(|i| i.node()).collect();
-        let comm = Self::world(Endpoint::new(l.info.rank, nodes, conns, timeout));
+        let comm = Self::world(Endpoint::new(l.info.rank, nodes, conns, timeout, max_frame));
         // Everyone has read every record once all are connected.
         comm.barrier()?;
         Ok(comm)
@@ -374,25 +414,38 @@ impl Communicator for SocketComm {
                 take(me, &own);
                 continue;
             }
-            let mut m = msgs.next().expect("one frame per peer");
-            let word = |k: usize| m.payload.get(8 * k..8 * k + 8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-            let bad = |what: &str| Error::Mismatch { op: op.name(), detail: format!("rank {} sent {what}", i.members[r]) };
+            let mut m = msgs.next().expect("transact returns one frame per wanted peer");
+            let peer = i.members[r];
+            let word = |k: usize| m.payload.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+            let bad = |what: String| i.ep.fail_peer(peer, op.name(), format!("it sent {what}"));
             match word(0) {
-                Some(INLINE) => take(r, &m.payload[8..]),
-                Some(w) if w == IN_MAILBOX || w == IN_MAILBOX + 1 => {
-                    let len = word(1).and_then(|l| usize::try_from(l).ok()).ok_or_else(|| bad("a mailbox note without a length"))?;
+                Some(INLINE) if m.fds.is_empty() => take(r, &m.payload[8..]),
+                Some(w) if (w == IN_MAILBOX || w == IN_MAILBOX + 1) && m.payload.len() == 16 && m.fds.len() <= 1 => {
+                    let Some(len) = word(1).and_then(|l| usize::try_from(l).ok()) else {
+                        return Err(bad("a mailbox note without a length".into()));
+                    };
                     let index = (w - IN_MAILBOX) as usize;
-                    let mailbox = channels
-                        .inbox(r, index, m.fds.pop())
-                        .map_err(|e| Error::io(format!("mapping the shared-memory mailbox of rank {}", i.members[r]), e))?;
+                    let mailbox = match channels.inbox(r, index, m.fds.pop()) {
+                        Ok(mb) => mb,
+                        Err(e) => return Err(bad(format!("a mailbox this rank cannot use: {e}"))),
+                    };
                     // SAFETY: the peer wrote these bytes before sending the
                     // frame that announced them, and writes this mailbox
                     // again only after this rank has begun a later in-place
                     // exchange on this communicator (`shm::Channels`);
                     // `take` runs before this call returns.
-                    take(r, unsafe { mailbox.bytes(len) });
+                    match unsafe { mailbox.bytes(len) } {
+                        Ok(bytes) => take(r, bytes),
+                        Err(e) => return Err(bad(e)),
+                    }
                 }
-                _ => return Err(bad("a frame that is not an in-place exchange")),
+                _ => {
+                    return Err(bad(format!(
+                        "a frame of {} bytes and {} descriptors that is not an in-place exchange part",
+                        m.payload.len(),
+                        m.fds.len()
+                    )));
+                }
             }
             received.push(m.payload);
         }

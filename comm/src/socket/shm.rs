@@ -19,6 +19,9 @@ use std::ptr::NonNull;
 /// socket, where one send is cheaper than touching shared pages.
 pub(crate) const MAILBOX_MIN: usize = 16 << 10;
 
+/// The seals of a mailbox: its size never changes, nor do its seals.
+const SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
 /// A shared-memory file mapped into this process; unmapped on drop.
 #[derive(Debug)]
 pub(crate) struct Mailbox {
@@ -47,7 +50,7 @@ impl Mailbox {
         let len = len.max(1).div_ceil(page_size()) * page_size();
         let name = CString::new("wm-comm-mailbox").expect("no NUL in the name");
         // SAFETY: `name` is a valid NUL-terminated string for the call.
-        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+        let raw = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
         if raw < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -57,11 +60,27 @@ impl Mailbox {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
         }
+        // Its size is fixed from now on, so a peer that maps it can trust
+        // `fstat` and never fault past its end.
+        // SAFETY: `fd` is an open memfd created with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
         Self::map(fd, len, libc::PROT_READ | libc::PROT_WRITE)
     }
 
     /// Maps a mailbox a peer created (its size from `fstat`), for reading.
+    /// It must be sealed against shrinking and growing: otherwise the peer
+    /// could truncate it under this rank's reads (a SIGBUS, not an error).
     pub fn open(fd: OwnedFd) -> io::Result<Self> {
+        // SAFETY: `fd` is open; F_GET_SEALS only reads its seals.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 {
+            return Err(io::Error::other(format!("it is not a sealable memfd: {}", io::Error::last_os_error())));
+        }
+        if seals & SEALS != SEALS {
+            return Err(io::Error::other(format!("its size is not sealed (seals {seals:#x})")));
+        }
         // SAFETY: an all-zero `stat` is a valid value to be overwritten.
         let mut st: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: `fd` is open and `st` is writable for the call.
@@ -106,17 +125,20 @@ impl Mailbox {
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
     }
 
-    /// The first `len` bytes, as the peer wrote them.
+    /// The first `len` bytes, as the peer wrote them; an error when the
+    /// peer announced more than the mailbox holds.
     ///
     /// # Safety
     /// The peer must not write the mailbox while the slice lives: true from
     /// the arrival of the frame announcing these bytes until this rank's
     /// next in-place exchange on the same communicator begins.
-    pub unsafe fn bytes(&self, len: usize) -> &[u8] {
-        assert!(len <= self.len, "a payload of {len} bytes announced in a mailbox of {}", self.len);
-        // SAFETY: inside the mapping; no writer meanwhile (the caller's
-        // contract).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) }
+    pub unsafe fn bytes(&self, len: usize) -> Result<&[u8], String> {
+        if len > self.len {
+            return Err(format!("a part of {len} bytes in a mailbox of {}", self.len));
+        }
+        // SAFETY: inside the mapping, whose size is sealed; no writer
+        // meanwhile (the caller's contract).
+        Ok(unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), len) })
     }
 }
 

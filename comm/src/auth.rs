@@ -1,0 +1,524 @@
+//! Who may join a job: the job key and the handshake that proves it.
+//!
+//! Every connection a wholemem process accepts — at rendezvous and on the
+//! mesh — starts with a mutual challenge–response over HMAC-SHA256 keyed by
+//! the job's secret [`JobKey`]. Neither side sends the key; each proves it
+//! holds it by a MAC over both sides' fresh random challenges, so a recorded
+//! exchange cannot be replayed and a reflected one does not verify (the two
+//! directions use different labels). What the caller claims to be (which
+//! rank, for which purpose, meaning which callee) is inside the MAC, so it
+//! cannot be altered on the way.
+//!
+//! The exchange, in fixed sizes:
+//!
+//! ```text
+//! server → client   "WMAUTH01" ‖ server challenge (32)                   40 bytes
+//! client → server   client challenge (32) ‖ claim (48) ‖ client MAC (32) 112 bytes
+//! server → client   server MAC (32)                                       32 bytes
+//! client MAC = HMAC(key, "wholemem client v1" ‖ server ch. ‖ client ch. ‖ claim)
+//! server MAC = HMAC(key, "wholemem server v1" ‖ server ch. ‖ client ch. ‖ claim)
+//! ```
+//!
+//! The server answers only when the MAC verifies and the claim is one it
+//! accepts; otherwise it closes the connection. What follows the handshake
+//! is neither encrypted nor authenticated frame by frame (like MPI and
+//! NCCL): `docs/security.md` has the threat model.
+
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use hmac::{Hmac, KeyInit, Mac};
+use sha2::Sha256;
+use wm_topology::env::{WM_JOB_KEY, WM_JOB_KEY_FILE};
+use zeroize::Zeroize;
+
+use crate::{Error, Result};
+
+/// Bytes in a job key.
+pub const KEY_LEN: usize = 32;
+const CHALLENGE_LEN: usize = 32;
+const MAC_LEN: usize = 32;
+const MAGIC: &[u8; 8] = b"WMAUTH01";
+/// Bytes the server sends first.
+pub(crate) const SERVER_HELLO_LEN: usize = MAGIC.len() + CHALLENGE_LEN;
+/// Bytes of the client's answer.
+pub(crate) const CLIENT_HELLO_LEN: usize = CHALLENGE_LEN + CLAIM_LEN + MAC_LEN;
+const CLAIM_LEN: usize = 48;
+
+/// The secret every process of one job holds: 32 random bytes, written as 64
+/// hexadecimal digits in `WM_JOB_KEY` or a key file.
+///
+/// `Debug` does not show it, and it is wiped from memory when dropped.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobKey([u8; KEY_LEN]);
+
+impl fmt::Debug for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobKey(..)")
+    }
+}
+
+impl Drop for JobKey {
+    fn drop(&mut self) {
+        self.0.zeroize();
+    }
+}
+
+impl JobKey {
+    /// A fresh key from the operating system's random source.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] when the system has no random source.
+    pub fn generate() -> Result<Self> {
+        let mut k = [0u8; KEY_LEN];
+        fill_random(&mut k)?;
+        Ok(Self(k))
+    }
+
+    /// Parses 64 hexadecimal digits (surrounding white space ignored).
+    /// `source` names where the text came from, for the error, which never
+    /// repeats the text itself (it may be a mistyped secret).
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] naming `source` when the text is not 64 hex digits.
+    pub fn from_hex(text: &str, source: &str) -> Result<Self> {
+        let t = text.trim();
+        let bad = || {
+            Error::Bootstrap(format!(
+                "{source} is not a job key: expected {} hexadecimal digits, got {} characters (make one with `openssl rand -hex 32`)",
+                2 * KEY_LEN,
+                t.chars().count()
+            ))
+        };
+        if t.len() != 2 * KEY_LEN {
+            return Err(bad());
+        }
+        let mut k = [0u8; KEY_LEN];
+        for (i, pair) in t.as_bytes().chunks_exact(2).enumerate() {
+            let digit = |c: u8| (c as char).to_digit(16);
+            match (digit(pair[0]), digit(pair[1])) {
+                (Some(h), Some(l)) => k[i] = (h * 16 + l) as u8,
+                _ => return Err(bad()),
+            }
+        }
+        Ok(Self(k))
+    }
+
+    /// A key from its bytes (e.g. received over a channel the job trusts).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn from_bytes(bytes: [u8; KEY_LEN]) -> Self {
+        Self(bytes)
+    }
+
+    /// The key's bytes.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn bytes(&self) -> &[u8; KEY_LEN] {
+        &self.0
+    }
+
+    /// The key as 64 lowercase hexadecimal digits (for `WM_JOB_KEY`).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// The key from `WM_JOB_KEY`, else from the file `WM_JOB_KEY_FILE`
+    /// names, else `None`.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] when a variable is set but holds no key, or the
+    /// file cannot be read or is readable by other users.
+    pub fn from_env() -> Result<Option<Self>> {
+        if let Some(v) = WM_JOB_KEY.get() {
+            return Self::from_hex(&v, WM_JOB_KEY.name).map(Some);
+        }
+        match WM_JOB_KEY_FILE.get() {
+            Some(path) => Self::read_file(Path::new(&path)).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads a key file: owned by this user, readable by nobody else.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] naming the file when it cannot be read, is
+    /// someone else's or can be read by others, or holds no key.
+    pub fn read_file(path: &Path) -> Result<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let meta =
+            std::fs::metadata(path).map_err(|e| Error::Bootstrap(format!("cannot read the job key file {}: {e}", path.display())))?;
+        let me = crate::sys::effective_uid();
+        if meta.uid() != me {
+            return Err(Error::Bootstrap(format!(
+                "the job key file {} belongs to uid {}, not to this user (uid {me}): refusing a key someone else controls",
+                path.display(),
+                meta.uid()
+            )));
+        }
+        if meta.mode() & 0o077 != 0 {
+            return Err(Error::Bootstrap(format!(
+                "the job key file {} has mode {:o}: other users can read it; `chmod 600` it",
+                path.display(),
+                meta.mode() & 0o777
+            )));
+        }
+        let mut text =
+            std::fs::read_to_string(path).map_err(|e| Error::Bootstrap(format!("cannot read the job key file {}: {e}", path.display())))?;
+        let key = Self::from_hex(&text, &format!("the job key file {}", path.display()));
+        text.zeroize();
+        key
+    }
+
+    fn mac(&self, label: &[u8], server: &[u8], client: &[u8], claim: &[u8]) -> Hmac<Sha256> {
+        let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
+        m.update(label);
+        m.update(server);
+        m.update(client);
+        m.update(claim);
+        m
+    }
+}
+
+/// Fills `buf` from the operating system's random source.
+pub(crate) fn fill_random(buf: &mut [u8]) -> Result<()> {
+    getrandom::fill(buf).map_err(|e| Error::Bootstrap(format!("the system's random source failed: {e}")))
+}
+
+/// A random 64-bit value (nonces, names).
+pub(crate) fn random_u64() -> Result<u64> {
+    let mut b = [0u8; 8];
+    fill_random(&mut b)?;
+    Ok(u64::from_le_bytes(b))
+}
+
+/// Why a caller connects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Purpose {
+    /// A rank sending its record to rank 0.
+    Rendezvous = 1,
+    /// A rank connecting to a lower rank of the mesh.
+    Mesh = 2,
+}
+
+/// What a caller says it is, covered by its MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Claim {
+    pub purpose: Purpose,
+    /// The caller's rank.
+    pub rank: u64,
+    /// The world size the caller belongs to.
+    pub world: u64,
+    /// The caller's record nonce.
+    pub from_nonce: u64,
+    /// The callee's record nonce as the caller knows it (0 when unknown).
+    pub to_nonce: u64,
+}
+
+impl Claim {
+    fn encode(&self) -> [u8; CLAIM_LEN] {
+        let mut b = [0u8; CLAIM_LEN];
+        b[0] = self.purpose as u8;
+        b[8..16].copy_from_slice(&self.rank.to_le_bytes());
+        b[16..24].copy_from_slice(&self.world.to_le_bytes());
+        b[24..32].copy_from_slice(&self.from_nonce.to_le_bytes());
+        b[32..40].copy_from_slice(&self.to_nonce.to_le_bytes());
+        b
+    }
+
+    fn decode(b: &[u8; CLAIM_LEN]) -> std::result::Result<Self, String> {
+        let u = |i: usize| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_le_bytes(w)
+        };
+        let purpose = match b[0] {
+            1 => Purpose::Rendezvous,
+            2 => Purpose::Mesh,
+            p => return Err(format!("unknown purpose {p}")),
+        };
+        if b[1..8].iter().chain(&b[40..48]).any(|&x| x != 0) {
+            return Err("reserved bytes are not zero".into());
+        }
+        Ok(Self { purpose, rank: u(8), world: u(16), from_nonce: u(24), to_nonce: u(32) })
+    }
+}
+
+/// A stream whose reads and writes can be bounded in time.
+pub(crate) trait Timed: Read + Write {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()>;
+}
+
+impl Timed for TcpStream {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        self.set_nonblocking(false)?;
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
+impl Timed for UnixStream {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        self.set_nonblocking(false)?;
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+}
+
+fn read_by<S: Timed>(s: &mut S, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    s.set_timeouts(left(deadline))?;
+    s.read_exact(buf)
+}
+
+fn write_by<S: Timed>(s: &mut S, buf: &[u8], deadline: Instant) -> io::Result<()> {
+    s.set_timeouts(left(deadline))?;
+    s.write_all(buf)
+}
+
+/// Why a handshake failed. `Refused` and `Malformed` mean the other side
+/// is not (or does not behave like) a holder of the key.
+#[derive(Debug)]
+pub(crate) enum HandshakeError {
+    /// The connection failed, closed or timed out.
+    Io(io::Error),
+    /// The other side sent something that is not this protocol.
+    Malformed(String),
+    /// The other side's MAC did not verify: it does not hold the key.
+    WrongKey,
+    /// The MAC verified but the server's check refused the claim.
+    Claim(String),
+}
+
+impl fmt::Display for HandshakeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io(e) if matches!(e.kind(), io::ErrorKind::UnexpectedEof) => {
+                f.write_str("the connection closed during the handshake (the other side refused our key or claim)")
+            }
+            Self::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                f.write_str("the handshake timed out")
+            }
+            Self::Io(e) => write!(f, "the handshake failed: {e}"),
+            Self::Malformed(m) => write!(f, "not a wholemem handshake: {m}"),
+            Self::WrongKey => f.write_str("it does not hold the job key"),
+            Self::Claim(m) => write!(f, "its claim was refused: {m}"),
+        }
+    }
+}
+
+impl From<io::Error> for HandshakeError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+/// Parses the client's answer: its challenge, claim and MAC.
+pub(crate) fn parse_client_hello(b: &[u8; CLIENT_HELLO_LEN]) -> std::result::Result<([u8; 32], Claim, [u8; 32]), String> {
+    let mut challenge = [0u8; CHALLENGE_LEN];
+    challenge.copy_from_slice(&b[..CHALLENGE_LEN]);
+    let mut claim = [0u8; CLAIM_LEN];
+    claim.copy_from_slice(&b[CHALLENGE_LEN..CHALLENGE_LEN + CLAIM_LEN]);
+    let mut mac = [0u8; MAC_LEN];
+    mac.copy_from_slice(&b[CHALLENGE_LEN + CLAIM_LEN..]);
+    Ok((challenge, Claim::decode(&claim)?, mac))
+}
+
+/// Parses the server's first bytes: its challenge.
+pub(crate) fn parse_server_hello(b: &[u8; SERVER_HELLO_LEN]) -> std::result::Result<[u8; 32], String> {
+    if &b[..MAGIC.len()] != MAGIC {
+        return Err("bad magic".into());
+    }
+    let mut c = [0u8; CHALLENGE_LEN];
+    c.copy_from_slice(&b[MAGIC.len()..]);
+    Ok(c)
+}
+
+const CLIENT_LABEL: &[u8] = b"wholemem client v1";
+const SERVER_LABEL: &[u8] = b"wholemem server v1";
+
+/// The accepting side: challenges the caller, checks its MAC and lets
+/// `accept` judge its claim, then proves itself. Everything by `deadline`.
+pub(crate) fn serve<S: Timed>(
+    s: &mut S,
+    key: &JobKey,
+    deadline: Instant,
+    accept: impl FnOnce(&Claim) -> std::result::Result<(), String>,
+) -> std::result::Result<Claim, HandshakeError> {
+    let mut server = [0u8; CHALLENGE_LEN];
+    fill_random(&mut server).map_err(|e| HandshakeError::Io(io::Error::other(e.to_string())))?;
+    let mut hello = [0u8; SERVER_HELLO_LEN];
+    hello[..MAGIC.len()].copy_from_slice(MAGIC);
+    hello[MAGIC.len()..].copy_from_slice(&server);
+    write_by(s, &hello, deadline)?;
+    let mut answer = [0u8; CLIENT_HELLO_LEN];
+    read_by(s, &mut answer, deadline)?;
+    let (client, claim, mac) = parse_client_hello(&answer).map_err(HandshakeError::Malformed)?;
+    let claim_bytes = &answer[CHALLENGE_LEN..CHALLENGE_LEN + CLAIM_LEN];
+    key.mac(CLIENT_LABEL, &server, &client, claim_bytes).verify_slice(&mac).map_err(|_| HandshakeError::WrongKey)?;
+    accept(&claim).map_err(HandshakeError::Claim)?;
+    let proof = key.mac(SERVER_LABEL, &server, &client, claim_bytes).finalize().into_bytes();
+    write_by(s, &proof, deadline)?;
+    Ok(claim)
+}
+
+/// The connecting side: answers the server's challenge with `claim`, then
+/// checks the server's proof. Everything by `deadline`.
+pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: Instant) -> std::result::Result<(), HandshakeError> {
+    let mut hello = [0u8; SERVER_HELLO_LEN];
+    read_by(s, &mut hello, deadline)?;
+    let server = parse_server_hello(&hello).map_err(HandshakeError::Malformed)?;
+    let mut client = [0u8; CHALLENGE_LEN];
+    fill_random(&mut client).map_err(|e| HandshakeError::Io(io::Error::other(e.to_string())))?;
+    let claim_bytes = claim.encode();
+    let mac = key.mac(CLIENT_LABEL, &server, &client, &claim_bytes).finalize().into_bytes();
+    let mut answer = [0u8; CLIENT_HELLO_LEN];
+    answer[..CHALLENGE_LEN].copy_from_slice(&client);
+    answer[CHALLENGE_LEN..CHALLENGE_LEN + CLAIM_LEN].copy_from_slice(&claim_bytes);
+    answer[CHALLENGE_LEN + CLAIM_LEN..].copy_from_slice(&mac);
+    write_by(s, &answer, deadline)?;
+    let mut proof = [0u8; MAC_LEN];
+    read_by(s, &mut proof, deadline)?;
+    key.mac(SERVER_LABEL, &server, &client, &claim_bytes).verify_slice(&proof).map_err(|_| HandshakeError::WrongKey)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::net::UnixStream;
+    use std::thread;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn claim() -> Claim {
+        Claim { purpose: Purpose::Mesh, rank: 3, world: 4, from_nonce: 77, to_nonce: 88 }
+    }
+
+    fn soon() -> Instant {
+        Instant::now() + Duration::from_secs(10)
+    }
+
+    #[test]
+    fn keys_parse_print_and_hide() {
+        let k = JobKey::generate().unwrap();
+        let hex = k.to_hex();
+        assert_eq!(hex.len(), 64);
+        assert_eq!(JobKey::from_hex(&format!(" {hex}\n"), "test").unwrap(), k);
+        assert_eq!(format!("{k:?}"), "JobKey(..)");
+        for bad in ["", "abc", &"g".repeat(64), &"0".repeat(63), &"0".repeat(65)] {
+            let e = JobKey::from_hex(bad, "WM_JOB_KEY").unwrap_err().to_string();
+            assert!(e.contains("WM_JOB_KEY") && e.contains("64 hexadecimal digits"), "{e}");
+            assert!(bad.is_empty() || !e.contains(bad), "the error repeats the text: {e}");
+        }
+        assert_ne!(JobKey::generate().unwrap(), k, "two fresh keys are equal");
+    }
+
+    fn handshake(
+        server_key: &JobKey,
+        client_key: &JobKey,
+        refuse: bool,
+    ) -> (std::result::Result<Claim, String>, std::result::Result<(), String>) {
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let sk = server_key.clone();
+        let server = thread::spawn(move || {
+            serve(&mut a, &sk, soon(), |c| if refuse { Err(format!("rank {} is not expected", c.rank)) } else { Ok(()) })
+                .map_err(|e| e.to_string())
+                .inspect_err(|_| drop(a))
+        });
+        let client = call(&mut b, client_key, &claim(), soon()).map_err(|e| e.to_string());
+        (server.join().unwrap(), client)
+    }
+
+    #[test]
+    fn both_sides_prove_the_key() {
+        let k = JobKey::generate().unwrap();
+        let (s, c) = handshake(&k, &k, false);
+        assert_eq!(s.unwrap(), claim());
+        c.unwrap();
+    }
+
+    #[test]
+    fn a_wrong_key_is_refused_on_both_sides() {
+        let (s, c) = handshake(&JobKey::generate().unwrap(), &JobKey::generate().unwrap(), false);
+        assert!(s.unwrap_err().contains("does not hold the job key"));
+        assert!(c.unwrap_err().contains("closed during the handshake"));
+    }
+
+    #[test]
+    fn a_refused_claim_gets_no_proof() {
+        let k = JobKey::generate().unwrap();
+        let (s, c) = handshake(&k, &k, true);
+        assert!(s.unwrap_err().contains("rank 3 is not expected"));
+        assert!(c.is_err());
+    }
+
+    #[test]
+    fn a_server_without_the_key_is_found_out() {
+        // A stranger that listens where rank 0 should: it sends a valid
+        // hello but cannot produce the proof.
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let stranger = thread::spawn(move || {
+            let mut hello = [0u8; SERVER_HELLO_LEN];
+            hello[..8].copy_from_slice(MAGIC);
+            a.write_all(&hello).unwrap();
+            let mut answer = [0u8; CLIENT_HELLO_LEN];
+            a.read_exact(&mut answer).unwrap();
+            a.write_all(&[7u8; MAC_LEN]).unwrap();
+        });
+        let e = call(&mut b, &JobKey::generate().unwrap(), &claim(), soon()).unwrap_err();
+        assert!(matches!(e, HandshakeError::WrongKey), "{e}");
+        stranger.join().unwrap();
+    }
+
+    #[test]
+    fn a_silent_server_times_out() {
+        let (_a, mut b) = UnixStream::pair().unwrap();
+        let e = call(&mut b, &JobKey::generate().unwrap(), &claim(), Instant::now() + Duration::from_millis(50)).unwrap_err();
+        assert!(e.to_string().contains("timed out"), "{e}");
+    }
+
+    proptest! {
+        #[test]
+        fn client_hellos_never_panic(bytes in proptest::collection::vec(any::<u8>(), CLIENT_HELLO_LEN)) {
+            let mut b = [0u8; CLIENT_HELLO_LEN];
+            b.copy_from_slice(&bytes);
+            let _ = parse_client_hello(&b);
+        }
+
+        #[test]
+        fn server_hellos_never_panic(bytes in proptest::collection::vec(any::<u8>(), SERVER_HELLO_LEN)) {
+            let mut b = [0u8; SERVER_HELLO_LEN];
+            b.copy_from_slice(&bytes);
+            let _ = parse_server_hello(&b);
+        }
+
+        #[test]
+        fn arbitrary_answers_are_refused(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            // Whatever a stranger sends, the server refuses it and does not panic.
+            let (mut a, mut b) = UnixStream::pair().unwrap();
+            let key = JobKey([9u8; KEY_LEN]);
+            let writer = thread::spawn(move || {
+                let mut hello = [0u8; SERVER_HELLO_LEN];
+                let _ = b.read_exact(&mut hello);
+                let _ = b.write_all(&bytes);
+            });
+            let r = serve(&mut a, &key, Instant::now() + Duration::from_millis(200), |_| Ok(()));
+            prop_assert!(r.is_err());
+            drop(a);
+            writer.join().unwrap();
+        }
+
+        #[test]
+        fn claims_round_trip(rank in any::<u64>(), world in any::<u64>(), f in any::<u64>(), t in any::<u64>(), mesh in any::<bool>()) {
+            let c = Claim { purpose: if mesh { Purpose::Mesh } else { Purpose::Rendezvous }, rank, world, from_nonce: f, to_nonce: t };
+            prop_assert_eq!(Claim::decode(&c.encode()).unwrap(), c);
+        }
+    }
+}

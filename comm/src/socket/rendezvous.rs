@@ -1,0 +1,412 @@
+//! Rendezvous: how every rank gets the table of all ranks' records.
+//!
+//! - `host:port`: rank 0 listens there and serves callers concurrently, each
+//!   with its own short deadline, so a silent or garbled connection costs
+//!   one thread for a few seconds, never the job. A caller proves it holds
+//!   the job key before it may send its record; rank 0 proves it back before
+//!   the caller trusts the table. With port 0, rank 0 lets the kernel pick
+//!   the port and publishes it in `WM_RENDEZVOUS_PORT_FILE`.
+//! - `dir:/path`: each rank writes its record (mode 600) and reads the
+//!   others'; the key comes from the environment or the directory's
+//!   `job.key` (mode 600), which only a directory of this user's that no
+//!   one else can write may hold.
+
+use std::io::{self, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, mpsc};
+use std::time::{Duration, Instant};
+
+use wm_topology::NodeIdentity;
+use wm_topology::env::WM_RENDEZVOUS_PORT_FILE;
+
+use super::bootstrap::{self, Listeners, RECORD_MAX, RankInfo, Rendezvous, warn};
+use crate::auth::{self, Claim, JobKey, Purpose};
+use crate::sys;
+use crate::{Error, Result};
+
+/// How long rank 0 gives one caller to prove itself and send its record.
+pub(crate) const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+/// Connections rank 0 (or a mesh listener) handles at once; more are
+/// refused until some finish.
+pub(crate) const IN_FLIGHT_MAX: usize = 64;
+
+fn left(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
+}
+
+/// Runs rendezvous: opens this rank's listeners and returns them with
+/// every rank's record, indexed by rank.
+pub(crate) fn run(
+    rank: usize,
+    world: usize,
+    node: &NodeIdentity,
+    how: &Rendezvous,
+    key: &JobKey,
+    deadline: Instant,
+) -> Result<(Listeners, Vec<RankInfo>)> {
+    match how {
+        Rendezvous::Tcp(addr) if rank == 0 => tcp_serve(world, node, addr, key, deadline),
+        Rendezvous::Tcp(addr) => tcp_join(rank, world, node, addr, key, deadline),
+        Rendezvous::Dir(dir) => {
+            let l = Listeners::open(rank, world, node, bootstrap::choose_addr(bootstrap::hostname_ip)?)?;
+            let infos = dir_rendezvous(&l.info, dir, deadline)?;
+            Ok((l, infos))
+        }
+    }
+}
+
+fn write_frame(s: &mut TcpStream, body: &[u8], deadline: Instant) -> io::Result<()> {
+    let len = u32::try_from(body.len()).map_err(|_| io::Error::other("a rendezvous frame over 4 GiB"))?;
+    s.set_write_timeout(Some(left(deadline)))?;
+    s.write_all(&len.to_le_bytes())?;
+    s.write_all(body)
+}
+
+/// Reads one length-prefixed frame of at most `max` bytes.
+fn read_frame(s: &mut TcpStream, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+    s.set_read_timeout(Some(left(deadline)))?;
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len > max {
+        return Err(io::Error::other(format!("a rendezvous frame of {len} bytes (at most {max})")));
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body)?;
+    Ok(body)
+}
+
+/// Binds rank 0's rendezvous listener at `addr` (port 0: a port the kernel
+/// picks, published in `WM_RENDEZVOUS_PORT_FILE`).
+fn bind_rendezvous(addr: &str) -> Result<TcpListener> {
+    let resolved: Vec<SocketAddr> =
+        addr.to_socket_addrs().map_err(|e| Error::Bootstrap(format!("cannot resolve rendezvous address {addr:?}: {e}")))?.collect();
+    let first = *resolved.first().ok_or_else(|| Error::Bootstrap(format!("rendezvous address {addr:?} resolves to nothing")))?;
+    let listener = match resolved.iter().find_map(|a| TcpListener::bind(a).ok()) {
+        Some(l) => l,
+        None => {
+            // The name resolves to no address of this host (a service
+            // address, a NAT): listen on every interface at that port.
+            let l = TcpListener::bind((Ipv4Addr::UNSPECIFIED, first.port()))
+                .map_err(|e| Error::Bootstrap(format!("rank 0 cannot listen on {addr} (is the port in use?): {e}")))?;
+            warn(&format!("rank 0: {addr} is not an address of this host; listening on port {} of every interface", first.port()));
+            l
+        }
+    };
+    if first.port() == 0 {
+        let port = listener.local_addr().map_err(|e| Error::io("rendezvous listener", e))?.port();
+        publish_port(port)?;
+    }
+    Ok(listener)
+}
+
+fn port_file() -> Result<PathBuf> {
+    WM_RENDEZVOUS_PORT_FILE.get().map(PathBuf::from).ok_or_else(|| {
+        Error::Bootstrap(format!(
+            "a rendezvous at port 0 needs {} (where rank 0 writes the port it listens on)",
+            WM_RENDEZVOUS_PORT_FILE.name
+        ))
+    })
+}
+
+fn publish_port(port: u16) -> Result<()> {
+    let path = port_file()?;
+    let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    let write = || -> io::Result<()> {
+        let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+        writeln!(f, "{port}")?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| Error::io(format!("publishing the rendezvous port in {}", path.display()), e))
+}
+
+/// The port rank 0 published, once it has.
+fn published_port(deadline: Instant) -> Result<u16> {
+    let path = port_file()?;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(&path)
+            && let Ok(p) = text.trim().parse::<u16>()
+            && p != 0
+        {
+            return Ok(p);
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Timeout { op: "rendezvous (waiting for rank 0 to publish its port)", ranks: vec![0], secs: 0.0 });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// What a rendezvous caller's thread hands back: its checked record and
+/// the stream to send the table on.
+type Arrival = (RankInfo, TcpStream);
+
+fn tcp_serve(world: usize, node: &NodeIdentity, addr: &str, key: &JobKey, deadline: Instant) -> Result<(Listeners, Vec<RankInfo>)> {
+    let listener = bind_rendezvous(addr)?;
+    let bound = listener.local_addr().map_err(|e| Error::io("rendezvous listener", e))?;
+    let chosen = bootstrap::choose_addr(|| if bound.ip().is_unspecified() { bootstrap::hostname_ip() } else { bound.ip() })?;
+    let l = Listeners::open(0, world, node, chosen)?;
+    listener.set_nonblocking(true).map_err(|e| Error::io("rendezvous listener", e))?;
+    let mut infos: Vec<Option<RankInfo>> = vec![None; world];
+    infos[0] = Some(l.info.clone());
+    let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let (tx, rx) = mpsc::channel::<Arrival>();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let key = Arc::new(key.clone());
+    while infos.iter().any(Option::is_none) {
+        let mut pfd = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        sys::poll(&mut pfd, 20).map_err(|e| Error::io("waiting at the rendezvous", e))?;
+        loop {
+            match listener.accept() {
+                Ok((s, from)) => admit(s, from, world, &key, &tx, &in_flight, deadline),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // Out of descriptors, a connection reset before accept:
+                // that caller's problem, or a passing one.
+                Err(e) => {
+                    warn(&format!("rank 0: accepting at the rendezvous failed: {e}"));
+                    break;
+                }
+            }
+        }
+        while let Ok((info, s)) = rx.try_recv() {
+            let r = info.rank;
+            if let Some(first) = &infos[r] {
+                return Err(Error::Bootstrap(format!(
+                    "two processes hold the job key and claim rank {r}: pid {} on {} and pid {} on {} (two jobs with one key?)",
+                    first.pid, first.hostname, info.pid, info.hostname
+                )));
+            }
+            infos[r] = Some(info);
+            streams[r] = Some(s);
+        }
+        if Instant::now() >= deadline && infos.iter().any(Option::is_none) {
+            let missing: Vec<usize> = (0..world).filter(|&r| infos[r].is_none()).collect();
+            return Err(Error::Timeout { op: "rendezvous", ranks: missing, secs: 0.0 });
+        }
+    }
+    let infos: Vec<RankInfo> = infos.into_iter().flatten().collect();
+    let table = serde_json::to_vec(&infos).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    for (r, s) in streams.iter_mut().enumerate() {
+        if let Some(s) = s {
+            // Bounded: a rank that stopped reading is named, not waited for.
+            write_frame(s, &table, deadline).map_err(|e| Error::io(format!("sending the rank table to rank {r}"), e))?;
+        }
+    }
+    Ok((l, infos))
+}
+
+/// Hands one rendezvous connection to a thread of its own: the handshake,
+/// then the caller's record, each bounded by [`HANDSHAKE_LIMIT`].
+fn admit(
+    mut s: TcpStream,
+    from: SocketAddr,
+    world: usize,
+    key: &Arc<JobKey>,
+    tx: &mpsc::Sender<Arrival>,
+    in_flight: &Arc<AtomicUsize>,
+    deadline: Instant,
+) {
+    if in_flight.load(Ordering::Relaxed) >= IN_FLIGHT_MAX {
+        warn(&format!("rank 0 refused a rendezvous connection from {from}: {IN_FLIGHT_MAX} others are still being checked"));
+        return;
+    }
+    in_flight.fetch_add(1, Ordering::Relaxed);
+    let (key, tx, in_flight) = (key.clone(), tx.clone(), in_flight.clone());
+    let spawned = std::thread::Builder::new().name("wm-rendezvous".into()).spawn(move || {
+        let limit = (Instant::now() + HANDSHAKE_LIMIT).min(deadline);
+        let _ = s.set_nodelay(true);
+        let checked = auth::serve(&mut s, &key, limit, |c| {
+            if c.purpose != Purpose::Rendezvous {
+                return Err("it is not a rendezvous call".into());
+            }
+            if c.world != world as u64 || c.rank == 0 || c.rank >= world as u64 {
+                return Err(format!("it claims rank {} of {} in a world of {world}", c.rank, c.world));
+            }
+            Ok(())
+        })
+        .map_err(|e| e.to_string())
+        .and_then(|claim| {
+            let body = read_frame(&mut s, RECORD_MAX, limit).map_err(|e| format!("its record did not arrive: {e}"))?;
+            let info = RankInfo::parse(&body, world)?;
+            if info.rank as u64 != claim.rank || info.nonce != claim.from_nonce {
+                return Err(format!("its record (rank {}) is not the one its handshake claimed (rank {})", info.rank, claim.rank));
+            }
+            Ok(info)
+        });
+        match checked {
+            Ok(info) => {
+                let _ = tx.send((info, s));
+            }
+            Err(why) => warn(&format!("rank 0 refused a rendezvous connection from {from}: {why}")),
+        }
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+    });
+    if spawned.is_err() {
+        warn(&format!("rank 0 refused a rendezvous connection from {from}: cannot start a thread for it"));
+    }
+}
+
+fn tcp_join(
+    rank: usize,
+    world: usize,
+    node: &NodeIdentity,
+    addr: &str,
+    key: &JobKey,
+    deadline: Instant,
+) -> Result<(Listeners, Vec<RankInfo>)> {
+    let addr = match addr.rsplit_once(':') {
+        Some((host, "0")) => format!("{host}:{}", published_port(deadline)?),
+        _ => addr.to_owned(),
+    };
+    // The nonce goes into the claim before the record exists, so it is
+    // drawn here and the record made to match.
+    let mut last;
+    let (mut s, l) = loop {
+        let attempt = addr.to_socket_addrs().and_then(|mut a| {
+            let a = a.next().ok_or_else(|| io::Error::other("the name has no address"))?;
+            TcpStream::connect_timeout(&a, left(deadline).min(Duration::from_secs(5)))
+        });
+        match attempt {
+            Ok(mut s) => {
+                let _ = s.set_nodelay(true);
+                let local = s.local_addr().map_err(|e| Error::io("rendezvous", e))?.ip();
+                let chosen = bootstrap::choose_addr(|| local)?;
+                let l = Listeners::open(rank, world, node, chosen)?;
+                let claim =
+                    Claim { purpose: Purpose::Rendezvous, rank: rank as u64, world: world as u64, from_nonce: l.info.nonce, to_nonce: 0 };
+                match auth::call(&mut s, key, &claim, deadline) {
+                    Ok(()) => break (s, l),
+                    Err(e) => last = format!("the process there did not complete the handshake: {e}"),
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() >= deadline {
+            return Err(Error::Bootstrap(format!(
+                "rank {rank} could not join rank 0 at {addr}: {last} (is {} the same on every rank?)",
+                wm_topology::env::WM_JOB_KEY.name
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let record = serde_json::to_vec(&l.info).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    write_frame(&mut s, &record, deadline).map_err(|e| Error::io("sending this rank's record to rank 0", e))?;
+    let table = read_frame(&mut s, RECORD_MAX.saturating_mul(world), deadline).map_err(|e| match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout { op: "rendezvous", ranks: vec![0], secs: 0.0 },
+        _ => Error::io("receiving the rank table from rank 0", e),
+    })?;
+    let infos = bootstrap::parse_table(&table, world).map_err(|e| Error::Bootstrap(format!("rank 0 sent a bad rank table: {e}")))?;
+    if infos[rank] != l.info {
+        return Err(Error::Bootstrap(format!("rank 0's table does not hold rank {rank}'s record as it was sent")));
+    }
+    Ok((l, infos))
+}
+
+pub(crate) fn rank_file(dir: &Path, rank: usize) -> PathBuf {
+    dir.join(format!("rank-{rank}.json"))
+}
+
+/// Rank `rank`'s record, if there is a valid one for a world of `world`
+/// ranks (a record for another world size is left over from an earlier job).
+pub(crate) fn read_rank_file(dir: &Path, rank: usize, world: usize) -> Option<RankInfo> {
+    let path = rank_file(dir, rank);
+    let meta = std::fs::metadata(&path).ok()?;
+    if meta.len() > RECORD_MAX as u64 {
+        return None;
+    }
+    let bytes = std::fs::read(path).ok()?;
+    RankInfo::parse(&bytes, world).ok().filter(|i| i.rank == rank)
+}
+
+/// Writes `body` to `path` atomically, readable only by this user.
+fn write_private(path: &Path, body: &[u8], tag: u64) -> io::Result<()> {
+    let tmp = path.with_file_name(format!(".{}.{tag:016x}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("file")));
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&tmp)?;
+    f.write_all(body).and_then(|_| std::fs::rename(&tmp, path)).inspect_err(|_| {
+        let _ = std::fs::remove_file(&tmp);
+    })
+}
+
+fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<RankInfo>> {
+    if !dir.is_dir() {
+        return Err(Error::Bootstrap(format!("rendezvous directory {} does not exist", dir.display())));
+    }
+    let body = serde_json::to_vec(me).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    write_private(&rank_file(dir, me.rank), &body, me.nonce)
+        .map_err(|e| Error::io(format!("writing this rank's record into {}", dir.display()), e))?;
+    let mut infos: Vec<Option<RankInfo>> = vec![None; me.world];
+    loop {
+        for (r, slot) in infos.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = read_rank_file(dir, r, me.world);
+            }
+        }
+        if infos.iter().all(Option::is_some) {
+            return Ok(infos.into_iter().flatten().collect());
+        }
+        if Instant::now() >= deadline {
+            let missing: Vec<usize> = (0..me.world).filter(|&r| infos[r].is_none()).collect();
+            return Err(Error::Timeout { op: "rendezvous", ranks: missing, secs: 0.0 });
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Removes this rank's rendezvous file (after the mesh is up, so everyone
+/// has read it).
+pub(crate) fn remove_rank_file(how: &Rendezvous, rank: usize) {
+    if let Rendezvous::Dir(dir) = how {
+        let _ = std::fs::remove_file(rank_file(dir, rank));
+    }
+}
+
+/// The name of a `dir:` rendezvous's key file.
+pub(crate) const KEY_FILE: &str = "job.key";
+
+/// The job key kept in a rendezvous directory: read when it is there,
+/// created (by whichever rank comes first) when it is not. Only a
+/// directory of this user's that nobody else can write may hold it —
+/// anyone who can write the directory could plant a key of their own.
+pub(crate) fn dir_key(dir: &Path) -> Result<JobKey> {
+    let meta = std::fs::metadata(dir).map_err(|e| Error::Bootstrap(format!("rendezvous directory {}: {e}", dir.display())))?;
+    let me = sys::effective_uid();
+    if !meta.is_dir() {
+        return Err(Error::Bootstrap(format!("rendezvous directory {} is not a directory", dir.display())));
+    }
+    if meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(Error::Bootstrap(format!(
+            "rendezvous directory {} (owner uid {}, mode {:o}) could hold a job key planted by another user: \
+             use a directory of your own that only you can write (`mkdir -m 700`), or set {}",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777,
+            wm_topology::env::WM_JOB_KEY.name
+        )));
+    }
+    let path = dir.join(KEY_FILE);
+    if !path.exists() {
+        // Write a fresh key beside it and link it into place: `link` fails
+        // if another rank got there first, and then its key is the one.
+        let fresh = JobKey::generate()?;
+        let tmp = dir.join(format!(".{KEY_FILE}.{:016x}.tmp", auth::random_u64()?));
+        let made = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| writeln!(f, "{}", fresh.to_hex()))
+            .and_then(|_| std::fs::hard_link(&tmp, &path));
+        let _ = std::fs::remove_file(&tmp);
+        match made {
+            Ok(()) => return Ok(fresh),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io(format!("creating the job key file {}", path.display()), e)),
+        }
+    }
+    JobKey::read_file(&path)
+}
