@@ -300,7 +300,7 @@ impl fmt::Display for HandshakeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Io(e) if matches!(e.kind(), io::ErrorKind::UnexpectedEof) => {
-                f.write_str("the connection closed during the handshake (the other side refused our key or claim)")
+                f.write_str("the other side closed the connection during the handshake (a refusal, or not a wholemem process)")
             }
             Self::Io(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
                 f.write_str("the handshake timed out")
@@ -448,7 +448,7 @@ mod tests {
     fn a_wrong_key_is_refused_on_both_sides() {
         let (s, c) = handshake(&JobKey::generate().unwrap(), &JobKey::generate().unwrap(), false);
         assert!(s.unwrap_err().contains("does not hold the job key"));
-        assert!(c.unwrap_err().contains("closed during the handshake"));
+        assert!(c.unwrap_err().contains("closed the connection during the handshake"));
     }
 
     #[test]

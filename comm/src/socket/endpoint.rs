@@ -456,6 +456,30 @@ impl Endpoint {
         }
     }
 
+    /// Writes `bytes` onto the connection to `to` as they are, waiting (up
+    /// to the timeout) while the socket is full: a test plays a peer that
+    /// breaks the protocol.
+    #[cfg(feature = "fault-injection")]
+    pub fn inject(&self, to: usize, bytes: &[u8]) -> Result<()> {
+        let st = self.lock();
+        let Some(conn) = st.peers.get(to).and_then(|p| p.conn.as_ref()) else {
+            return Err(Error::InvalidArgument(format!("no connection to rank {to}")));
+        };
+        let start = Instant::now();
+        let mut done = 0;
+        while done < bytes.len() {
+            match sys::send(conn.fd(), &bytes[done..]) {
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock && start.elapsed() < self.timeout => {
+                    let mut pfd = [libc::pollfd { fd: conn.fd(), events: libc::POLLOUT, revents: 0 }];
+                    sys::poll(&mut pfd, 100).map_err(|e| Error::io("poll", e))?;
+                }
+                Err(e) => return Err(Error::io(format!("injecting bytes for rank {to}"), e)),
+            }
+        }
+        Ok(())
+    }
+
     /// Keeps buffers for reuse by later large frames.
     pub fn recycle(&self, bufs: impl IntoIterator<Item = Vec<u8>>) {
         let mut st = self.lock();
@@ -569,5 +593,77 @@ fn take_spare(spare: &mut Vec<Vec<u8>>, len: usize) -> Result<Vec<u8>, std::coll
             Ok(b)
         }
         None => zeroed(len),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// An endpoint of rank 0 in a world of two whose peer is the returned
+    /// stream: whatever a test writes there is what "rank 1" sent.
+    fn endpoint() -> (Endpoint, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        a.set_nonblocking(true).unwrap();
+        let node = NodeIdentity::from_parts("n".into(), "h".into(), true);
+        (Endpoint::new(0, vec![node.clone(), node], vec![None, Some(Conn::Unix(a))], Duration::from_millis(200), 1 << 20), b)
+    }
+
+    fn barrier_from_peer(ep: &Endpoint) -> Result<Vec<Msg>> {
+        ep.transact("barrier", &[], &[Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::Barrier, seq: Some(0) }])
+    }
+
+    #[test]
+    fn a_frame_over_the_limit_is_refused_naming_its_sender() {
+        let (ep, mut peer) = endpoint();
+        let h = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len: 1 << 62 };
+        peer.write_all(&h.encode()).unwrap();
+        let e = barrier_from_peer(&ep).unwrap_err();
+        assert!(matches!(e, Error::Protocol { rank: 1, .. }), "{e}");
+        assert!(e.to_string().contains("4611686018427387904 bytes") && e.to_string().contains("WM_MAX_FRAME_GIB"), "{e}");
+        // Every later call fails naming the same rank.
+        assert_eq!(barrier_from_peer(&ep).unwrap_err().blamed_rank(), Some(1));
+    }
+
+    #[test]
+    fn a_well_formed_frame_arrives() {
+        let (ep, mut peer) = endpoint();
+        let h = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len: 3 };
+        peer.write_all(&[&h.encode()[..], b"abc"].concat()).unwrap();
+        let got = barrier_from_peer(&ep).unwrap();
+        assert_eq!(got[0].payload, b"abc");
+    }
+
+    #[test]
+    fn an_abort_names_the_lost_rank_with_its_reason() {
+        let (ep, mut peer) = endpoint();
+        peer.write_all(&abort_frame(0, "it timed out")).unwrap();
+        let e = barrier_from_peer(&ep).unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(0));
+        assert!(e.to_string().contains("rank 1 reported that it lost rank 0: it timed out"), "{e}");
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        /// Whatever bytes a peer sends before closing, the endpoint ends
+        /// with a result, never a panic.
+        #[test]
+        fn arbitrary_streams_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), valid_start in any::<bool>()) {
+            let (ep, mut peer) = endpoint();
+            let mut stream = Vec::new();
+            if valid_start {
+                // A valid header first reaches the body and frame handling.
+                let len = bytes.len().min(40) as u64;
+                stream.extend_from_slice(&Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len }.encode());
+            }
+            stream.extend_from_slice(&bytes);
+            let _ = peer.write_all(&stream);
+            drop(peer);
+            let _ = barrier_from_peer(&ep);
+        }
     }
 }

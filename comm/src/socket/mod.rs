@@ -215,6 +215,36 @@ impl SocketComm {
         Self::with_members(i.ep.clone(), id, members, nodes, me)
     }
 
+    /// Writes `bytes` as they are onto this process's connection to world
+    /// rank `to`, outside any framing: for tests that play a broken or
+    /// hostile peer (feature `fault-injection`).
+    ///
+    /// # Errors
+    /// When there is no connection to `to` or the write fails.
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn inject_raw(&self, to: usize, bytes: &[u8]) -> Result<()> {
+        self.inner.ep.inject(to, bytes)
+    }
+
+    /// A frame header as the socket backend encodes it, for tests that
+    /// build hostile frames (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn raw_header(kind: u8, op: u8, nfds: u16, comm: u64, seq: u64, len: u64) -> [u8; wire::HEADER_LEN] {
+        let mut h = Header { kind: Kind::Data, op: Op::Barrier, nfds, comm, seq, len }.encode();
+        h[4] = kind;
+        h[5] = op;
+        h
+    }
+
+    /// This communicator's id on the wire (feature `fault-injection`).
+    #[cfg(feature = "fault-injection")]
+    #[doc(hidden)]
+    pub fn wire_id(&self) -> u64 {
+        self.inner.id
+    }
+
     /// [`Communicator::split`], as a `SocketComm`.
     ///
     /// # Errors

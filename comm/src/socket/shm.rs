@@ -209,3 +209,42 @@ impl Channels {
         slot.as_ref().ok_or_else(|| io::Error::other(format!("mailbox {index} was announced without ever being sent")))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unsealed_memfd(len: usize) -> OwnedFd {
+        let name = CString::new("wm-test").unwrap();
+        // SAFETY: a valid name; the descriptor is owned right away.
+        let fd = unsafe { OwnedFd::from_raw_fd(libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC)) };
+        // SAFETY: `fd` is an open memfd.
+        assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }, 0);
+        fd
+    }
+
+    #[test]
+    fn a_mailbox_that_could_shrink_is_refused() {
+        let e = Mailbox::open(unsealed_memfd(1 << 16)).unwrap_err();
+        assert!(e.to_string().contains("not sealed") || e.to_string().contains("not a sealable"), "{e}");
+    }
+
+    #[test]
+    fn a_mailbox_cannot_be_resized_and_announced_overruns_are_errors() {
+        let mb = Mailbox::create(40_000).unwrap();
+        let len = mb.len();
+        let theirs = mb.fd().try_clone_to_owned().unwrap();
+        // The sender's seals hold against anyone holding the descriptor.
+        // SAFETY: `theirs` is an open descriptor of the mailbox.
+        assert_ne!(unsafe { libc::ftruncate(theirs.as_raw_fd(), 4096) }, 0, "a sealed mailbox shrank");
+        // SAFETY: as above.
+        assert_ne!(unsafe { libc::ftruncate(theirs.as_raw_fd(), (len * 2) as libc::off_t) }, 0, "a sealed mailbox grew");
+        let seen = Mailbox::open(theirs).unwrap();
+        assert_eq!(seen.len(), len);
+        // SAFETY: nobody writes the mailbox during the test.
+        let over = unsafe { seen.bytes(len + 1) }.unwrap_err();
+        assert!(over.contains(&format!("{} bytes in a mailbox of {len}", len + 1)), "{over}");
+        // SAFETY: as above.
+        assert_eq!(unsafe { seen.bytes(len) }.unwrap().len(), len);
+    }
+}

@@ -120,7 +120,20 @@ impl Header {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_headers_decode_or_are_refused(bytes in proptest::collection::vec(any::<u8>(), HEADER_LEN)) {
+            let mut b = [0u8; HEADER_LEN];
+            b.copy_from_slice(&bytes);
+            if let Ok(h) = Header::decode(&b) {
+                prop_assert_eq!(h.encode(), b);
+            }
+        }
+    }
 
     #[test]
     fn header_round_trips() {
