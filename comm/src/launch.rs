@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wm_topology::env::{WM_JOB_KEY, WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_RENDEZVOUS_PORT_FILE, WM_UNTAGGED, WM_WORLD_SIZE};
+use wm_topology::env::{WM_HOST_ADDR, WM_IFACE, WM_JOB_KEY, WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_RENDEZVOUS_PORT_FILE, WM_UNTAGGED, WM_WORLD_SIZE};
 
 use crate::JobKey;
 
@@ -267,6 +267,11 @@ pub fn run(l: &Launch) -> io::Result<Report> {
         }
         // After the caller's environment: the key it gave, or a fresh one.
         cmd.env(WM_JOB_KEY.name, &key);
+        // Every rank runs here: listen on loopback only, unless told where.
+        let chosen = |v: &wm_topology::env::EnvVar| v.get().is_some() || l.env.iter().any(|(k, _)| k == v.name);
+        if !chosen(&WM_HOST_ADDR) && !chosen(&WM_IFACE) {
+            cmd.env(WM_HOST_ADDR.name, "127.0.0.1");
+        }
         let mut child = match cmd.spawn() {
             Ok(c) => c,
             Err(e) => {
