@@ -18,7 +18,9 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wm_topology::env::{WM_HOST_ADDR, WM_IFACE, WM_JOB_KEY, WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_RENDEZVOUS_PORT_FILE, WM_UNTAGGED, WM_WORLD_SIZE};
+use wm_topology::env::{
+    WM_HOST_ADDR, WM_IFACE, WM_JOB_KEY, WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_RENDEZVOUS_PORT_FILE, WM_UNTAGGED, WM_WORLD_SIZE,
+};
 
 use crate::JobKey;
 

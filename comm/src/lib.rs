@@ -10,6 +10,11 @@
 //! [`init`] builds the world communicator from the environment. The
 //! [`launch`] module starts local ranks (it is what `wm-run` runs).
 //!
+//! Unsafe code is denied except in `sys` (socket calls), `socket::shm`
+//! (the mailboxes' mappings), `nccl` and the `Send`/`Sync` wrappers of
+//! `mpi_backend`; `tests/tests/invariants.rs` keeps that list and
+//! ARCHITECTURE.md in step.
+//!
 //! ```no_run
 //! use wm_comm::{CommExt, Communicator};
 //! let world = wm_comm::init()?;
@@ -18,16 +23,24 @@
 //! # Ok::<(), wm_comm::Error>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 pub mod auth;
 mod communicator;
 mod error;
 pub mod launch;
+// `Send`/`Sync` for the MPI handles, serialised by a mutex.
 #[cfg(feature = "mpi")]
+#[allow(unsafe_code)]
 pub mod mpi_backend;
+// NCCL calls through cudarc's raw bindings.
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
 pub mod nccl;
 pub mod ranks;
 pub mod socket;
+// Socket calls std does not offer: SCM_RIGHTS, poll, SO_PEERCRED, getifaddrs.
+#[allow(unsafe_code)]
 mod sys;
 
 use std::sync::Arc;

@@ -10,6 +10,8 @@ mod bootstrap;
 mod endpoint;
 mod mesh;
 mod rendezvous;
+// The mailboxes' shared mappings.
+#[allow(unsafe_code)]
 mod shm;
 pub(crate) mod wire;
 
@@ -386,6 +388,9 @@ impl Communicator for SocketComm {
         Ok(got.into_iter().enumerate().map(|(r, g)| g.unwrap_or_else(|| if r == me { send[me].to_vec() } else { Vec::new() })).collect())
     }
 
+    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
+    // exchange's protocol keeps (see the SAFETY note at the call).
+    #[allow(unsafe_code)]
     fn alltoallv_in_place(
         &self,
         sizes: &[usize],
