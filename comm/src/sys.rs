@@ -9,21 +9,21 @@ use std::mem;
 use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 
 /// Most descriptors carried by one message.
-pub const MAX_FDS: usize = 32;
+pub(crate) const MAX_FDS: usize = 32;
 
 fn cvt(ret: isize) -> io::Result<usize> {
     if ret < 0 { Err(io::Error::last_os_error()) } else { Ok(ret as usize) }
 }
 
 /// Sends without blocking and without raising SIGPIPE on a closed peer.
-pub fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+pub(crate) fn send(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid readable slice for its length; `fd` is open.
     let n = unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
     cvt(n)
 }
 
 /// Receives without blocking. `Ok(0)` means the peer closed its end.
-pub fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     // SAFETY: `buf` is a valid writable slice for its length; `fd` is open.
     let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
     cvt(n)
@@ -35,7 +35,7 @@ fn cmsg_space(n: usize) -> usize {
 }
 
 /// Sends `buf` with `fds` attached to its first byte (Unix sockets only).
-pub fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
+pub(crate) fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     assert!(!buf.is_empty() && fds.len() <= MAX_FDS);
     let mut iov = libc::iovec { iov_base: buf.as_ptr() as *mut _, iov_len: buf.len() };
     // u64 storage keeps the control buffer aligned for `cmsghdr`.
@@ -64,7 +64,7 @@ pub fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> 
 
 /// Receives into `buf`, appending any descriptors that arrive to `fds_out`
 /// (close-on-exec). `Ok(0)` means the peer closed its end.
-pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds_out: &mut Vec<OwnedFd>) -> io::Result<usize> {
+pub(crate) fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds_out: &mut Vec<OwnedFd>) -> io::Result<usize> {
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     let mut control = vec![0u64; cmsg_space(MAX_FDS).div_ceil(8)];
     // SAFETY: zeroed msghdr is a valid empty header; fields are set below.
@@ -101,7 +101,7 @@ pub fn recv_with_fds(fd: RawFd, buf: &mut [u8], fds_out: &mut Vec<OwnedFd>) -> i
 }
 
 /// `poll(2)`, retried on `EINTR` as a zero-event return.
-pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
     // SAFETY: `fds` is a valid mutable array of pollfd for its length.
     let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     if n < 0 {
@@ -113,7 +113,7 @@ pub fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
 }
 
 /// This process's effective user id.
-pub fn effective_uid() -> u32 {
+pub(crate) fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }
 }
@@ -121,7 +121,7 @@ pub fn effective_uid() -> u32 {
 /// The process id and user id of the process at the other end of a Unix
 /// socket, as the kernel recorded them when the connection was made
 /// (`SO_PEERCRED`).
-pub fn peer_cred(fd: RawFd) -> io::Result<(i32, u32)> {
+pub(crate) fn peer_cred(fd: RawFd) -> io::Result<(i32, u32)> {
     // SAFETY: an all-zero ucred is a valid value to be overwritten.
     let mut cred: libc::ucred = unsafe { mem::zeroed() };
     let mut len = mem::size_of::<libc::ucred>() as libc::socklen_t;
@@ -137,7 +137,7 @@ pub fn peer_cred(fd: RawFd) -> io::Result<(i32, u32)> {
 }
 
 /// The first IPv4 address of the network interface `name`, if it has one.
-pub fn interface_ipv4(name: &str) -> io::Result<Option<std::net::Ipv4Addr>> {
+pub(crate) fn interface_ipv4(name: &str) -> io::Result<Option<std::net::Ipv4Addr>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below.
     if unsafe { libc::getifaddrs(&mut head) } != 0 {
