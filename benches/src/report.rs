@@ -59,9 +59,11 @@ pub fn print_verified(wrong: f64) {
     println!("  verified        {verified}{}", if verified { String::new() } else { format!(" ({wrong} wrong rows)") });
 }
 
-/// Prints one JSON result line.
+/// Prints one JSON result line, untagged under `wm-run` (and under
+/// `wm-bench`'s own launch) so that a script can parse what it reads, and
+/// unchanged under any other launcher; see [`wm_comm::launch::untagged`].
 pub fn json_line(j: &serde_json::Value) {
-    println!("{j}");
+    println!("{}", wm_comm::launch::untagged(&j.to_string()));
 }
 
 #[cfg(test)]
