@@ -58,11 +58,14 @@ pub fn under_launcher() -> Result<bool> {
 
 /// Re-runs this program as `ranks` local ranks with the same arguments and
 /// returns its exit code. Rank 0's output is printed as is; the others'
-/// only when something failed, prefixed with their rank.
+/// only when something failed, prefixed with their rank. `SIGINT`,
+/// `SIGTERM` and `SIGHUP` to this process stop the ranks (and what they
+/// started) as they do under `wm-run`.
 ///
 /// # Errors
 /// When the ranks cannot be started.
 pub fn run_as_ranks(ranks: usize, node_size: Option<usize>) -> Result<i32> {
+    launch::forward_signals().context("forwarding signals to the ranks")?;
     let exe = std::env::current_exe()?;
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let mut l = Launch::new(ranks, exe, args);
