@@ -233,20 +233,22 @@ fn background_grandchildren_are_stopped() {
 #[test]
 fn ranks_that_ignore_sigterm_are_killed() {
     // The shell and its children ignore SIGTERM (an ignored signal stays
-    // ignored across fork and exec).
-    let out = wm_run(&[
-        "-n",
-        "3",
-        "--grace-s",
-        "0.5",
-        "--",
-        "sh",
-        "-c",
-        "trap '' TERM; if [ $WM_RANK = 0 ]; then exit 3; fi; sleep 600 & sleep 600; wait",
-    ]);
+    // ignored across fork and exec). Rank 0 fails once the others have set
+    // their trap (each touches a file), so none can die of SIGTERM early.
+    let ready = std::env::temp_dir().join(format!("{}.ready", marker()));
+    std::fs::create_dir(&ready).unwrap();
+    let script = format!(
+        "trap '' TERM; if [ $WM_RANK = 0 ]; then until [ -e {d}/1 ] && [ -e {d}/2 ]; do sleep 0.01; done; exit 3; fi; \
+         sleep 600 & touch {d}/$WM_RANK; sleep 600; wait",
+        d = ready.display()
+    );
+    let out = wm_run(&["-n", "3", "--grace-s", "0.5", "--", "sh", "-c", &script]);
+    let _ = std::fs::remove_dir_all(&ready);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("rank 1 was killed by signal 9 (SIGKILL) (stopped by the launcher)"), "{err}");
+    for r in [1, 2] {
+        assert!(err.contains(&format!("rank {r} was killed by signal 9 (SIGKILL) (stopped by the launcher)")), "{err}");
+    }
 }
 
 #[test]
@@ -264,16 +266,22 @@ fn a_process_that_left_its_group_does_not_keep_wm_run_waiting() {
     // `setsid` puts the sleep beyond wm-run's reach (a new session): wm-run
     // cannot stop it, but must not wait for the output pipe it holds.
     let m = marker();
-    let child = start(&m, WM_RUN, &["-n", "1", "--", "sh", "-c", "setsid sleep 600 & echo started"]);
+    // The rank ends only once the sleep's shell runs in its new session
+    // (it writes its pid), so wm-run's sweep cannot catch it earlier.
+    let flag = std::env::temp_dir().join(format!("{m}.pid"));
+    let script =
+        format!("setsid sh -c 'echo $$ > {f}; exec sleep 600' & while [ ! -s {f} ]; do sleep 0.01; done; echo started", f = flag.display());
+    let child = start(&m, WM_RUN, &["-n", "1", "--", "sh", "-c", &script]);
     let (tx, rx) = mpsc::channel();
     thread::spawn(move || tx.send(child.wait_with_output()));
     let out = rx.recv_timeout(WATCHDOG);
     let escaped = marked(&m);
     kill_marked(&m);
+    let _ = std::fs::remove_file(&flag);
     let out = out.expect("wm-run waited for the pipe a process outside its ranks' groups holds").unwrap();
     assert!(out.status.success(), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("[0] started"), "{out:?}");
-    assert!(escaped.iter().any(|(_, c)| c == "sleep 600"), "the escaped sleep should still run: {escaped:?}");
+    assert!(!escaped.is_empty(), "the process in its own session should still run");
 }
 
 #[test]
