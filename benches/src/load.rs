@@ -33,7 +33,9 @@ use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};
 use wm_gather::DType;
 
-use crate::{Spread, default_ranks, run_as_ranks, under_launcher, values};
+use crate::ranks::{RankArgs, Started};
+use crate::report::{self, Speeds, Spread};
+use crate::values;
 
 /// The options of `wm-bench load`.
 #[derive(Debug, Clone, clap::Args)]
@@ -44,12 +46,9 @@ pub struct LoadArgs {
     /// Location: host (device memory cannot be loaded yet).
     #[arg(long, default_value = "host")]
     pub location: Location,
-    /// Ranks to start when no launcher (wm-run, mpirun, srun) started this process [default: cores, at most 4].
-    #[arg(long)]
-    pub ranks: Option<usize>,
-    /// Pose as nodes of K ranks each (with --ranks).
-    #[arg(long)]
-    pub node_size: Option<usize>,
+    /// The local ranks to start without a launcher.
+    #[command(flatten)]
+    pub ranks: RankArgs,
     /// Rows in the table [default: a 512 MiB table].
     #[arg(long)]
     pub rows: Option<usize>,
@@ -102,14 +101,10 @@ pub fn start(a: &LoadArgs) -> Result<i32> {
     if a.dtype == DType::Bf16 && a.format == Format::Npy {
         bail!("--dtype bf16 needs --format raw: numpy has no bf16 element type");
     }
-    if !under_launcher()? {
-        let ranks = a.ranks.unwrap_or_else(default_ranks);
-        if ranks > 1 {
-            return run_as_ranks(ranks, a.node_size);
-        }
+    match a.ranks.start()? {
+        Started::Launched(code) => Ok(code),
+        Started::Rank(world) => bench(&world, a),
     }
-    let world = wm_comm::init().context("starting the communicator")?;
-    bench(&world, a)
 }
 
 /// Rows per shard: uneven on purpose (weights 1, 2, 3, 1, 2, 3, …), all of
@@ -279,7 +274,7 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
             "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": base, "ratio": ratio, "verified": verified,
             "dir": dir.display().to_string(),
         });
-        println!("{j}");
+        report::json_line(&j);
     } else {
         println!(
             "load {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB) from {} {} shards of {:?} rows, {} timed",
@@ -294,11 +289,9 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
             a.iters
         );
         println!("  threads per rank {threads:?}");
-        println!("  per rank GB/s   min {:.2}   median {:.2}   max {:.2}", s.min, s.median, s.max);
-        println!("  all ranks GB/s  {total:.2}");
-        println!("  baseline GB/s   {base:.2}   (one process reading the files in order with plain reads into one buffer)");
-        println!("  ratio           {ratio:.2}   (all ranks / baseline)");
-        println!("  verified        {verified}{}", if verified { String::new() } else { format!(" ({wrong_total} wrong rows)") });
+        Speeds { per_rank: s, total, baseline: base, ratio }
+            .print("one process reading the files in order with plain reads into one buffer", "all ranks / baseline");
+        report::print_verified(wrong_total);
     }
     Ok(if verified { 0 } else { 3 })
 }

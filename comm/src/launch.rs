@@ -3,26 +3,36 @@
 //!
 //! Each rank is a real process with `WM_RANK`, `WM_WORLD_SIZE` and
 //! `WM_RENDEZVOUS` set (and `WM_NODE_ID=node<r/K>` when posing as nodes of
-//! `K` ranks). Output lines are prefixed with the rank. When a rank fails the
+//! `K` ranks), the leader of a process group of its own, which dies with the
+//! launcher. Output lines are prefixed with the rank. When a rank fails the
 //! others get a grace period to report the failure themselves (they will name
-//! the lost rank), then they are killed.
+//! the lost rank), then every rank's group gets `SIGTERM` and, shortly after,
+//! `SIGKILL`; what ranks leave running in their groups is stopped the same
+//! way when the launch ends, and the launch never waits on an output pipe
+//! that something outside the ranks still holds. [`forward_signals`] makes
+//! `SIGINT`/`SIGTERM`/`SIGHUP` to the launcher stop the ranks the same way.
 //!
 //! A rank can have one of its lines shown without the tag — a result line a
 //! script reads with `tail -1` — by printing [`untagged`]`(line)`.
 
 use std::ffi::OsString;
-use std::io::{self, BufRead, BufReader, Write};
+use std::io;
 use std::path::PathBuf;
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::thread;
-use std::time::{Duration, Instant};
+use std::process::{Command, ExitStatus};
+use std::time::Duration;
 
 use wm_topology::env::{
     WM_HOST_ADDR, WM_IFACE, WM_JOB_KEY, WM_NODE_ID, WM_RANK, WM_RENDEZVOUS, WM_RENDEZVOUS_PORT_FILE, WM_UNTAGGED, WM_WORLD_SIZE,
 };
 
 use crate::JobKey;
+
+// Process groups, signals and reaping: killpg, waitid, prctl in pre_exec.
+#[allow(unsafe_code)]
+mod group;
+mod supervise;
+
+pub use supervise::{PUMP_IDLE, REAP, SWEEP, TERM_TO_KILL, forward_signals};
 
 /// How the started ranks meet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -52,9 +62,10 @@ pub struct Launch {
     pub meet: Meet,
     /// Print each line with a `[rank]` prefix as it arrives.
     pub echo: bool,
-    /// How long the others may run on after a rank fails.
+    /// How long the others may run on after a rank fails; and, after a
+    /// forwarded signal or the time limit, from `SIGTERM` to `SIGKILL`.
     pub grace: Duration,
-    /// Kill everything after this long (`None`: no limit).
+    /// Stop everything after this long (`None`: no limit).
     pub limit: Option<Duration>,
 }
 
@@ -82,7 +93,8 @@ pub struct RankOutcome {
     pub rank: usize,
     /// Its exit status.
     pub status: ExitStatus,
-    /// Whether the launcher killed it (after another rank failed, or the limit).
+    /// Whether it ended after the launcher signalled its group (after
+    /// another rank failed, a forwarded signal, or the limit).
     pub killed: bool,
     /// Its output lines, stdout and stderr interleaved as they arrived.
     pub output: Vec<String>,
@@ -99,6 +111,9 @@ pub struct Report {
     pub first_failure: Option<usize>,
     /// Whether the time limit stopped the launch.
     pub hit_limit: bool,
+    /// The signal the launcher received that stopped the launch (see
+    /// [`forward_signals`]).
+    pub signal: Option<i32>,
 }
 
 impl Report {
@@ -119,9 +134,13 @@ impl Report {
             .collect()
     }
 
-    /// The exit code a launcher should return: 0, or the first failure's
-    /// code (1 when it died of a signal).
+    /// The exit code a launcher should return: 128 + the signal that
+    /// stopped the launch, else 0, or the first failure's code (1 when it
+    /// died of a signal).
     pub fn exit_code(&self) -> i32 {
+        if let Some(sig) = self.signal {
+            return 128 + sig;
+        }
         match self.first_failure {
             None if self.success() => 0,
             None => 1,
@@ -130,18 +149,40 @@ impl Report {
     }
 }
 
-/// "exited with status 3" or "was killed by signal 9".
+/// "exited with status 3" or "was killed by signal 9 (SIGKILL)".
 pub fn describe(s: ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
         (Some(c), _) => format!("exited with status {c}"),
-        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        (None, Some(sig)) => match signal_name(sig) {
+            Some(name) => format!("was killed by signal {sig} ({name})"),
+            None => format!("was killed by signal {sig}"),
+        },
         _ => "ended".to_owned(),
     }
 }
 
+/// The name of a common signal.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    Some(match sig {
+        libc::SIGHUP => "SIGHUP",
+        libc::SIGINT => "SIGINT",
+        libc::SIGQUIT => "SIGQUIT",
+        libc::SIGILL => "SIGILL",
+        libc::SIGABRT => "SIGABRT",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGKILL => "SIGKILL",
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGPIPE => "SIGPIPE",
+        libc::SIGALRM => "SIGALRM",
+        libc::SIGTERM => "SIGTERM",
+        _ => return None,
+    })
+}
+
 /// What the launcher puts in [`WM_UNTAGGED`] for its ranks.
-const UNTAGGED_MARKER: &str = "\u{1}wm-untagged\u{1}";
+pub(crate) const UNTAGGED_MARKER: &str = "\u{1}wm-untagged\u{1}";
 
 /// `line` as a rank prints it so that the launcher that started it shows
 /// it as it is, without the `[rank] ` tag (the launcher tells its ranks how
@@ -194,38 +235,12 @@ fn launch_key(l: &Launch) -> io::Result<String> {
     key.map(|k| k.to_hex()).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
 }
 
-fn pump(
-    rank: usize,
-    src: impl io::Read + Send + 'static,
-    to_stderr: bool,
-    echo: bool,
-    sink: Arc<Mutex<Vec<String>>>,
-) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        for line in BufReader::new(src).lines() {
-            let Ok(mut line) = line else { break };
-            let tagged = match line.strip_prefix(UNTAGGED_MARKER) {
-                Some(rest) => {
-                    line = rest.to_owned();
-                    false
-                }
-                None => true,
-            };
-            if echo {
-                let text = if tagged { format!("[{rank}] {line}\n") } else { format!("{line}\n") };
-                // A closed terminal is not a reason to stop collecting.
-                let _ =
-                    if to_stderr { io::stderr().lock().write_all(text.as_bytes()) } else { io::stdout().lock().write_all(text.as_bytes()) };
-            }
-            sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-        }
-    })
-}
-
-/// Starts the ranks and waits for all of them.
+/// Starts the ranks and waits for all of them (and for nothing else: see
+/// the module documentation for how they are stopped).
 ///
 /// # Errors
-/// When a process cannot be started (the others are killed first).
+/// When a process cannot be started or watched (the others are killed
+/// first).
 pub fn run(l: &Launch) -> io::Result<Report> {
     if l.ranks == 0 {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "at least one rank is needed"));
@@ -245,10 +260,7 @@ pub fn run(l: &Launch) -> io::Result<Report> {
         Meet::Tcp => "127.0.0.1:0".to_owned(),
     };
     let port_file = dir.0.join("port");
-    let start = Instant::now();
-    let mut children: Vec<Child> = Vec::with_capacity(l.ranks);
-    let mut pumps = Vec::new();
-    let mut sinks = Vec::new();
+    let mut commands = Vec::with_capacity(l.ranks);
     for r in 0..l.ranks {
         let mut cmd = Command::new(&l.program);
         cmd.args(&l.args)
@@ -256,10 +268,7 @@ pub fn run(l: &Launch) -> io::Result<Report> {
             .env(WM_WORLD_SIZE.name, l.ranks.to_string())
             .env(WM_RENDEZVOUS.name, &rendezvous)
             .env(WM_RENDEZVOUS_PORT_FILE.name, &port_file)
-            .env(WM_UNTAGGED.name, UNTAGGED_MARKER)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+            .env(WM_UNTAGGED.name, UNTAGGED_MARKER);
         match l.node_size {
             Some(k) => cmd.env(WM_NODE_ID.name, format!("node{}", r / k)),
             None => cmd.env_remove(WM_NODE_ID.name),
@@ -274,65 +283,7 @@ pub fn run(l: &Launch) -> io::Result<Report> {
         if !chosen(&WM_HOST_ADDR) && !chosen(&WM_IFACE) {
             cmd.env(WM_HOST_ADDR.name, "127.0.0.1");
         }
-        let mut child = match cmd.spawn() {
-            Ok(c) => c,
-            Err(e) => {
-                for c in &mut children {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-                return Err(io::Error::new(e.kind(), format!("cannot start {:?}: {e}", l.program)));
-            }
-        };
-        let sink = Arc::new(Mutex::new(Vec::new()));
-        pumps.push(pump(r, child.stdout.take().expect("piped"), false, l.echo, sink.clone()));
-        pumps.push(pump(r, child.stderr.take().expect("piped"), true, l.echo, sink.clone()));
-        sinks.push(sink);
-        children.push(child);
+        commands.push(cmd);
     }
-
-    let mut done: Vec<Option<(ExitStatus, bool, Duration)>> = vec![None; l.ranks];
-    let mut first_failure = None;
-    let mut failed_at: Option<Instant> = None;
-    let mut hit_limit = false;
-    while done.iter().any(Option::is_none) {
-        for (r, c) in children.iter_mut().enumerate() {
-            if done[r].is_none()
-                && let Some(st) = c.try_wait()?
-            {
-                done[r] = Some((st, false, start.elapsed()));
-                if !st.success() && first_failure.is_none() {
-                    first_failure = Some(r);
-                    failed_at = Some(Instant::now());
-                }
-            }
-        }
-        let over_limit = l.limit.is_some_and(|t| start.elapsed() >= t);
-        let past_grace = failed_at.is_some_and(|t| t.elapsed() >= l.grace);
-        if over_limit || past_grace {
-            hit_limit |= over_limit;
-            for (r, c) in children.iter_mut().enumerate() {
-                if done[r].is_none() {
-                    let _ = c.kill();
-                    let st = c.wait()?;
-                    done[r] = Some((st, true, start.elapsed()));
-                }
-            }
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    for p in pumps {
-        let _ = p.join();
-    }
-    let ranks = done
-        .into_iter()
-        .zip(sinks)
-        .enumerate()
-        .map(|(rank, (d, sink))| {
-            let (status, killed, ended_after) = d.expect("every rank ended");
-            let output = std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner()));
-            RankOutcome { rank, status, killed, output, ended_after }
-        })
-        .collect();
-    Ok(Report { ranks, first_failure, hit_limit })
+    supervise::supervise(l, commands)
 }

@@ -11,8 +11,8 @@
 //! [`launch`] module starts local ranks (it is what `wm-run` runs).
 //!
 //! Unsafe code is denied except in `sys` (socket calls), `socket::shm`
-//! (the mailboxes' mappings), `nccl` and the `Send`/`Sync` wrappers of
-//! `mpi_backend`; `tests/tests/invariants.rs` keeps that list and
+//! (the mailboxes' mappings), `launch::group` (process groups and
+//! signals), `nccl` and the `Send`/`Sync` wrappers of `mpi_backend`; `tests/tests/invariants.rs` keeps that list and
 //! ARCHITECTURE.md in step.
 //!
 //! ```no_run

@@ -330,6 +330,8 @@ fn hostile(world: World, hostile: usize, kind: &str) {
     for r in &report.ranks {
         assert!(r.status.success(), "rank {} ({kind} from rank {hostile}): {:?}\n{transcript}", r.rank, r.status);
         assert!(!r.killed, "rank {} had to be killed\n{transcript}", r.rank);
+        let blamed = format!("rank {hostile}");
+        assert!(r.output.iter().any(|l| l.contains(&blamed)), "rank {} printed no error naming rank {hostile}\n{transcript}", r.rank);
     }
 }
 

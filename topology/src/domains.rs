@@ -40,8 +40,15 @@ pub fn bind_gpu(local_rank: usize, record: &TopologyRecord, requested: Option<u3
     requested.or_else(|| record.gpus.get(local_rank % record.gpus.len()).map(|g| g.index))
 }
 
-fn node_label(p: &RankPlace<'_>) -> String {
-    p.record.map_or_else(|| p.node.to_owned(), |r| r.hostname.clone())
+/// Names for the nodes of `a` and `b` (two different nodes) that tell them
+/// apart: their host names when both are known and differ, else their node
+/// ids — which differ by definition, and are what `WM_NODE_ID` set when one
+/// machine poses as several nodes (whose host names are all the same).
+fn node_labels(a: &RankPlace<'_>, b: &RankPlace<'_>) -> (String, String) {
+    match (a.record, b.record) {
+        (Some(ra), Some(rb)) if ra.hostname != rb.hostname => (ra.hostname.clone(), rb.hostname.clone()),
+        _ => (a.node.to_owned(), b.node.to_owned()),
+    }
 }
 
 /// Every rank on one node, or the first pair that is not.
@@ -49,7 +56,10 @@ pub fn one_node(ranks: &[RankPlace<'_>]) -> Result<(), String> {
     let Some(first) = ranks.first() else { return Ok(()) };
     match ranks.iter().find(|p| p.node != first.node) {
         None => Ok(()),
-        Some(p) => Err(format!("ranks {} and {} are on different nodes ({} and {})", first.rank, p.rank, node_label(first), node_label(p))),
+        Some(p) => {
+            let (x, y) = node_labels(first, p);
+            Err(format!("ranks {} and {} are on different nodes ({x} and {y})", first.rank, p.rank))
+        }
     }
 }
 
@@ -59,13 +69,14 @@ pub fn equal_nodes(ranks: &[RankPlace<'_>]) -> Result<(), String> {
     let Some(first) = ranks.first() else { return Ok(()) };
     match ranks.iter().find(|p| count(p.node) != count(first.node)) {
         None => Ok(()),
-        Some(p) => Err(format!(
-            "node {} has {} ranks and node {} has {}; hierarchy memory pairs ranks across nodes by local rank, which needs the same number on every node",
-            node_label(first),
-            count(first.node),
-            node_label(p),
-            count(p.node)
-        )),
+        Some(p) => {
+            let (x, y) = node_labels(first, p);
+            Err(format!(
+                "node {x} has {} ranks and node {y} has {}; hierarchy memory pairs ranks across nodes by local rank, which needs the same number on every node",
+                count(first.node),
+                count(p.node)
+            ))
+        }
     }
 }
 

@@ -177,13 +177,43 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The timeout from [`WM_TIMEOUT_S`] (fractions allowed), or the default.
 ///
 /// # Errors
-/// A message naming the bad value when it is not a positive number.
+/// A message naming the bad value when it is not a positive number of
+/// seconds up to [`MAX_SECONDS`].
 pub fn timeout() -> Result<Duration, String> {
-    match WM_TIMEOUT_S.parse::<f64>()? {
+    match WM_TIMEOUT_S.get() {
         None => Ok(DEFAULT_TIMEOUT),
-        Some(s) if s.is_finite() && s > 0.0 => Ok(Duration::from_secs_f64(s)),
-        Some(s) => Err(format!("WM_TIMEOUT_S={s} must be a positive number of seconds")),
+        Some(v) => seconds(WM_TIMEOUT_S.name, &v, false),
     }
+}
+
+/// The most seconds a duration setting takes (about 31 years): past any
+/// job, and far from where adding it to an `Instant` would overflow.
+pub const MAX_SECONDS: f64 = 1e9;
+
+/// `raw` (a setting `name`, e.g. `WM_TIMEOUT_S` or `--grace-s`) as a
+/// duration: a number of seconds, fractions allowed, up to
+/// [`MAX_SECONDS`]; zero only when `zero_ok`.
+///
+/// # Errors
+/// A message naming the setting and the bad value: not a number, NaN,
+/// infinite, negative (or zero), or too large.
+pub fn seconds(name: &str, raw: &str, zero_ok: bool) -> Result<Duration, String> {
+    let least = if zero_ok { "0" } else { "more than 0" };
+    let bad = |why: &str| format!("{name}={raw:?} {why}: expected a number of seconds, {least} and at most {MAX_SECONDS:e}");
+    let s: f64 = raw.trim().parse().map_err(|_| bad("is not a number"))?;
+    if s.is_nan() {
+        return Err(bad("is not a number"));
+    }
+    if s > MAX_SECONDS {
+        return Err(bad("is too large"));
+    }
+    if s < 0.0 || (s == 0.0 && !zero_ok) {
+        return Err(bad("is too small"));
+    }
+    // Finite and within range now, so the conversion cannot fail; a
+    // positive value too small for a nanosecond is still positive.
+    let d = Duration::try_from_secs_f64(s).map_err(|_| bad("is out of range"))?;
+    Ok(if d.is_zero() && s > 0.0 { Duration::from_nanos(1) } else { d })
 }
 
 /// Whether [`WM_REQUIRE_GPU`] asks for GPU tests to fail rather than skip.
@@ -194,6 +224,28 @@ pub fn require_gpu() -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seconds_are_checked_and_named() {
+        assert_eq!(seconds("WM_TIMEOUT_S", "2.5", false), Ok(Duration::from_millis(2500)));
+        assert_eq!(seconds("--grace-s", " 0 ", true), Ok(Duration::ZERO));
+        assert_eq!(seconds("WM_TIMEOUT_S", "1e-300", false), Ok(Duration::from_nanos(1)));
+        assert_eq!(seconds("WM_TIMEOUT_S", "1e9", false), Ok(Duration::from_secs(1_000_000_000)));
+        for (raw, zero_ok, why) in [
+            ("inf", true, "is too large"),
+            ("1e300", false, "is too large"),
+            ("1000000001", true, "is too large"),
+            ("NaN", true, "is not a number"),
+            ("-inf", true, "is too small"),
+            ("-1", true, "is too small"),
+            ("0", false, "is too small"),
+            ("soon", true, "is not a number"),
+            ("", true, "is not a number"),
+        ] {
+            let e = seconds("--grace-s", raw, zero_ok).unwrap_err();
+            assert!(e.starts_with(&format!("--grace-s={raw:?} {why}")), "{raw}: {e}");
+        }
+    }
 
     #[test]
     fn names_are_unique_and_prefixed() {

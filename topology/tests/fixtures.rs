@@ -80,6 +80,27 @@ fn two_nodes_of_4_gpus_map_nothing_across_nodes() {
 }
 
 #[test]
+fn nodes_posed_on_one_host_are_named_by_their_ids() {
+    // One machine posing as two nodes (WM_NODE_ID): the host names are the
+    // same, so only the ids tell the nodes apart.
+    let mut a = load("two-nodes-4gpu-a.json");
+    let mut b = a.clone();
+    a.node_id = "node0".into();
+    b.node_id = "node1".into();
+    let nodes = [a, b];
+    let apart = "ranks 0 and 4 are on different nodes (node0 and node1)";
+    check(&places(&nodes, 4), [[apart, apart], [apart, apart], ["", ""], ["", ""]]);
+    let mut uneven = places(&nodes, 4);
+    uneven.pop();
+    let m = matrix(&uneven, Ok(()));
+    assert!(m[3][0].as_ref().unwrap_err().starts_with("node node0 has 4 ranks and node node1 has 3"), "{:?}", m[3][0]);
+    // Without records, the ids too.
+    let bare: Vec<RankPlace<'_>> =
+        ["node0", "node0", "node1"].iter().enumerate().map(|(rank, &node)| RankPlace { rank, node, record: None, gpu: None }).collect();
+    assert_eq!(matrix(&bare, Ok(()))[0][0], Err("ranks 0 and 2 are on different nodes (node0 and node1)".into()));
+}
+
+#[test]
 fn without_cuda_every_device_answer_says_so() {
     let node = [load("nvswitch-8gpu.json")];
     let got = matrix(&places(&node, 8), Err("this build of wholemem has no CUDA support".into()));

@@ -1,0 +1,464 @@
+//! `wm-bench gather` and `wm-bench scatter` move batches of random rows
+//! between a table spread over the ranks and a local buffer, verify every
+//! value moved, and report per-rank GB/s (decimal, output bytes for gather,
+//! input bytes for scatter) beside a baseline measured in the same run: the
+//! same batches moved by plain single-threaded code in one process, from or
+//! into a private table of the same shape. The baseline batches interleave
+//! with the timed ones (rank 0 runs one alone after each batch, while the
+//! other ranks wait), so both see the machine in the same state. Without a
+//! launcher it starts `--ranks` local ranks itself.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, bail, ensure};
+use clap::ValueEnum;
+use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
+use wm_comm::{CommExt, Communicator};
+use wm_gather::{DType, Ids, RowLayout};
+
+use crate::ranks::{RankArgs, Started};
+use crate::report::{self, Speeds, Spread};
+use crate::values;
+
+/// The ids' integer type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum IdType {
+    I32,
+    I64,
+}
+
+/// The options of `wm-bench gather` and `wm-bench scatter`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MoveArgs {
+    /// Memory type: continuous, chunked, distributed or hierarchy.
+    #[arg(long = "type", default_value = "chunked")]
+    pub(crate) ty: MemoryType,
+    /// Location: host or device.
+    #[arg(long, default_value = "host")]
+    pub(crate) location: Location,
+    /// Where gather's output lives: host, or device (a kernel on this rank's GPU reads the table — device memory, or
+    /// host memory registered with CUDA — and the baseline is a copy of the same bytes to the GPU) [default: --location].
+    #[arg(long)]
+    pub(crate) out_location: Option<Location>,
+    /// The local ranks to start without a launcher.
+    #[command(flatten)]
+    pub(crate) ranks: RankArgs,
+    /// Rows in the table [default: a 2 GiB table].
+    #[arg(long)]
+    pub(crate) rows: Option<usize>,
+    /// Elements per row.
+    #[arg(long, default_value_t = 128)]
+    pub(crate) dim: usize,
+    /// The table's element type.
+    #[arg(long, default_value = "f32")]
+    pub(crate) dtype: DType,
+    /// The local buffer's element type (gather output, scatter input) [default: --dtype].
+    #[arg(long)]
+    pub(crate) out_dtype: Option<DType>,
+    /// Id type.
+    #[arg(long, value_enum, default_value = "i64")]
+    pub(crate) ids: IdType,
+    /// Ids per batch, per rank.
+    #[arg(long, default_value_t = 65_536)]
+    pub(crate) batch: usize,
+    /// Timed batches.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) iters: usize,
+    /// Untimed batches first.
+    #[arg(long, default_value_t = 3)]
+    pub(crate) warmup: usize,
+    /// Seed of the random ids.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
+    /// Pages of the baseline's private table: `default` (what plain code gets: on most systems small pages) or
+    /// `huge` (transparent huge pages asked for with madvise), to see how much of a ratio is the table's huge pages.
+    #[arg(long, value_enum, default_value = "default")]
+    pub(crate) baseline_pages: BaselinePages,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// Pages of the baseline's private table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BaselinePages {
+    Default,
+    Huge,
+}
+
+impl MoveArgs {
+    /// Whether the gathered rows land in device memory.
+    fn device_out(&self) -> bool {
+        self.location == Location::Device || self.out_location == Some(Location::Device)
+    }
+}
+
+/// Which way rows move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Op {
+    /// From the table into the local buffer.
+    Gather,
+    /// From the local buffer into the table.
+    Scatter,
+}
+
+impl Op {
+    /// The subcommand's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Gather => "gather",
+            Op::Scatter => "scatter",
+        }
+    }
+}
+
+const DEFAULT_TABLE_BYTES: usize = 2 << 30;
+
+/// Runs `wm-bench gather` or `wm-bench scatter`: starts `--ranks` local
+/// ranks when no launcher did, then benchmarks. Returns the exit code (3
+/// when verification failed).
+///
+/// # Errors
+/// Bad options, an unsupported type or location, a failed move, a lost peer.
+pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
+    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    ensure!(
+        !(op == Op::Scatter && a.out_location.is_some_and(|l| l != a.location)),
+        "--out-location applies to gather; scatter reads its input from the table's side"
+    );
+    if a.device_out() {
+        // Say why before starting any rank.
+        #[cfg(feature = "cuda")]
+        if let Err(why) = wholemem::device::status() {
+            bail!("device memory is unavailable here: {why}");
+        }
+        #[cfg(not(feature = "cuda"))]
+        bail!("device memory is unavailable here: {}", wholemem::NO_CUDA);
+    }
+    match a.ranks.start()? {
+        Started::Launched(code) => Ok(code),
+        Started::Rank(world) => bench(op, &world, a),
+    }
+}
+
+/// A small fast generator (xorshift64*), seeded per rank and batch.
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64, rank: usize, batch: usize) -> Self {
+        let mut s = seed ^ ((rank as u64) << 40) ^ ((batch as u64) << 20) ^ 0x9E37_79B9_7F4A_7C15;
+        for _ in 0..4 {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+        }
+        Self(s | 1)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) % n
+    }
+}
+
+fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
+    let mut rng = Rng::new(a.seed, rank, b);
+    (0..a.batch).map(|_| rng.below(rows as u64) as i64).collect()
+}
+
+/// The benchmark proper, on every rank.
+///
+/// # Errors
+/// An unsupported type or location, a failed move, a lost peer.
+pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let out_dt = a.out_dtype.unwrap_or(a.dtype);
+    let row_bytes = a.dim * a.dtype.size();
+    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
+    ensure!(rows > 0, "--rows must be positive");
+    if a.ids == IdType::I32 && rows > i32::MAX as usize {
+        bail!("--ids i32 cannot address {rows} rows");
+    }
+    if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
+        bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
+    }
+    let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
+    let mut mem = WholeMemory::allocate(world, &req)?;
+    values::fill(&mut mem, a.dim, a.dtype)?;
+    let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
+    let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
+    let buf_row = a.dim * out_dt.size();
+    let mut buf = vec![0u8; a.batch * buf_row];
+    let mut expect = vec![0u8; buf_row];
+    let progress = me == 0 && std::io::stderr().is_terminal();
+    // A run into device memory has a copy to the GPU as its baseline: no
+    // private host table needed.
+    let host_rows = if a.device_out() { 0 } else { rows };
+    let mut base = if me == 0 { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
+    #[cfg(feature = "cuda")]
+    let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
+    world.barrier()?;
+    let mut seconds = 0.0f64;
+    let mut wrong = 0u64;
+    let mut scattered: Vec<i64> = Vec::new();
+    for b in 0..a.warmup + a.iters {
+        let ids = batch_ids(a, rows, me, b);
+        let narrow: Vec<i32> = if a.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
+        let id_arg = || if a.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
+        if op == Op::Scatter {
+            // Every rank writes the same function of (row, column), so rows
+            // written by several ranks are the same whoever wins.
+            for (i, &id) in ids.iter().enumerate() {
+                values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut buf[i * buf_row..][..buf_row]);
+            }
+        }
+        world.barrier()?;
+        let dt = match op {
+            #[cfg(feature = "cuda")]
+            Op::Gather if gpu.is_some() => gpu.as_mut().expect("checked").gather(&mem, &layout, id_arg(), &mut buf, out_dt)?,
+            Op::Gather => {
+                let t0 = Instant::now();
+                wm_gather::gather(&mem, &layout, id_arg(), &mut buf, out_dt)?;
+                t0.elapsed().as_secs_f64()
+            }
+            Op::Scatter => {
+                let t0 = Instant::now();
+                wm_gather::scatter(&mut mem, &layout, id_arg(), &buf, out_dt)?;
+                t0.elapsed().as_secs_f64()
+            }
+        };
+        if b >= a.warmup {
+            seconds += dt;
+        }
+        match op {
+            Op::Gather => {
+                for (i, &id) in ids.iter().enumerate() {
+                    values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+                    wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
+                }
+            }
+            Op::Scatter if b + 1 == a.warmup + a.iters => scattered = ids.clone(),
+            Op::Scatter => {}
+        }
+        // The baseline's batch, by rank 0 alone.
+        world.barrier()?;
+        if let Some(base) = &mut base {
+            #[cfg(feature = "cuda")]
+            if let Some(g) = &mut gpu {
+                base.device_batch(g, &mem, b >= a.warmup)?;
+            } else {
+                base.batch(&ids, b >= a.warmup);
+            }
+            #[cfg(not(feature = "cuda"))]
+            base.batch(&ids, b >= a.warmup);
+        }
+        if progress {
+            eprint!("\r{} batch {}/{}", op.name(), b + 1, a.warmup + a.iters);
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+    if op == Op::Scatter {
+        // Read back the last batch's rows: each holds the scattered value.
+        world.barrier()?;
+        let mut back = vec![0u8; scattered.len() * row_bytes];
+        wm_gather::gather(&mem, &layout, Ids::I64(&scattered), &mut back, a.dtype)?;
+        let mut stored = vec![0u8; row_bytes];
+        for (i, &id) in scattered.iter().enumerate() {
+            values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut expect);
+            // What the table holds after converting the buffer's row back.
+            for c in 0..a.dim {
+                let v = values::get(out_dt, &expect[c * out_dt.size()..][..out_dt.size()]);
+                values::put(a.dtype, &mut stored[c * a.dtype.size()..][..a.dtype.size()], v);
+            }
+            wrong += u64::from(back[i * row_bytes..][..row_bytes] != stored[..]);
+        }
+    }
+    let bytes = (a.iters * a.batch * buf_row) as f64;
+    let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
+    let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
+    let baseline_huge = base.as_ref().map_or(0.0, |b| wholemem::huge_page_bytes(&b.table) as f64 / b.table.len().max(1) as f64);
+    drop(base);
+    #[cfg(feature = "cuda")]
+    drop(gpu);
+    let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
+    mem.free()?;
+    let per_rank: Vec<f64> = stats.chunks(3).map(|s| s[0]).collect();
+    let slowest = stats.chunks(3).map(|s| s[1]).fold(0.0f64, f64::max);
+    let wrong_total: f64 = stats.chunks(3).map(|s| s[2]).sum();
+    let verified = wrong_total == 0.0;
+    if me == 0 {
+        let s = Spread::of(&per_rank);
+        let total = bytes * n as f64 / slowest.max(1e-12) / 1e9;
+        let ratio = s.median / baseline;
+        if a.json {
+            let j = serde_json::json!({
+                "op": op.name(), "type": a.ty.name(), "location": a.location.name(),
+                "out_location": if a.device_out() { "device" } else { "host" }, "ranks": n, "nodes": nodes,
+                "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
+                "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
+                "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
+                "huge_pages": huge_pages, "baseline_huge_pages": baseline_huge,
+            });
+            report::json_line(&j);
+        } else {
+            println!(
+                "{} {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} ids -> {}, {} timed",
+                op.name(),
+                a.location,
+                a.ty,
+                a.dim,
+                a.dtype,
+                (rows * row_bytes) as f64 / (1u64 << 30) as f64,
+                a.batch,
+                out_dt,
+                a.iters
+            );
+            let what = match (a.location, a.out_location) {
+                (Location::Device, _) => "rank 0's GPU, a device-to-device copy of the same bytes",
+                (Location::Host, Some(Location::Device)) => "rank 0's rows copied to its GPU over the host link",
+                _ => "one process, one thread, private table",
+            };
+            Speeds { per_rank: s, total, baseline, ratio }.print(what, "per-rank median / baseline");
+            println!(
+                "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
+                huge_pages * 100.0,
+                baseline_huge * 100.0
+            );
+            report::print_verified(wrong_total);
+        }
+    }
+    Ok(if verified { 0 } else { 3 })
+}
+
+/// The device side of a gather benchmark: an output buffer on the GPU, and
+/// for rank 0 the two buffers of the device-to-device baseline copy.
+#[cfg(feature = "cuda")]
+struct DeviceRun {
+    out: wholemem::device::DeviceBuffer,
+    copy: Option<(wholemem::device::DeviceBuffer, wholemem::device::DeviceBuffer)>,
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceRun {
+    fn new(mem: &WholeMemory, bytes: usize, baseline: bool) -> Result<Self> {
+        use wholemem::device::DeviceBuffer;
+        let out = DeviceBuffer::new(mem, bytes)?;
+        let copy = if baseline { Some((DeviceBuffer::new(mem, bytes)?, DeviceBuffer::new(mem, bytes)?)) } else { None };
+        Ok(Self { out, copy })
+    }
+
+    /// Uploads the ids (untimed), gathers into device memory (timed), and
+    /// brings the rows back for verification (untimed). Seconds.
+    fn gather(&mut self, mem: &WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &mut [u8], out: DType) -> Result<f64> {
+        let dev_ids = wm_gather::device::DeviceIds::upload(mem, ids)?;
+        let t0 = Instant::now();
+        wm_gather::device::gather_device(mem, layout, &dev_ids, &mut self.out, out)?;
+        let dt = t0.elapsed().as_secs_f64();
+        self.out.download(buf)?;
+        Ok(dt)
+    }
+
+    /// One timed copy of the batch's bytes to the GPU: device to device for
+    /// a device table; for a host table, from this rank's rows (registered
+    /// with CUDA, so page-locked) over the host link. Seconds and bytes.
+    fn copy(&mut self, mem: &WholeMemory) -> Result<(f64, usize)> {
+        use anyhow::Context as _;
+        let (dst, src) = self.copy.as_mut().expect("rank 0 holds the baseline buffers");
+        if mem.location() == Location::Host {
+            let rows = mem.local_bytes();
+            let n = rows.len().min(dst.len());
+            let t0 = Instant::now();
+            dst.upload(&rows[..n])?;
+            return Ok((t0.elapsed().as_secs_f64(), n));
+        }
+        let ctx = wholemem::device::raw::context(mem).context("the table has no GPU")?;
+        let t0 = Instant::now();
+        dst.copy_from(src, src.len())?;
+        ctx.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
+        Ok((t0.elapsed().as_secs_f64(), src.len()))
+    }
+}
+
+/// The same batches (rank 0's) moved by plain single-threaded code from or
+/// into a private table of the same shape.
+struct Baseline {
+    op: Op,
+    table: Vec<u8>,
+    buf: Vec<u8>,
+    dim: usize,
+    dtype: DType,
+    out: DType,
+    seconds: f64,
+    bytes: f64,
+}
+
+impl Baseline {
+    fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
+        let es = a.dtype.size();
+        let row_bytes = a.dim * es;
+        let mut table = vec![0u8; rows * row_bytes];
+        if a.baseline_pages == BaselinePages::Huge {
+            wholemem::advise_huge_pages(&mut table);
+        }
+        for (r, row) in table.chunks_mut(row_bytes).enumerate() {
+            for c in 0..a.dim {
+                values::put(a.dtype, &mut row[c * es..][..es], values::at(r, c, a.dtype));
+            }
+        }
+        let buf = vec![0u8; a.batch * a.dim * out.size()];
+        Self { op, table, buf, dim: a.dim, dtype: a.dtype, out, seconds: 0.0, bytes: 0.0 }
+    }
+
+    /// Moves one batch; `timed` adds it to the figures.
+    fn batch(&mut self, ids: &[i64], timed: bool) {
+        let (es, os, dim) = (self.dtype.size(), self.out.size(), self.dim);
+        let (row_bytes, buf_row) = (dim * es, dim * os);
+        let same = self.dtype == self.out;
+        let t0 = Instant::now();
+        for (i, &id) in ids.iter().enumerate() {
+            let t = &mut self.table[id as usize * row_bytes..][..row_bytes];
+            let o = &mut self.buf[i * buf_row..][..buf_row];
+            match (self.op, same) {
+                (Op::Gather, true) => o.copy_from_slice(t),
+                (Op::Scatter, true) => t.copy_from_slice(o),
+                (Op::Gather, false) => {
+                    for c in 0..dim {
+                        values::put(self.out, &mut o[c * os..][..os], values::get(self.dtype, &t[c * es..][..es]));
+                    }
+                }
+                (Op::Scatter, false) => {
+                    for c in 0..dim {
+                        values::put(self.dtype, &mut t[c * es..][..es], values::get(self.out, &o[c * os..][..os]));
+                    }
+                }
+            }
+        }
+        let dt = t0.elapsed().as_secs_f64();
+        std::hint::black_box(&self.buf);
+        if timed {
+            self.seconds += dt;
+            self.bytes += (ids.len() * buf_row) as f64;
+        }
+    }
+
+    /// The device baseline: one device-to-device copy of a batch's output
+    /// bytes on this rank's GPU.
+    #[cfg(feature = "cuda")]
+    fn device_batch(&mut self, gpu: &mut DeviceRun, mem: &WholeMemory, timed: bool) -> Result<()> {
+        let (dt, bytes) = gpu.copy(mem)?;
+        if timed {
+            self.seconds += dt;
+            self.bytes += bytes as f64;
+        }
+        Ok(())
+    }
+
+    fn gbps(&self) -> f64 {
+        self.bytes / self.seconds.max(1e-12) / 1e9
+    }
+}

@@ -1,0 +1,80 @@
+//! `--json` as a script reads it: whatever starts the ranks (`wm-run`,
+//! `wm-bench` itself, another launcher), stdout is JSON lines a parser
+//! reads as they are — no `[rank]` tag, no marker.
+
+use std::process::{Command, Output};
+
+const WM_RUN: &str = env!("CARGO_BIN_EXE_wm-run");
+const WM_BENCH: &str = env!("CARGO_BIN_EXE_wm-bench");
+
+/// Every stdout line of a successful run parsed as JSON (at least one).
+fn json_lines(what: &str, out: &Output) -> Vec<serde_json::Value> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{what}: {:?}\n{text}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{what}: a stdout line is not JSON ({e}): {l:?}\n{text}")))
+        .collect();
+    assert!(!lines.is_empty(), "{what}: no output");
+    lines
+}
+
+fn wm_run(ranks: &[&str], bench: &[&str]) -> Output {
+    Command::new(WM_RUN).args(ranks).arg("--").arg(WM_BENCH).args(bench).output().unwrap()
+}
+
+const SMALL: [&str; 6] = ["--rows", "20000", "--batch", "1024", "--iters", "2"];
+
+#[test]
+fn probe_under_wm_run_is_json() {
+    let out = wm_run(&["-n", "4", "--node-size", "2"], &["probe", "--active", "--json"]);
+    let j = json_lines("wm-run -n 4 --node-size 2 -- wm-bench probe --active --json", &out);
+    assert_eq!(j.len(), 1, "{j:?}");
+    assert_eq!(j[0]["ranks"], 4);
+    assert_eq!(j[0]["nodes"].as_array().map(Vec::len), Some(2), "{}", j[0]);
+}
+
+#[test]
+fn gather_and_scatter_under_wm_run_are_json() {
+    for op in ["gather", "scatter"] {
+        for ty in ["chunked", "distributed"] {
+            let mut args = vec![op, "--json", "--type", ty];
+            args.extend(SMALL);
+            let out = wm_run(&["-n", "2"], &args);
+            let j = json_lines(&format!("wm-run -n 2 -- wm-bench {args:?}"), &out);
+            assert_eq!(j.len(), 1, "{j:?}");
+            assert_eq!((j[0]["op"].as_str(), j[0]["type"].as_str(), j[0]["ranks"].as_u64()), (Some(op), Some(ty), Some(2)));
+            assert_eq!(j[0]["verified"], true, "{}", j[0]);
+        }
+    }
+}
+
+#[test]
+fn load_under_wm_run_is_json() {
+    let out = wm_run(&["-n", "2"], &["load", "--json", "--rows", "20011", "--dim", "9", "--iters", "1"]);
+    let j = json_lines("wm-run -n 2 -- wm-bench load --json", &out);
+    assert_eq!((j.len(), j[0]["verified"].as_bool()), (1, Some(true)), "{j:?}");
+}
+
+#[test]
+fn gather_starting_its_own_ranks_is_json() {
+    let mut args = vec!["gather", "--json", "--ranks", "3"];
+    args.extend(SMALL);
+    let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+    let j = json_lines("wm-bench gather --json --ranks 3", &out);
+    assert_eq!((j.len(), j[0]["ranks"].as_u64()), (1, Some(3)), "{j:?}");
+}
+
+#[test]
+fn under_another_launcher_the_line_is_unchanged() {
+    // A one-rank world as mpirun or srun would describe it: no WM_UNTAGGED.
+    let out = Command::new(WM_BENCH)
+        .args(["probe", "--json"])
+        .env("WM_RANK", "0")
+        .env("WM_WORLD_SIZE", "1")
+        .env_remove("WM_UNTAGGED")
+        .output()
+        .unwrap();
+    let j = json_lines("WM_RANK=0 WM_WORLD_SIZE=1 wm-bench probe --json", &out);
+    assert_eq!(j[0]["ranks"], 1);
+}

@@ -1,0 +1,219 @@
+#!/usr/bin/env bash
+# Two "hosts" on one machine: two network namespaces joined by a veth pair
+# (10.213.0.1/24 and 10.213.0.2/24, addresses of these test hosts only),
+# each rank in its own UTS namespace with its host's name, so the two hosts
+# differ by host name and talk over real TCP. Two ranks per host, started by
+# hand as any launcher would (WM_RANK, WM_WORLD_SIZE, WM_RENDEZVOUS at the
+# first host's address, WM_HOST_ADDR, WM_JOB_KEY).
+#
+#   1. wm-bench gather and scatter, --type hierarchy and distributed: every
+#      rank exits 0, rank 0's JSON says verified on 2 nodes; wm-bench probe
+#      names the two nodes by their host names.
+#   2. The link is cut (ip link set ... down) during a long gather with
+#      WM_TIMEOUT_S=10: every rank exits non-zero with an error naming a
+#      peer, within the timeout and some slack.
+#   3. Nothing is left: no process of ours, nothing new in /dev/shm; the
+#      namespaces are deleted on any exit.
+#
+# Usage: tests/netns/run.sh [WM_BENCH]   (default: target/release/wm-bench,
+# else target/debug/wm-bench). Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN):
+# when `ip netns add` is not permitted it prints SKIP and exits 0, except
+# under CI (CI=true), where that is a failure.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+bench=${1:-}
+if [ -z "$bench" ]; then
+  if [ -x target/release/wm-bench ]; then bench=target/release/wm-bench; else bench=target/debug/wm-bench; fi
+fi
+bench=$(realpath "$bench")
+[ -x "$bench" ] || { echo "netns: no wm-bench at $bench (build it first)" >&2; exit 1; }
+
+tag="wm$$"
+nsa="$tag-a" nsb="$tag-b"
+addr_a=10.213.0.1 addr_b=10.213.0.2
+port=29513
+timeout_s=10
+marker="wm-netns-test.$$.$RANDOM"
+work=$(mktemp -d)
+shm_before=$(ls /dev/shm)
+
+# Every process of ours carries the marker in its environment.
+ours() {
+  grep -lsz "^WM_NETNS_MARKER=$marker\$" /proc/[0-9]*/environ 2>/dev/null | sed 's|/proc/\([0-9]*\)/environ|\1|' || true
+}
+
+cleanup() {
+  local rc=$?
+  for pid in $(ours); do kill -KILL "$pid" 2>/dev/null || true; done
+  ip netns del "$nsa" 2>/dev/null || true
+  ip netns del "$nsb" 2>/dev/null || true
+  rm -rf "$work"
+  exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+if ! err=$(ip netns add "$nsa" 2>&1); then
+  if [ "${CI:-}" = true ]; then
+    echo "netns: ip netns add failed under CI: $err" >&2
+    exit 1
+  fi
+  echo "SKIP netns: ip netns add is not permitted here: $err"
+  exit 0
+fi
+ip netns add "$nsb"
+ip link add "$tag-va" type veth peer name "$tag-vb"
+ip link set "$tag-va" netns "$nsa"
+ip link set "$tag-vb" netns "$nsb"
+ip -n "$nsa" addr add "$addr_a/24" dev "$tag-va"
+ip -n "$nsb" addr add "$addr_b/24" dev "$tag-vb"
+for ns in "$nsa" "$nsb"; do
+  ip -n "$ns" link set lo up
+done
+ip -n "$nsa" link set "$tag-va" up
+ip -n "$nsb" link set "$tag-vb" up
+
+# The job's key, as wm-run would make it (64 hex digits).
+key=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
+
+# start RANK TIMEOUT_S LOG ARGS...: rank RANK of 4 in its host's namespaces,
+# in the background; ranks 0 and 1 on host a, 2 and 3 on host b.
+pids=()
+start() {
+  local rank=$1 tmo=$2 log=$3
+  shift 3
+  local ns=$nsa host=wm-host-a addr=$addr_a
+  if [ "$rank" -ge 2 ]; then ns=$nsb host=wm-host-b addr=$addr_b; fi
+  ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" \
+    env -u WM_NODE_ID -u WM_UNTAGGED -u WM_BACKEND \
+    WM_NETNS_MARKER="$marker" WM_RANK="$rank" WM_WORLD_SIZE=4 \
+    WM_RENDEZVOUS="$addr_a:$port" WM_HOST_ADDR="$addr" WM_JOB_KEY="$key" \
+    WM_TIMEOUT_S="$tmo" "$bench" "$@" >"$log.$rank.out" 2>"$log.$rank.err" &
+  pids[rank]=$!
+}
+
+# wait_all LIMIT_S: waits for the 4 ranks, at most LIMIT_S seconds; sets
+# codes[r] (124: still running at the limit, then killed).
+codes=()
+wait_all() {
+  local limit=$1 t0=$SECONDS
+  for r in 0 1 2 3; do
+    while kill -0 "${pids[r]}" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 0.2; done
+    if kill -0 "${pids[r]}" 2>/dev/null; then
+      kill -KILL "${pids[r]}" 2>/dev/null || true
+      wait "${pids[r]}" 2>/dev/null || true
+      codes[r]=124
+    else
+      set +e
+      wait "${pids[r]}"
+      codes[r]=$?
+      set -e
+    fi
+  done
+}
+
+show() {
+  for r in 0 1 2 3; do
+    sed "s/^/[$r] /" "$1.$r.out" "$1.$r.err" >&2 || true
+  done
+}
+
+echo "-- two hosts ($nsa: ranks 0 1 at $addr_a, $nsb: ranks 2 3 at $addr_b), real TCP between them"
+for op in gather scatter; do
+  for ty in hierarchy distributed; do
+    log="$work/$op-$ty"
+    echo "-- wm-bench $op --type $ty on 2 hosts x 2 ranks"
+    for r in 0 1 2 3; do
+      start "$r" 120 "$log" "$op" --json --type "$ty" --rows 200000 --batch 8192 --iters 3
+    done
+    wait_all 300
+    if [ "${codes[*]}" != "0 0 0 0" ]; then
+      show "$log"
+      echo "netns: $op $ty: exit codes ${codes[*]}" >&2
+      exit 1
+    fi
+    cat "$log.0.out"
+    grep -q '"verified":true' "$log.0.out"
+    grep -q '"nodes":2' "$log.0.out"
+    grep -q '"ranks":4' "$log.0.out"
+  done
+done
+
+echo "-- wm-bench probe on 2 hosts: nodes named by their host names"
+log="$work/probe"
+for r in 0 1 2 3; do
+  start "$r" 120 "$log" probe --json
+done
+wait_all 300
+if [ "${codes[*]}" != "0 0 0 0" ]; then
+  show "$log"
+  echo "netns: probe: exit codes ${codes[*]}" >&2
+  exit 1
+fi
+grep -q 'ranks 0 and 2 are on different nodes (wm-host-a and wm-host-b)' "$log.0.out" || {
+  cat "$log.0.out" >&2
+  echo "netns: probe does not name the two hosts" >&2
+  exit 1
+}
+
+echo "-- the link cut during a long gather (WM_TIMEOUT_S=$timeout_s)"
+log="$work/cut"
+for r in 0 1 2 3; do
+  start "$r" "$timeout_s" "$log" gather --type distributed --rows 200000 --batch 8192 --warmup 0 --iters 100000000
+done
+# Cut once the job is under way: every rank of host b connected to both
+# ranks of host a (the mesh is up), and a little longer for the exchange.
+t0=$SECONDS
+until [ "$(ip netns exec "$nsb" ss -Htn state established dst "$addr_a" | wc -l)" -ge 4 ]; do
+  if [ $((SECONDS - t0)) -ge 120 ]; then
+    show "$log"
+    echo "netns: the ranks did not connect across the hosts" >&2
+    exit 1
+  fi
+  sleep 0.2
+done
+sleep 2
+for r in 0 1 2 3; do
+  if ! kill -0 "${pids[r]}" 2>/dev/null; then
+    show "$log"
+    echo "netns: rank $r ended before the link was cut" >&2
+    exit 1
+  fi
+done
+ip -n "$nsa" link set "$tag-va" down
+ip -n "$nsb" link set "$tag-vb" down
+cut_at=$SECONDS
+# Every rank must end on its own: the timeout, plus slack for a busy
+# machine (this bounds a hang, it measures nothing).
+wait_all $((timeout_s + 50))
+took=$((SECONDS - cut_at))
+show "$log"
+echo "ranks ended ${took} s after the cut with codes ${codes[*]}"
+for r in 0 1 2 3; do
+  case "${codes[r]}" in
+    0) echo "netns: rank $r succeeded although the link was cut" >&2; exit 1 ;;
+    124) echo "netns: rank $r still ran $((timeout_s + 50)) s after the cut" >&2; exit 1 ;;
+  esac
+  if ! grep -E '^wm-bench: .*ranks? [0-9]+' "$log.$r.err" >/dev/null; then
+    echo "netns: rank $r's error does not name a peer" >&2
+    exit 1
+  fi
+  if grep -q panicked "$log.$r.err"; then
+    echo "netns: rank $r panicked" >&2
+    exit 1
+  fi
+done
+
+left=$(ours)
+if [ -n "$left" ]; then
+  ps -o pid,stat,args -p "$(echo "$left" | paste -sd,)" >&2 || true
+  echo "netns: processes left behind" >&2
+  exit 1
+fi
+new_shm=$(comm -13 <(echo "$shm_before") <(ls /dev/shm) | grep -iE 'wholemem|^wm[-_]' || true)
+if [ -n "$new_shm" ]; then
+  echo "netns: left in /dev/shm: $new_shm" >&2
+  exit 1
+fi
+echo "netns: 2 hosts verified (gather, scatter x hierarchy, distributed); the cut link named a peer on every rank"
