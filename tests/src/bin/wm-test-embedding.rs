@@ -51,7 +51,7 @@ fn types_at(world: &Comm, loc: Location) -> Result<Vec<MemoryType>> {
     let mut types = Vec::new();
     for ty in MemoryType::ALL {
         match query(world.as_ref(), ty, loc).reason() {
-            Some(reason) => wm_tests::skip(world.as_ref(), ty, loc, &format!("{loc} {ty}"), &reason).map_err(anyhow::Error::msg)?,
+            Some(reason) => wm_tests::skip(world.as_ref(), ty, loc, &format!("{loc} {ty}"), reason).map_err(anyhow::Error::msg)?,
             None => types.push(ty),
         }
     }
