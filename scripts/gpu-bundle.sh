@@ -56,7 +56,7 @@ cp "$exe" "$out/kernel-tests"
 for b in wm-bench wm-run $rank_programs device-tests kernel-tests; do
   strip "$out/$b"
 done
-cp scripts/gpu-check.sh "$out/"
+cp scripts/gpu-check.sh scripts/gpu-steps.sh "$out/"
 
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out is ${size} MiB (limit ${limit_mib} MiB); kernels:"

@@ -15,7 +15,7 @@
 #        GPU(s);
 #   scripts/gpu-check.sh bench [BUNDLE]
 #     wm-bench gather and scatter --location device for every type (dim 128
-#     f32, 4M rows, batches of 1M ids, 5 timed + 1 warm-up), beside the
+#     f32, 4M rows, batches of 512K ids, 5 timed + 1 warm-up), beside the
 #     same-run device-to-device copy; gathers of a host table (registered
 #     with CUDA) into device memory beside a copy over the host link; one
 #     single-rank gather.
@@ -25,7 +25,9 @@
 # timed-out step is named as such. The part as a whole keeps within
 # WM_GPU_CHECK_BUDGET_S seconds (default 540, under the 10 minutes one
 # command may run): steps the budget no longer allows are reported as not
-# run. WM_REQUIRE_GPU=1 throughout: a device test that would skip fails.
+# run. WM_GPU_CHECK_ONLY=REGEX runs only the steps whose names match (to
+# rerun what failed); WM_GPU_CHECK_RANKS (default 4) sets the ranks.
+# WM_REQUIRE_GPU=1 throughout: a device test that would skip fails.
 # Exit status: the number of failed steps.
 set -uo pipefail
 part=${1:-}
@@ -44,7 +46,7 @@ ranks=${WM_GPU_CHECK_RANKS:-4}
 budget=${WM_GPU_CHECK_BUDGET_S:-540}
 [ "$part" = all ] && budget=$((2 * budget))
 export WM_TEST_BIN_DIR=$b WM_REQUIRE_GPU=1 WM_KERNEL_CACHE=$b/kernels
-steps_begin "$budget" "$b"
+steps_begin "$budget" "$b" "${WM_GPU_CHECK_ONLY:-}"
 start=$SECONDS
 
 # NCCL ships as libnccl.so.2; cudarc looks for libnccl.so.
@@ -89,7 +91,7 @@ correctness() {
 
 # One benchmark, its JSON line kept; passes when the rows it moved verify.
 bench_one() {
-  "$b/wm-bench" "$@" --dim 128 --batch 1048576 --iters 5 --warmup 1 --json | tee -a "$b/bench.jsonl" | grep -q '"verified":true'
+  "$b/wm-bench" "$@" --dim 128 --batch 524288 --iters 5 --warmup 1 --json | tee -a "$b/bench.jsonl" | grep -q '"verified":true'
 }
 
 bench() {
@@ -98,14 +100,14 @@ bench() {
   : >"$b/bench.jsonl"
   for op in gather scatter; do
     for ty in continuous chunked distributed hierarchy; do
-      step "$op $ty device, $ranks ranks, 1M ids" 60 bench_one "$op" --location device --type "$ty" --ranks "$ranks" --rows 4194304
+      step "$op $ty device, $ranks ranks, 512K ids" 60 bench_one "$op" --location device --type "$ty" --ranks "$ranks" --rows 4194304
     done
   done
   for ty in continuous chunked; do
-    step "gather $ty host table into device memory, $ranks ranks, 1M ids" 60 \
+    step "gather $ty host table into device memory, $ranks ranks, 512K ids" 60 \
       bench_one gather --location host --out-location device --type "$ty" --ranks "$ranks" --rows 4194304
   done
-  step "gather chunked device, 1 rank, 1M ids" 45 bench_one gather --location device --type chunked --ranks 1 --rows 4194304
+  step "gather chunked device, 1 rank, 512K ids" 45 bench_one gather --location device --type chunked --ranks 1 --rows 4194304
   printf '\nbenchmarks (op type table->output ranks: per-rank median GB/s, baseline GB/s, ratio):\n'
   sed -n 's/.*"baseline_gbps":\([0-9.e+-]*\).*"median":\([0-9.e+-]*\).*"location":"\([a-z]*\)".*"op":"\([a-z]*\)".*"out_location":"\([a-z]*\)".*"ranks":\([0-9]*\).*"ratio":\([0-9.e+-]*\).*"type":"\([a-z]*\)".*"verified":\([a-z]*\).*/\4 \8 \3->\5 \6: \2, \1, \7 (verified \9)/p' "$b/bench.jsonl"
 }

@@ -1,6 +1,9 @@
 # Steps with time limits, for scripts/gpu-check.sh (sourced; bash only).
 #
-#   steps_begin BUDGET_S [KILL_UNDER]   start; the whole run gets BUDGET_S
+#   steps_begin BUDGET_S [KILL_UNDER] [ONLY]
+#                                       start; the whole run gets BUDGET_S;
+#                                       ONLY (an extended regex) runs only
+#                                       the steps whose names match
 #   step NAME LIMIT_S CMD [ARGS...]     run CMD (a program, or a function
 #                                       exported with export -f) under
 #                                       `timeout -k 10`
@@ -17,6 +20,7 @@
 steps_begin() {
   STEPS_END=$((SECONDS + $1))
   STEPS_KILL_UNDER=${2:-}
+  STEPS_ONLY=${3:-}
   STEPS_SUMMARY=()
   STEPS_FAILED=0
 }
@@ -38,6 +42,10 @@ steps_leftovers() {
 step() {
   local name=$1 limit=$2
   shift 2
+  if [ -n "$STEPS_ONLY" ] && ! printf '%s\n' "$name" | grep -Eq -- "$STEPS_ONLY"; then
+    printf '\n==== %s: not selected\n' "$name"
+    return 0
+  fi
   # 15 s of the budget stay for the kill grace and the summary.
   local left=$((STEPS_END - SECONDS - 15))
   if [ "$left" -lt 5 ]; then

@@ -62,6 +62,20 @@ fn steps_the_budget_no_longer_allows_are_not_run() {
 }
 
 #[test]
+fn only_the_selected_steps_run() {
+    let (code, out) = steps(
+        r#"steps_begin 600 "" "device test (b|c)"
+           step "device test a" 30 false
+           step "device test b" 30 true
+           step "device test c" 30 echo c ran
+           steps_summary"#,
+    );
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("device test a: not selected") && out.contains("c ran"), "{out}");
+    assert!(out.contains("PASS  device test b") && !out.contains("FAIL"), "{out}");
+}
+
+#[test]
 fn programs_a_step_leaves_running_are_killed_and_fail_it() {
     // A "bundle" with its own copy of sleep; the step starts it in its own
     // session (out of timeout's reach) and returns at once.

@@ -223,6 +223,7 @@ impl Kernels {
     /// # Errors
     /// As [`bucket_count`](Self::bucket_count).
     pub unsafe fn bucket(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<Vec<u32>, KernelError> {
+        self.check_stream(stream)?;
         let mut counts = vec![0u32; args.ranks as usize];
         // SAFETY: the caller's contract.
         unsafe { self.bucket_count(stream, args) }?;
@@ -241,12 +242,14 @@ impl Kernels {
         Ok(counts)
     }
 
+    /// Checks that `stream` is of the kernels' context, and makes that
+    /// context current on this thread (the raw memset and copies of the
+    /// bucket steps need it; a thread of a pool may have none).
     fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<(), KernelError> {
-        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
-            Ok(())
-        } else {
-            Err(KernelError::InvalidArgument("the stream belongs to another CUDA context than the loaded kernels".into()))
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(KernelError::InvalidArgument("the stream belongs to another CUDA context than the loaded kernels".into()));
         }
+        self.ctx.bind_to_thread().map_err(driver)
     }
 
     /// # Safety
