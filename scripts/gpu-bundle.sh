@@ -43,20 +43,34 @@ cargo build --release -p wm-bench --bin wm-bench --bin wm-run -p wm-tests $(prin
 for b in wm-bench wm-run $rank_programs; do
   cp "target/release/$b" "$out/$b"
 done
-# The device test executable: cargo names it with a hash, so ask cargo.
-exe=$(cargo test --release -p wm-tests --test device --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+# Test executables: cargo names them with a hash, so ask cargo — for the
+# artifact of exactly that target (building a test also builds the
+# package's binaries, whose artifacts come in no fixed order).
+test_exe() {
+  local kind=$1 name=$2
+  shift 2
+  cargo test --release "$@" --no-run --message-format=json 2>/dev/null |
+    grep -F "\"kind\":[\"$kind\"]" | grep -F "\"name\":\"$name\"" |
+    sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1
+}
+exe=$(test_exe test device -p wm-tests --test device)
 [ -n "$exe" ] || fail "no device test executable"
 cp "$exe" "$out/device-tests"
 # wm-gather's unit tests: the kernels against the CPU kernels, on the GPU.
-exe=$(cargo test --release -p wm-gather --lib --no-run --message-format=json 2>/dev/null |
-  sed -n 's/.*"executable":"\([^"]*\)".*/\1/p' | tail -n 1)
+exe=$(test_exe lib wm_gather -p wm-gather --lib)
 [ -n "$exe" ] || fail "no wm-gather test executable"
 cp "$exe" "$out/kernel-tests"
 for b in wm-bench wm-run $rank_programs device-tests kernel-tests; do
   strip "$out/$b"
 done
 cp scripts/gpu-check.sh scripts/gpu-steps.sh "$out/"
+# The test executables are the right ones: they list their own tests.
+list=$("$out/device-tests" --list 2>/dev/null) || true
+grep -q '^device_gather_and_scatter_match_the_reference_on_1_to_4_ranks: test' <<<"$list" ||
+  fail "$out/device-tests is not the device test executable"
+list=$("$out/kernel-tests" --list 2>/dev/null) || true
+grep -q '^cuda::gpu_check::kernels_run_like_the_cpu_kernels: test' <<<"$list" ||
+  fail "$out/kernel-tests is not wm-gather's unit test executable"
 
 size=$(du -sm "$out" | cut -f1)
 echo "gpu-bundle: $out is ${size} MiB (limit ${limit_mib} MiB); kernels:"
