@@ -36,6 +36,17 @@ steps_leftovers() {
   [ ${#left[@]} -gt 0 ] || return 0
   echo "left running after the step, killed: ${left[*]}" >&2
   kill -KILL "${left[@]}" 2>/dev/null
+  # Until they are gone (at most 10 s), so the next step finds the GPU free.
+  local pid alive
+  for _ in $(seq 100); do
+    alive=0
+    for pid in "${left[@]}"; do
+      exe=$(readlink "/proc/$pid/exe" 2>/dev/null) || continue
+      case $exe in "$STEPS_KILL_UNDER"/*) alive=1 ;; esac
+    done
+    [ "$alive" = 1 ] || break
+    sleep 0.1
+  done
   return 1
 }
 

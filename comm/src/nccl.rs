@@ -4,11 +4,12 @@
 //! thread.
 //!
 //! A [`NcclComm`] is bootstrapped over a host communicator (rank 0's unique
-//! id is broadcast over it). Its all-to-all is a group of send/recv pairs.
-//! NCCL has no timeouts of its own, so every wait here polls the stream and
-//! NCCL's asynchronous error, and after `WM_TIMEOUT_S` aborts the
-//! communicator and fails naming the operation — a dead peer never hangs a
-//! rank.
+//! id, or why it has none, is broadcast over it). Its all-to-all is a group
+//! of send/recv pairs. NCCL has no timeouts of its own, so the communicator
+//! is non-blocking: its initialisation and every wait poll NCCL's
+//! asynchronous state (and the stream), and an asynchronous error or
+//! `WM_TIMEOUT_S` without progress aborts the communicator and fails naming
+//! the operation — a dead peer never hangs a rank.
 //!
 //! NCCL refuses two ranks on one GPU; [`NcclComm::new`] says so (as
 //! [`Error::Unsupported`]) on every rank, and callers fall back to moving
@@ -40,8 +41,9 @@ pub trait DeviceCommunicator: Send + Sync + fmt::Debug {
     /// sends here.
     ///
     /// # Errors
-    /// [`Error::Timeout`] (the communicator is then aborted and unusable),
-    /// or NCCL's error.
+    /// [`Error::Timeout`] or [`Error::Nccl`]; after an error while waiting
+    /// (a timeout, an asynchronous NCCL error, a failed stream) the
+    /// communicator is aborted and unusable.
     unsafe fn alltoallv(&self, send: &[(u64, usize)], recv: &[(u64, usize)], stream: &CudaStream) -> Result<()>;
 }
 
