@@ -113,11 +113,11 @@ pub struct WholeMemory {
     nccl: std::result::Result<Arc<wm_comm::nccl::NcclComm>, String>,
 }
 
+#[cfg(feature = "cuda")]
 impl Drop for WholeMemory {
     /// A table dropped without [`free`](Self::free) still gives device
     /// memory back in CUDA's order (see `DeviceStorage::release_on_drop`).
     fn drop(&mut self) {
-        #[cfg(feature = "cuda")]
         if let Storage::Device(s) = &mut self.storage {
             s.release_on_drop(self.comm.as_ref());
         }
@@ -396,6 +396,7 @@ impl WholeMemory {
     ///
     /// # Errors
     /// When a peer is lost or times out (the local memory is released anyway).
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
     pub fn free(mut self) -> Result<()> {
         let comm = self.comm.clone();
         // A peer may still be reading this rank's device rows through its
