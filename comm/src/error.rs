@@ -65,6 +65,15 @@ pub enum Error {
         /// Why it cannot be done.
         reason: String,
     },
+    /// NCCL reported an error (synchronously, or asynchronously while a
+    /// rank waited); the communicator is aborted and unusable afterwards.
+    #[error("NCCL {op} failed: {detail}")]
+    Nccl {
+        /// The NCCL operation.
+        op: &'static str,
+        /// NCCL's words, or what failed around it.
+        detail: String,
+    },
     /// An operating-system call failed.
     #[error("{context}: {source}")]
     Io {

@@ -124,6 +124,31 @@ pub fn shm_leftovers() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// What a rank program does with a case it cannot run here (`what`: the
+/// case; `reason`: the capability query's answer for `ty` at `loc`).
+///
+/// It prints a `skip` line and goes on — except under `WM_REQUIRE_GPU=1`
+/// for device memory, where a skip is an error naming the reason, so a GPU
+/// run cannot pass having tested nothing. A device case stays a skip there
+/// only when the world's shape rules the type out for host memory too
+/// (continuous or chunked memory across simulated nodes): no GPU would
+/// change that.
+///
+/// # Errors
+/// The message to fail with.
+pub fn skip(world: &dyn wm_comm::Communicator, ty: wholemem::MemoryType, loc: wholemem::Location, what: &str, reason: &str) -> Result<(), String> {
+    use wholemem::Location;
+    if loc == Location::Device && wm_topology::env::require_gpu() {
+        if let Some(host) = wholemem::query(world, ty, Location::Host).reason() {
+            println!("skip {what}: {reason} (allowed under WM_REQUIRE_GPU=1: host {ty} memory is refused too: {host})");
+            return Ok(());
+        }
+        return Err(format!("WM_REQUIRE_GPU=1, but {what} would be skipped: {reason}"));
+    }
+    println!("skip {what}: {reason}");
+    Ok(())
+}
+
 /// A small deterministic generator (splitmix64) for test programs: every
 /// rank derives the same "random" choices from the same seed.
 #[derive(Debug, Clone)]

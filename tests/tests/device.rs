@@ -78,6 +78,40 @@ fn device_embeddings_train_like_the_reference_on_1_to_4_ranks() {
     }
 }
 
+/// Every rank program's device scenario, with `WM_REQUIRE_GPU=1` and no
+/// GPU: each must fail, naming the variable and the reason, instead of
+/// passing on skips. Without the variable the same runs pass, skipping.
+#[test]
+fn require_gpu_turns_every_device_skip_of_every_rank_program_into_a_failure() {
+    let why = match wholemem::device::status() {
+        Err(why) => why,
+        Ok(_) => {
+            println!("require_gpu…: a GPU is usable here, so the device scenarios run instead of skipping (the GPU check covers them)");
+            return;
+        }
+    };
+    let dir = std::env::temp_dir().join(format!("wm-test-require-gpu.{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a scratch directory");
+    let dir_arg = dir.to_str().expect("a UTF-8 path");
+    let programs: [(&str, Vec<&str>); 4] = [
+        (RANK, vec!["fill-read", "device"]),
+        (RANK, vec!["gather", "device"]),
+        (LOAD, vec!["round-trip", dir_arg, "device"]),
+        (EMB, vec!["optimizers", "device"]),
+    ];
+    for (program, args) in &programs {
+        let name = std::path::Path::new(program).file_name().unwrap_or_default().to_string_lossy().into_owned();
+        let strict = World::new(2).env("WM_REQUIRE_GPU", "1").run(program, args);
+        let out = wm_tests::transcript(&strict);
+        assert!(!strict.success(), "{name} {args:?} passed under WM_REQUIRE_GPU=1 without a GPU:\n{out}");
+        assert!(out.contains("WM_REQUIRE_GPU=1, but") && out.contains(&why), "{name} {args:?} does not say why it failed:\n{out}");
+        let lenient = World::new(2).env("WM_REQUIRE_GPU", "0").run_ok(program, args);
+        let out = wm_tests::transcript(&lenient);
+        assert!(out.contains("skip device") && out.contains(&why), "{name} {args:?} does not print its skips:\n{out}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn without_a_gpu_the_skip_names_the_reason() {
     // Here (no driver) the reason names the driver or the GPU; on a GPU

@@ -113,6 +113,17 @@ pub struct WholeMemory {
     nccl: std::result::Result<Arc<wm_comm::nccl::NcclComm>, String>,
 }
 
+#[cfg(feature = "cuda")]
+impl Drop for WholeMemory {
+    /// A table dropped without [`free`](Self::free) still gives device
+    /// memory back in CUDA's order (see `DeviceStorage::release_on_drop`).
+    fn drop(&mut self) {
+        if let Storage::Device(s) = &mut self.storage {
+            s.release_on_drop(self.comm.as_ref());
+        }
+    }
+}
+
 /// What a rank holds: host or device storage.
 #[derive(Debug)]
 enum Storage {
@@ -281,7 +292,7 @@ impl WholeMemory {
         } else if comm.size() == 1 {
             Err("one rank: nothing to exchange".into())
         } else {
-            gpu.bind()?;
+            agree(comm.as_ref(), gpu.bind().map_err(Error::from))?;
             match wm_comm::nccl::NcclComm::new(comm.as_ref(), &gpu.bus_id) {
                 Ok(c) => Ok(Arc::new(c)),
                 Err(wm_comm::Error::Unsupported { reason, .. }) => Err(reason),
@@ -385,12 +396,15 @@ impl WholeMemory {
     ///
     /// # Errors
     /// When a peer is lost or times out (the local memory is released anyway).
-    pub fn free(self) -> Result<()> {
+    #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
+    pub fn free(mut self) -> Result<()> {
         let comm = self.comm.clone();
-        if self.loc == Location::Device {
-            // A peer may still be reading this rank's device rows through its
-            // own mapping: wait for everyone before giving memory back.
-            comm.barrier()?;
+        // A peer may still be reading this rank's device rows through its
+        // own mapping: device storage is given back in the order CUDA
+        // requires (peers' mappings closed, every rank met, then freed).
+        #[cfg(feature = "cuda")]
+        if let Storage::Device(s) = &mut self.storage {
+            s.release(comm.as_ref())?;
         }
         drop(self);
         comm.barrier().map_err(Error::from)

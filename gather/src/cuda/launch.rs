@@ -26,6 +26,45 @@ fn driver(e: cudarc::driver::DriverError) -> KernelError {
     KernelError::Driver(e.to_string())
 }
 
+/// NVRTC's image for `device`: a CUBIN when it knows the architecture, else
+/// PTX for the newest one it knows below it.
+fn compile_for(device: Arch) -> Result<Compiled, KernelError> {
+    let known = nvrtc::supported_archs()?;
+    if known.contains(&device.number()) {
+        return nvrtc::compile(device);
+    }
+    let Some(&older) = known.iter().rev().find(|&&a| a <= device.number()) else {
+        return Err(KernelError::Compile { arch: device, log: format!("NVRTC knows no architecture up to {device}") });
+    };
+    nvrtc::compile_as(Arch { major: older / 10, minor: older % 10 }, ImageFormat::Ptx)
+}
+
+/// The order [`Kernels::load`] tries: the prebuilt image for exactly
+/// `device` (if there is one and the driver takes it), then NVRTC's. The
+/// error of the last way tried carries what became of the first.
+fn load_first<T>(
+    device: Arch,
+    prebuilt: impl FnOnce(Arch) -> Option<Compiled>,
+    compile: impl FnOnce(Arch) -> Result<Compiled, KernelError>,
+    load: impl Fn(Compiled) -> Result<T, KernelError>,
+) -> Result<T, KernelError> {
+    let dir = || nvrtc::cache_dir().map_or("(no cache directory: WM_KERNEL_CACHE=off)".to_owned(), |d| d.display().to_string());
+    let prebuilt_note = match prebuilt(device) {
+        Some(c) => match load(c) {
+            Ok(k) => return Ok(k),
+            Err(e) => format!("the prebuilt kernels for {device} in {} did not load: {e}", dir()),
+        },
+        None => format!("no prebuilt kernels for {device} in {} (wm-bench kernels --prebuild DIR, then WM_KERNEL_CACHE=DIR)", dir()),
+    };
+    match compile(device).and_then(load) {
+        Ok(k) => Ok(k),
+        Err(KernelError::NoNvrtc(why)) => Err(KernelError::NoNvrtc(format!("{why}; and {prebuilt_note}"))),
+        Err(KernelError::Compile { arch, log }) => Err(KernelError::Compile { arch, log: format!("{log}\n(and {prebuilt_note})") }),
+        Err(KernelError::Driver(why)) => Err(KernelError::Driver(format!("{why}; and {prebuilt_note}"))),
+        Err(e) => Err(e),
+    }
+}
+
 /// Every kernel, loaded into one CUDA context.
 ///
 /// Build it once per context with [`Kernels::load`]; it is `Send + Sync`
@@ -41,40 +80,24 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    /// Compiles (or takes from the cache) the kernels for the device of
-    /// `ctx` and loads them into it: a CUBIN for its compute capability, or,
-    /// when this NVRTC does not know the GPU yet, PTX for the newest
-    /// architecture it knows (compiled by the driver at load).
+    /// Loads the kernels for the device of `ctx`, the first way that works:
+    ///
+    /// 1. the prebuilt CUBIN for exactly its architecture in the cache
+    ///    directory (`wm-bench kernels --prebuild`, shipped by
+    ///    `scripts/gpu-bundle.sh`): no compile, and no NVRTC needed;
+    /// 2. NVRTC: a CUBIN for its compute capability (or the disk cache's),
+    ///    or, when this NVRTC does not know the GPU yet, PTX for the newest
+    ///    architecture it knows (compiled by the driver at load).
     ///
     /// # Errors
-    /// [`KernelError::NoNvrtc`], [`KernelError::Compile`], or
-    /// [`KernelError::Driver`] when the driver refuses the module.
+    /// When neither works: [`KernelError::NoNvrtc`] or
+    /// [`KernelError::Compile`] (NVRTC's error), or
+    /// [`KernelError::Driver`] when the driver refuses the module; the
+    /// message also says what became of the prebuilt kernels.
     pub fn load(ctx: &Arc<CudaContext>) -> Result<Kernels, KernelError> {
         let (major, minor) = ctx.compute_capability().map_err(driver)?;
         let device = Arch { major: major as u32, minor: minor as u32 };
-        let known = match nvrtc::supported_archs() {
-            Ok(k) => k,
-            // No NVRTC here: kernels built ahead for exactly this GPU will do.
-            Err(KernelError::NoNvrtc(why)) => match nvrtc::prebuilt(device) {
-                Some(c) => return Self::from_image(ctx, c),
-                None => {
-                    let dir = nvrtc::cache_dir().map_or("(no cache directory)".to_owned(), |d| d.display().to_string());
-                    return Err(KernelError::NoNvrtc(format!(
-                        "{why}; and no prebuilt kernels for {device} in {dir} (wm-bench kernels --prebuild DIR, then WM_KERNEL_CACHE=DIR)"
-                    )));
-                }
-            },
-            Err(e) => return Err(e),
-        };
-        let compiled: Compiled = if known.contains(&device.number()) {
-            nvrtc::compile(device)?
-        } else {
-            let Some(&older) = known.iter().rev().find(|&&a| a <= device.number()) else {
-                return Err(KernelError::Compile { arch: device, log: format!("NVRTC knows no architecture up to {device}") });
-            };
-            nvrtc::compile_as(Arch { major: older / 10, minor: older % 10 }, ImageFormat::Ptx)?
-        };
-        Self::from_image(ctx, compiled)
+        load_first(device, nvrtc::prebuilt, compile_for, |c| Self::from_image(ctx, c))
     }
 
     /// Loads a compiled image into `ctx` and looks up every entry point.
@@ -200,6 +223,7 @@ impl Kernels {
     /// # Errors
     /// As [`bucket_count`](Self::bucket_count).
     pub unsafe fn bucket(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<Vec<u32>, KernelError> {
+        self.check_stream(stream)?;
         let mut counts = vec![0u32; args.ranks as usize];
         // SAFETY: the caller's contract.
         unsafe { self.bucket_count(stream, args) }?;
@@ -218,12 +242,14 @@ impl Kernels {
         Ok(counts)
     }
 
+    /// Checks that `stream` is of the kernels' context, and makes that
+    /// context current on this thread (the raw memset and copies of the
+    /// bucket steps need it; a thread of a pool may have none).
     fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<(), KernelError> {
-        if stream.context().cu_ctx() == self.ctx.cu_ctx() {
-            Ok(())
-        } else {
-            Err(KernelError::InvalidArgument("the stream belongs to another CUDA context than the loaded kernels".into()))
+        if stream.context().cu_ctx() != self.ctx.cu_ctx() {
+            return Err(KernelError::InvalidArgument("the stream belongs to another CUDA context than the loaded kernels".into()));
         }
+        self.ctx.bind_to_thread().map_err(driver)
     }
 
     /// # Safety
@@ -251,5 +277,70 @@ impl Kernels {
         // memory <= 32 KiB); the addresses inside are the caller's promise.
         unsafe { builder.launch(cfg) }.map_err(driver)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::cuda::CacheHit;
+
+    fn image(arch: Arch, from: CacheHit) -> Compiled {
+        Compiled { arch, format: ImageFormat::Cubin, image: Arc::from(&b"\x7fELF"[..]), kernels: 1, from }
+    }
+
+    const SM90: Arch = Arch::SM90;
+
+    #[test]
+    fn prebuilt_kernels_come_first_and_need_no_nvrtc() {
+        let compiled = Cell::new(false);
+        let got = load_first(
+            SM90,
+            |a| Some(image(a, CacheHit::Disk)),
+            |_| {
+                compiled.set(true);
+                Err(KernelError::NoNvrtc("no NVRTC".into()))
+            },
+            |c| Ok(c.from),
+        );
+        assert_eq!(got, Ok(CacheHit::Disk));
+        assert!(!compiled.get(), "NVRTC is not asked when the prebuilt image loads");
+    }
+
+    #[test]
+    fn prebuilt_kernels_are_used_when_nvrtc_is_present_but_fails() {
+        // NVRTC there but broken (too old, or its builtins library missing):
+        // the prebuilt image still loads, whichever comes first.
+        let broken = |a| Err(KernelError::Compile { arch: a, log: "libnvrtc-builtins.so.12.8 not found".into() });
+        assert_eq!(load_first(SM90, |a| Some(image(a, CacheHit::Disk)), broken, |c| Ok(c.from)), Ok(CacheHit::Disk));
+    }
+
+    #[test]
+    fn nvrtc_is_the_fallback_when_the_prebuilt_image_is_missing_or_refused() {
+        let nvrtc = |a| Ok(image(a, CacheHit::Compiled));
+        assert_eq!(load_first(SM90, |_| None, nvrtc, |c| Ok(c.from)), Ok(CacheHit::Compiled));
+        let refuse_prebuilt =
+            |c: Compiled| if c.from == CacheHit::Disk { Err(KernelError::Driver("CUDA_ERROR_NO_BINARY_FOR_GPU".into())) } else { Ok(c.from) };
+        assert_eq!(load_first(SM90, |a| Some(image(a, CacheHit::Disk)), nvrtc, refuse_prebuilt), Ok(CacheHit::Compiled));
+    }
+
+    #[test]
+    fn without_either_the_error_names_both() {
+        let e = load_first(SM90, |_| None, |_| Err(KernelError::NoNvrtc(crate::cuda::NO_NVRTC.into())), |c| Ok(c.from)).unwrap_err();
+        let text = e.to_string();
+        assert!(matches!(e, KernelError::NoNvrtc(_)), "{e:?}");
+        assert!(text.contains("libnvrtc.so.12") && text.contains("no prebuilt kernels for sm_90"), "{text}");
+        assert!(text.contains("wm-bench kernels --prebuild"), "{text}");
+        let e = load_first(
+            SM90,
+            |a| Some(image(a, CacheHit::Disk)),
+            |a| Err(KernelError::Compile { arch: a, log: "bad".into() }),
+            |_| Err::<CacheHit, _>(KernelError::Driver("CUDA_ERROR_INVALID_IMAGE".into())),
+        )
+        .unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("bad") && text.contains("did not load: CUDA driver: CUDA_ERROR_INVALID_IMAGE"), "{text}");
     }
 }

@@ -402,8 +402,9 @@ mod tests {
     fn kernels_compile_with_nvrtc_when_present() {
         // SAFETY: only tries to dlopen the library.
         if !unsafe { sys::is_culib_present() } {
+            // NVRTC is not a GPU: this runs where the wheel is installed (CI),
+            // and skips on GPU machines without it, WM_REQUIRE_GPU or not.
             assert!(matches!(compile(Arch::SM90), Err(KernelError::NoNvrtc(m)) if m == NO_NVRTC));
-            assert!(!wm_topology::env::require_gpu(), "WM_REQUIRE_GPU is set but {NO_NVRTC}");
             println!("SKIP kernels_compile_with_nvrtc_when_present: {NO_NVRTC}");
             return;
         }

@@ -41,22 +41,21 @@ fn main() {
     println!("ok");
 }
 
-fn host_types(world: &Comm) -> Vec<MemoryType> {
+fn host_types(world: &Comm) -> Result<Vec<MemoryType>> {
     types_at(world, Location::Host)
 }
 
-/// The memory types `world` can hold at `loc`, printing why for the others.
-fn types_at(world: &Comm, loc: Location) -> Vec<MemoryType> {
-    MemoryType::ALL
-        .into_iter()
-        .filter(|&ty| match query(world.as_ref(), ty, loc).reason() {
-            Some(reason) => {
-                println!("skip {loc} {ty}: {reason}");
-                false
-            }
-            None => true,
-        })
-        .collect()
+/// The memory types `world` can hold at `loc`, printing why for the others
+/// (a failure instead under `WM_REQUIRE_GPU=1`: see `wm_tests::skip`).
+fn types_at(world: &Comm, loc: Location) -> Result<Vec<MemoryType>> {
+    let mut types = Vec::new();
+    for ty in MemoryType::ALL {
+        match query(world.as_ref(), ty, loc).reason() {
+            Some(reason) => wm_tests::skip(world.as_ref(), ty, loc, &format!("{loc} {ty}"), reason).map_err(anyhow::Error::msg)?,
+            None => types.push(ty),
+        }
+    }
+    Ok(types)
 }
 
 /// A value rounded to the table's element type, through the `half` crate.
@@ -203,7 +202,7 @@ fn optimizers(world: &Comm, loc: Location) -> Result<()> {
         RefOpt::RmsProp { wd: 0.03, eps: 1e-7, alpha: 0.9 },
     ];
     let mut case = 0u64;
-    for ty in types_at(world, loc) {
+    for ty in types_at(world, loc)? {
         for (k, &opt) in opts.iter().enumerate() {
             let mut dtypes = vec![DType::F32, DType::Bf16];
             if k % 3 == 0 {
@@ -328,7 +327,7 @@ fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, loc: Location, op
 fn bad_input(world: &Comm) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     let last = n - 1;
-    for ty in host_types(world) {
+    for ty in host_types(world)? {
         let (rows, dim) = (40usize, 3usize);
         let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::sgd()))?;
         emb.init(Init::Constant(1.0), 0)?;
@@ -450,7 +449,7 @@ fn bad_input(world: &Comm) -> Result<()> {
 /// value, so the test can compare digests across rank counts.
 fn init_digest(world: &Comm) -> Result<()> {
     let (rows, dim) = (1000usize, 9usize);
-    for ty in host_types(world) {
+    for ty in host_types(world)? {
         for init in [Init::Normal { mean: 0.5, std: 2.0 }, Init::Uniform { low: -1.0, high: 3.0 }] {
             let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, None, None)?;
             emb.init(init, 1234)?;

@@ -288,7 +288,7 @@ fn load_cases<T: TestElem>(world: &Comm, ty: MemoryType, dir: &Path, row_shape: 
 fn layouts(world: &Comm, dir: &Path) -> Result<()> {
     for ty in MemoryType::ALL {
         if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
-            println!("skip {ty}: {reason}");
+            wm_tests::skip(world.as_ref(), ty, Location::Host, &ty.to_string(), reason).map_err(anyhow::Error::msg)?;
             continue;
         }
         load_cases::<f32>(world, ty, dir, &[7])?;
@@ -349,7 +349,7 @@ fn round_trip(world: &Comm, dir: &Path, loc: Location) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     for ty in MemoryType::ALL {
         if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
-            println!("skip {ty}: {reason}");
+            wm_tests::skip(world.as_ref(), ty, loc, &format!("{loc} {ty}"), reason).map_err(anyhow::Error::msg)?;
             continue;
         }
         let rows = 1000 + 17 * n;
@@ -648,7 +648,7 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
     let good = if me == 0 { good } else { dir.join("good") };
     for ty in [MemoryType::Distributed, MemoryType::Chunked] {
         if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
-            println!("skip {ty}: {reason}");
+            wm_tests::skip(world.as_ref(), ty, Location::Host, &ty.to_string(), reason).map_err(anyhow::Error::msg)?;
             continue;
         }
         let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, 7, None)?;

@@ -313,7 +313,7 @@ fn fill_read(world: &Comm, loc: Location) -> Result<()> {
             for (pname, part) in partitions(rows, world.size(), &mut rng) {
                 let ctx = || format!("{loc} {ty} rows={rows} cols={cols} partition={pname}");
                 if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
-                    println!("skip {}: {reason}", ctx());
+                    wm_tests::skip(world.as_ref(), ty, loc, &ctx(), reason).map_err(anyhow::Error::msg)?;
                     continue;
                 }
                 let mut t = WholeTensor::<u32>::matrix(world, ty, loc, rows, cols, part.as_deref()).with_context(ctx)?;
@@ -562,7 +562,7 @@ fn gather_scatter(world: &Comm, loc: Location) -> Result<()> {
     let mut own = Rng(0xbeef_0000 + me as u64);
     for ty in MemoryType::ALL {
         if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
-            println!("skip {loc} {ty}: {reason}");
+            wm_tests::skip(world.as_ref(), ty, loc, &format!("{loc} {ty}"), reason).map_err(anyhow::Error::msg)?;
             continue;
         }
         for wide_ids in [false, true] {

@@ -134,6 +134,33 @@ pub(crate) fn ordinal_of(bus: &str) -> Result<Option<usize>, String> {
     Ok(pci_order(count).map_err(|e| e.to_string())?.into_iter().find(|(b, _)| b == bus).map(|(_, o)| o))
 }
 
+/// Whether GPU `ordinal` supports what continuous device memory needs:
+/// virtual memory management and POSIX file descriptors as shareable
+/// handles; else why not.
+pub(crate) fn vmm_support(ordinal: usize) -> Result<(), String> {
+    use sys::CUdevice_attribute::*;
+    for (attr, what) in [
+        (CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED, "virtual memory management (cuMemCreate/cuMemMap)"),
+        (CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, "POSIX file descriptors as shareable memory handles"),
+    ] {
+        if attribute(ordinal, attr).map_err(|e| e.to_string())? == 0 {
+            return Err(format!("GPU {ordinal} ({}) does not support {what}", bus_id(ordinal).unwrap_or_default()));
+        }
+    }
+    Ok(())
+}
+
+/// A device attribute of CUDA device `ordinal`.
+pub(crate) fn attribute(ordinal: usize, attr: sys::CUdevice_attribute) -> Result<i32, CuError> {
+    let mut dev = 0;
+    // SAFETY: writes one device handle; the caller has checked `status`.
+    check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut dev, ordinal as i32) })?;
+    let mut v = 0;
+    // SAFETY: writes one int; the handle is valid.
+    check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut v, attr, dev) })?;
+    Ok(v)
+}
+
 /// Whether the GPU `from` can read and write the memory of GPU `to` (CUDA
 /// ordinals).
 pub(crate) fn can_access_peer(from: usize, to: usize) -> Result<bool, CuError> {

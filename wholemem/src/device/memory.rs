@@ -13,6 +13,15 @@
 //!
 //! Owners that hold several keep them in fields ordered so that Rust's
 //! declaration-order drop frees them in reverse order of creation.
+//!
+//! Every handle keeps its [`Gpu`] and makes that context current before
+//! each driver call, `Drop` included: a handle may be used or dropped on a
+//! thread that never bound a context (a copy pool or communicator thread).
+//!
+//! Copies go through one function, [`copy::ordered`], which enqueues them
+//! on the rank's stream (the stream the kernels run on) and waits for that
+//! stream: a copy starts after every kernel enqueued before it and has
+//! landed when the call returns.
 
 use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
 use std::sync::Arc;
@@ -97,6 +106,50 @@ impl Drop for DeviceAlloc {
     }
 }
 
+/// CUDA IPC shares whole driver blocks, and `cuMemAlloc` may carve a small
+/// allocation out of a larger block: allocations peers open are rounded up
+/// to this, as the CUDA programming guide recommends.
+pub(crate) const IPC_ALIGN: usize = 2 << 20;
+
+/// This rank's `cuMemAlloc`ed chunk once peers may have opened it through
+/// CUDA IPC. Freeing it while a peer still has it open is undefined, so it
+/// is freed only by [`free`](Self::free), which the caller calls after every
+/// rank has closed its mappings; dropped any other way it is kept until the
+/// process exits.
+#[derive(Debug)]
+pub(crate) struct SharedAlloc(Option<DeviceAlloc>);
+
+impl SharedAlloc {
+    /// `len` bytes rounded up to [`IPC_ALIGN`], with their IPC handle.
+    pub(crate) fn new(gpu: &Arc<Gpu>, len: usize) -> Result<(Self, [u8; 64]), CuError> {
+        let rounded = len.checked_next_multiple_of(IPC_ALIGN).ok_or_else(|| CuError {
+            call: "cuMemAlloc",
+            detail: format!("{len} bytes cannot be rounded up to a multiple of {IPC_ALIGN}"),
+        })?;
+        let a = DeviceAlloc::new(gpu, rounded)?;
+        let h = a.ipc_handle()?;
+        Ok((Self(Some(a)), h))
+    }
+
+    pub(crate) fn ptr(&self) -> DevPtr {
+        self.0.as_ref().map_or(0, DeviceAlloc::ptr)
+    }
+
+    /// Frees the chunk. Only once no peer has it open any more.
+    pub(crate) fn free(mut self) {
+        drop(self.0.take());
+    }
+}
+
+impl Drop for SharedAlloc {
+    fn drop(&mut self) {
+        // Not freed through `free`: a peer may still have it open.
+        if let Some(a) = self.0.take() {
+            std::mem::forget(a);
+        }
+    }
+}
+
 /// A peer's allocation opened through CUDA IPC.
 #[derive(Debug)]
 pub(crate) struct IpcMapping {
@@ -141,21 +194,24 @@ impl Drop for IpcMapping {
 pub(crate) struct PhysicalMemory {
     handle: sys::CUmemGenericAllocationHandle,
     len: usize,
+    gpu: Arc<Gpu>,
 }
 
 impl PhysicalMemory {
     /// `len` bytes (a multiple of the granularity) on GPU `ordinal`,
     /// exportable as a POSIX file descriptor.
-    pub(crate) fn create(ordinal: usize, len: usize) -> Result<Self, CuError> {
-        let prop = pinned_on(ordinal, true);
+    pub(crate) fn create(gpu: &Arc<Gpu>, len: usize) -> Result<Self, CuError> {
+        gpu.bind()?;
+        let prop = pinned_on(gpu.ordinal, true);
         let mut handle = 0;
         // SAFETY: `prop` is valid; writes one handle.
         check("cuMemCreate", unsafe { sys::cuMemCreate(&mut handle, len, &prop, 0) })?;
-        Ok(Self { handle, len })
+        Ok(Self { handle, len, gpu: gpu.clone() })
     }
 
     /// A descriptor another process can import.
     pub(crate) fn export_fd(&self) -> Result<OwnedFd, CuError> {
+        self.gpu.bind()?;
         let mut fd: std::ffi::c_int = -1;
         // SAFETY: for POSIX descriptors the driver writes one int through
         // the pointer; the handle is live.
@@ -173,7 +229,8 @@ impl PhysicalMemory {
     }
 
     /// Imports a peer's memory of `len` bytes from its descriptor.
-    pub(crate) fn import(fd: &OwnedFd, len: usize) -> Result<Self, CuError> {
+    pub(crate) fn import(gpu: &Arc<Gpu>, fd: &OwnedFd, len: usize) -> Result<Self, CuError> {
+        gpu.bind()?;
         let raw = fd.try_clone().map_err(|e| CuError { call: "dup", detail: e.to_string() })?.into_raw_fd();
         let mut handle = 0;
         // SAFETY: for POSIX descriptors the "OS handle" is the descriptor
@@ -189,12 +246,13 @@ impl PhysicalMemory {
         // own reference, so ours is closed either way.
         drop(unsafe { OwnedFd::from_raw_fd(raw) });
         check("cuMemImportFromShareableHandle", r)?;
-        Ok(Self { handle, len })
+        Ok(Self { handle, len, gpu: gpu.clone() })
     }
 }
 
 impl Drop for PhysicalMemory {
     fn drop(&mut self) {
+        let _ = self.gpu.bind();
         // SAFETY: the handle is released once; mappings keep the memory
         // alive until they are unmapped.
         let _ = unsafe { sys::cuMemRelease(self.handle) };
@@ -206,14 +264,16 @@ impl Drop for PhysicalMemory {
 pub(crate) struct AddressRange {
     va: DevPtr,
     len: usize,
+    gpu: Arc<Gpu>,
 }
 
 impl AddressRange {
-    pub(crate) fn reserve(len: usize, align: usize) -> Result<Self, CuError> {
+    pub(crate) fn reserve(gpu: &Arc<Gpu>, len: usize, align: usize) -> Result<Self, CuError> {
+        gpu.bind()?;
         let mut va = 0;
         // SAFETY: writes one address; no fixed address is requested.
         check("cuMemAddressReserve", unsafe { sys::cuMemAddressReserve(&mut va, len, align, 0, 0) })?;
-        Ok(Self { va, len })
+        Ok(Self { va, len, gpu: gpu.clone() })
     }
 
     pub(crate) fn base(&self) -> DevPtr {
@@ -222,12 +282,18 @@ impl AddressRange {
 
     /// Maps `mem` at `offset` bytes into the range.
     pub(crate) fn map(&self, offset: usize, mem: &PhysicalMemory) -> Result<Mapping, CuError> {
-        assert!(offset + mem.len <= self.len, "a mapping must fit its reservation");
+        if offset.checked_add(mem.len).is_none_or(|end| end > self.len) {
+            return Err(CuError {
+                call: "cuMemMap",
+                detail: format!("{} bytes at offset {offset} do not fit a reservation of {} bytes", mem.len, self.len),
+            });
+        }
+        self.gpu.bind()?;
         let at = self.va + offset as u64;
-        // SAFETY: [at, at + len) lies inside this reservation and is not
-        // mapped yet (callers map disjoint pieces); the handle is live.
+        // SAFETY: [at, at + len) lies inside this reservation (checked) and
+        // is not mapped yet (callers map disjoint pieces); the handle is live.
         check("cuMemMap", unsafe { sys::cuMemMap(at, mem.len, 0, mem.handle, 0) })?;
-        Ok(Mapping { va: at, len: mem.len })
+        Ok(Mapping { va: at, len: mem.len, gpu: self.gpu.clone() })
     }
 
     /// Lets the GPUs `ordinals` read and write `[offset, offset + len)`.
@@ -235,6 +301,7 @@ impl AddressRange {
         if len == 0 {
             return Ok(());
         }
+        self.gpu.bind()?;
         let descs: Vec<sys::CUmemAccessDesc> = ordinals
             .iter()
             .map(|&o| {
@@ -254,6 +321,7 @@ impl AddressRange {
 
 impl Drop for AddressRange {
     fn drop(&mut self) {
+        let _ = self.gpu.bind();
         // SAFETY: reserved by us, freed once, after its mappings (owners
         // drop mappings first).
         let _ = unsafe { sys::cuMemAddressFree(self.va, self.len) };
@@ -265,10 +333,12 @@ impl Drop for AddressRange {
 pub(crate) struct Mapping {
     va: DevPtr,
     len: usize,
+    gpu: Arc<Gpu>,
 }
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        let _ = self.gpu.bind();
         // SAFETY: this exact piece was mapped by us and is unmapped once.
         let _ = unsafe { sys::cuMemUnmap(self.va, self.len) };
     }
@@ -315,48 +385,267 @@ impl Drop for HostRegistration {
     }
 }
 
-/// Synchronous copies between host and device (or device and device), on
-/// the process's stream.
+/// Copies between host and device (or device and device), ordered with the
+/// kernels: every one goes through [`ordered`](copy::ordered).
 pub(crate) mod copy {
     use super::*;
+
+    /// One copy, by direction.
+    #[derive(Debug)]
+    pub(crate) enum Copy<'a> {
+        /// Host → device.
+        ToDevice { dst: DevPtr, src: &'a [u8] },
+        /// Device → host.
+        ToHost { dst: &'a mut [u8], src: DevPtr },
+        /// Device → device.
+        OnDevice { dst: DevPtr, src: DevPtr, len: usize },
+    }
+
+    impl Copy<'_> {
+        /// Bytes moved.
+        pub(crate) fn len(&self) -> usize {
+            match self {
+                Copy::ToDevice { src, .. } => src.len(),
+                Copy::ToHost { dst, .. } => dst.len(),
+                Copy::OnDevice { len, .. } => *len,
+            }
+        }
+    }
+
+    /// What [`ordered`] needs of the driver. [`Gpu`] is the real one; the
+    /// tests record the calls instead.
+    pub(crate) trait CopyEngine {
+        /// A stream handle.
+        type Stream: std::marker::Copy;
+        /// The rank's stream: the one its kernels run on.
+        fn stream(&self) -> Self::Stream;
+        /// Makes the context current on the calling thread.
+        fn bind(&self) -> Result<(), CuError>;
+        /// Enqueues `op` on `stream`, asynchronously.
+        ///
+        /// # Safety
+        /// The device ranges of `op` are memory this process may use, for
+        /// its length; the host buffer lives until the stream has passed
+        /// the copy.
+        unsafe fn enqueue(&self, op: &mut Copy<'_>, stream: Self::Stream) -> Result<(), CuError>;
+        /// Waits until `stream` has passed everything enqueued on it.
+        fn synchronize(&self, stream: Self::Stream) -> Result<(), CuError>;
+    }
+
+    impl CopyEngine for Gpu {
+        type Stream = sys::CUstream;
+
+        fn stream(&self) -> sys::CUstream {
+            self.stream.cu_stream()
+        }
+
+        fn bind(&self) -> Result<(), CuError> {
+            Gpu::bind(self)
+        }
+
+        unsafe fn enqueue(&self, op: &mut Copy<'_>, s: sys::CUstream) -> Result<(), CuError> {
+            match op {
+                Copy::ToDevice { dst, src } => {
+                    // SAFETY: the caller vouches for the device range; the
+                    // host slice is live for its length and outlives the
+                    // copy (`ordered` waits for the stream before returning).
+                    check("cuMemcpyHtoDAsync", unsafe { sys::cuMemcpyHtoDAsync_v2(*dst, src.as_ptr().cast(), src.len(), s) })
+                }
+                Copy::ToHost { dst, src } => {
+                    // SAFETY: as above, the other way round.
+                    check("cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2(dst.as_mut_ptr().cast(), *src, dst.len(), s) })
+                }
+                Copy::OnDevice { dst, src, len } => {
+                    // SAFETY: the caller vouches for both device ranges.
+                    check("cuMemcpyDtoDAsync", unsafe { sys::cuMemcpyDtoDAsync_v2(*dst, *src, *len, s) })
+                }
+            }
+        }
+
+        fn synchronize(&self, s: sys::CUstream) -> Result<(), CuError> {
+            // SAFETY: `s` is this Gpu's stream (`ordered` passes what
+            // `stream()` gave), live, and its context is current.
+            check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(s) })
+        }
+    }
+
+    /// The one way wholemem copies: binds the context to this thread,
+    /// enqueues the copy on the rank's stream — after every kernel already
+    /// enqueued there, which the legacy default stream would not wait for,
+    /// cudarc's streams being non-blocking — and waits for the stream, so
+    /// the bytes have landed (and a host buffer may be reused) when it
+    /// returns. Nothing is called for an empty copy.
+    ///
+    /// # Safety
+    /// The device ranges of `op` are memory this process may use, for the
+    /// copy's length.
+    pub(crate) unsafe fn ordered<E: CopyEngine + ?Sized>(engine: &E, mut op: Copy<'_>) -> Result<(), CuError> {
+        if op.len() == 0 {
+            return Ok(());
+        }
+        let stream = engine.stream();
+        engine.bind()?;
+        // SAFETY: forwarded; the host buffer outlives the wait below.
+        unsafe { engine.enqueue(&mut op, stream) }?;
+        engine.synchronize(stream)
+    }
 
     /// Host → device.
     ///
     /// # Safety
     /// `[dst, dst + src.len())` must be device memory this process may write.
-    pub(crate) unsafe fn to_device(gpu: &Gpu, dst: DevPtr, src: &[u8]) -> Result<(), CuError> {
-        if src.is_empty() {
-            return Ok(());
-        }
-        gpu.bind()?;
-        // SAFETY: the caller vouches for the destination; `src` is a live
-        // host slice of that length.
-        check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+    pub(crate) unsafe fn to_device<E: CopyEngine + ?Sized>(e: &E, dst: DevPtr, src: &[u8]) -> Result<(), CuError> {
+        // SAFETY: forwarded.
+        unsafe { ordered(e, Copy::ToDevice { dst, src }) }
     }
 
     /// Device → host.
     ///
     /// # Safety
     /// `[src, src + dst.len())` must be device memory this process may read.
-    pub(crate) unsafe fn to_host(gpu: &Gpu, dst: &mut [u8], src: DevPtr) -> Result<(), CuError> {
-        if dst.is_empty() {
-            return Ok(());
-        }
-        gpu.bind()?;
-        // SAFETY: as above, the other way round.
-        check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
+    pub(crate) unsafe fn to_host<E: CopyEngine + ?Sized>(e: &E, dst: &mut [u8], src: DevPtr) -> Result<(), CuError> {
+        // SAFETY: forwarded.
+        unsafe { ordered(e, Copy::ToHost { dst, src }) }
     }
 
     /// Device → device.
     ///
     /// # Safety
     /// Both ranges must be device memory this process may use.
-    pub(crate) unsafe fn device_to_device(gpu: &Gpu, dst: DevPtr, src: DevPtr, len: usize) -> Result<(), CuError> {
-        if len == 0 {
-            return Ok(());
+    pub(crate) unsafe fn device_to_device<E: CopyEngine + ?Sized>(e: &E, dst: DevPtr, src: DevPtr, len: usize) -> Result<(), CuError> {
+        // SAFETY: forwarded.
+        unsafe { ordered(e, Copy::OnDevice { dst, src, len }) }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use std::cell::RefCell;
+
+        use super::*;
+
+        /// What a copy asked of the driver.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        enum Call {
+            Bind,
+            Enqueue { what: &'static str, stream: usize, len: usize },
+            Synchronize { stream: usize },
         }
-        gpu.bind()?;
-        // SAFETY: the caller vouches for both ranges.
-        check("cuMemcpyDtoD", unsafe { sys::cuMemcpyDtoD_v2(dst, src, len) })
+
+        /// A driver that records, and can fail one step.
+        struct Recorder {
+            stream: usize,
+            calls: RefCell<Vec<Call>>,
+            fail_enqueue: bool,
+        }
+
+        impl Recorder {
+            fn new(stream: usize) -> Self {
+                Self { stream, calls: RefCell::new(Vec::new()), fail_enqueue: false }
+            }
+        }
+
+        impl CopyEngine for Recorder {
+            type Stream = usize;
+            fn stream(&self) -> usize {
+                self.stream
+            }
+            fn bind(&self) -> Result<(), CuError> {
+                self.calls.borrow_mut().push(Call::Bind);
+                Ok(())
+            }
+            unsafe fn enqueue(&self, op: &mut Copy<'_>, stream: usize) -> Result<(), CuError> {
+                let what = match op {
+                    Copy::ToDevice { .. } => "htod",
+                    Copy::ToHost { dst, .. } => {
+                        dst.fill(7);
+                        "dtoh"
+                    }
+                    Copy::OnDevice { .. } => "dtod",
+                };
+                if self.fail_enqueue {
+                    return Err(CuError { call: "cuMemcpyAsync", detail: "CUDA_ERROR_ILLEGAL_ADDRESS".into() });
+                }
+                self.calls.borrow_mut().push(Call::Enqueue { what, stream, len: op.len() });
+                Ok(())
+            }
+            fn synchronize(&self, stream: usize) -> Result<(), CuError> {
+                self.calls.borrow_mut().push(Call::Synchronize { stream });
+                Ok(())
+            }
+        }
+
+        #[test]
+        fn every_copy_binds_enqueues_on_the_rank_stream_and_waits_for_it() {
+            let e = Recorder::new(0x5eed);
+            let mut out = [0u8; 5];
+            // SAFETY: the recorder touches no device memory.
+            unsafe {
+                to_device(&e, 0x1000, &[1, 2, 3]).unwrap();
+                to_host(&e, &mut out, 0x2000).unwrap();
+                device_to_device(&e, 0x3000, 0x4000, 64).unwrap();
+            }
+            let s = 0x5eed;
+            let step = |what, len| vec![Call::Bind, Call::Enqueue { what, stream: s, len }, Call::Synchronize { stream: s }];
+            let want: Vec<Call> = [step("htod", 3), step("dtoh", 5), step("dtod", 64)].concat();
+            assert_eq!(*e.calls.borrow(), want);
+            assert_eq!(out, [7; 5], "the host buffer holds the copy when the call returns");
+        }
+
+        /// Every driver copy in the workspace's sources, by file: only the
+        /// engine behind `ordered` and the kernel layer (which copies on the
+        /// stream it launches on, then waits for it) may call one.
+        #[test]
+        fn no_copy_in_the_workspace_bypasses_the_ordered_path() {
+            let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+            let allowed = [
+                ("wholemem/src/device/memory.rs", "the engine behind copy::ordered"),
+                ("gather/src/cuda/launch.rs", "Kernels::bucket: on its launch stream, then synchronised"),
+                ("gather/src/cuda/gpu_check.rs", "a test on its own stream (cudarc's stream copies)"),
+            ];
+            let needles = ["cuMemcpy", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "clone_htod", "clone_dtoh", "clone_dtod", "htod_copy", "dtoh_sync"];
+            let mut stack = vec![root.clone()];
+            let mut offenders = Vec::new();
+            let mut seen = 0;
+            while let Some(dir) = stack.pop() {
+                for e in std::fs::read_dir(&dir).unwrap().flatten() {
+                    let path = e.path();
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    if path.is_dir() {
+                        if !name.starts_with('.') && name != "target" && name != "gpu-bundle" {
+                            stack.push(path);
+                        }
+                        continue;
+                    }
+                    if !name.ends_with(".rs") {
+                        continue;
+                    }
+                    seen += 1;
+                    let rel = path.strip_prefix(&root).unwrap().to_string_lossy().replace('\\', "/");
+                    let text = std::fs::read_to_string(&path).unwrap_or_default();
+                    if needles.iter().any(|n| text.contains(n)) && !allowed.iter().any(|(f, _)| *f == rel) {
+                        offenders.push(rel);
+                    }
+                }
+            }
+            assert!(seen > 50, "only {seen} Rust files found under {}", root.display());
+            assert!(offenders.is_empty(), "driver copies outside copy::ordered: {offenders:?}");
+        }
+
+        #[test]
+        fn an_empty_copy_calls_nothing_and_a_failed_enqueue_is_not_waited_for() {
+            let e = Recorder::new(1);
+            // SAFETY: as above.
+            unsafe {
+                to_device(&e, 0, &[]).unwrap();
+                to_host(&e, &mut [], 0).unwrap();
+                device_to_device(&e, 0, 0, 0).unwrap();
+            }
+            assert!(e.calls.borrow().is_empty());
+            let e = Recorder { fail_enqueue: true, ..Recorder::new(1) };
+            // SAFETY: as above.
+            let err = unsafe { to_device(&e, 0x1000, &[1]) }.unwrap_err();
+            assert!(err.to_string().contains("CUDA_ERROR_ILLEGAL_ADDRESS"), "{err}");
+            assert_eq!(*e.calls.borrow(), vec![Call::Bind]);
+        }
     }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use wm_comm::{CommExt, Communicator};
 
 use super::driver::{self, CuError, Gpu};
-use super::memory::{AddressRange, DevPtr, DeviceAlloc, IpcMapping, Mapping, PhysicalMemory, vmm_granularity};
+use super::memory::{AddressRange, DevPtr, DeviceAlloc, IpcMapping, Mapping, PhysicalMemory, SharedAlloc, vmm_granularity};
 use crate::handle::agree;
 use crate::host;
 use crate::partition::Partition;
@@ -31,8 +31,9 @@ use crate::{Error, Result};
 pub(crate) enum DeviceStorage {
     /// The whole table in one range of this rank's GPU.
     Continuous { maps: Vec<Mapping>, range: AddressRange },
-    /// Peers' rows opened by IPC, and this rank's own.
-    Chunked { peers: Vec<Option<IpcMapping>>, own: Option<DeviceAlloc>, ptrs: Vec<DevPtr> },
+    /// Peers' rows opened by IPC, and this rank's own (freed only by
+    /// [`DeviceStorage::release`], after every peer closed it).
+    Chunked { peers: Vec<Option<IpcMapping>>, own: Option<SharedAlloc>, ptrs: Vec<DevPtr> },
     /// This rank's rows only.
     Local(Option<DeviceAlloc>),
 }
@@ -48,6 +49,60 @@ impl DeviceStorage {
             Self::Local(_) => None,
         }
     }
+
+    /// Gives the storage back collectively, in the order CUDA requires: for
+    /// chunked memory, this rank closes its IPC mappings of the peers'
+    /// chunks, every rank meets, and only then does each free its own
+    /// chunk (freeing memory a peer still has open is undefined). The other
+    /// types meet too, so no rank gives memory back while a peer may still
+    /// be using it through its own mapping. What is left is dropped with
+    /// the storage.
+    ///
+    /// # Errors
+    /// The meeting's (a lost peer, a timeout); the own chunk is then kept
+    /// until the process exits.
+    pub(crate) fn release(&mut self, comm: &dyn Communicator) -> Result<()> {
+        let meet = || comm.barrier().map_err(Error::from);
+        match self {
+            Self::Chunked { peers, own, ptrs } => {
+                ptrs.clear();
+                let own = own.take();
+                release_in_order(|| peers.clear(), meet, || own.into_iter().for_each(SharedAlloc::free))
+            }
+            Self::Continuous { .. } | Self::Local(_) => meet(),
+        }
+    }
+
+    /// [`release`](Self::release) for a table dropped without `free()`:
+    /// collective as `free()` is (every rank drops its table); while
+    /// unwinding from a panic, when peers cannot be expected to meet, the
+    /// peers' mappings are closed and this rank's own chunk is kept.
+    pub(crate) fn release_on_drop(&mut self, comm: &dyn Communicator) {
+        let Self::Chunked { peers, own, .. } = self else { return };
+        if peers.is_empty() && own.is_none() {
+            return;
+        }
+        if std::thread::panicking() {
+            peers.clear();
+            drop(own.take());
+            return;
+        }
+        let _ = self.release(comm);
+    }
+}
+
+/// The order shared chunks are given back in: `close` this rank's mappings
+/// of the peers' chunks, `meet` every rank, then `free` this rank's own —
+/// unless the meeting failed, since a peer that did not arrive may still
+/// have the chunk open (it is then kept: dropping `free` unused leaves it
+/// to [`SharedAlloc`]'s drop, which keeps it).
+fn release_in_order(close: impl FnOnce(), meet: impl FnOnce() -> Result<()>, free: impl FnOnce()) -> Result<()> {
+    close();
+    let met = meet();
+    if met.is_ok() {
+        free();
+    }
+    met
 }
 
 /// Where rank `r`'s piece starts in a continuous layout cut at multiples of
@@ -103,6 +158,9 @@ pub(crate) fn allocate(
 ) -> Result<DeviceStorage> {
     let me = comm.rank();
     let own_bytes = p.count(me) * granularity;
+    // Every driver call below needs this GPU's context current on this
+    // thread.
+    agree(comm, cu(gpu.bind()))?;
     match ty {
         MemoryType::Distributed | MemoryType::Hierarchy => {
             let own = (own_bytes > 0).then(|| DeviceAlloc::new(gpu, own_bytes)).transpose();
@@ -111,25 +169,38 @@ pub(crate) fn allocate(
         MemoryType::Chunked => {
             let ords = node_gpus(comm, gpu)?;
             debug_assert_eq!(ords[me], gpu.ordinal);
-            let own =
-                cu((own_bytes > 0).then(|| DeviceAlloc::new(gpu, own_bytes).and_then(|a| a.ipc_handle().map(|h| (a, h)))).transpose());
+            // Rounded up to 2 MiB (SharedAlloc::new): IPC shares whole blocks.
+            let own = cu((own_bytes > 0).then(|| SharedAlloc::new(gpu, own_bytes)).transpose());
             let own = agree(comm, own)?;
             let handle = own.as_ref().map_or(Vec::new(), |(_, h)| h.to_vec());
+            let own = own.map(|(a, _)| a);
+            // From here on a peer may hold this rank's chunk open: on any
+            // early return `own` is kept (SharedAlloc), never freed early.
             let handles = comm.allgatherv(&handle)?;
             let peers = handles
                 .iter()
                 .enumerate()
                 .map(|(r, h)| if r == me || h.is_empty() { Ok(None) } else { IpcMapping::open(gpu, h).map(Some) })
                 .collect::<std::result::Result<Vec<_>, _>>();
-            let peers = agree(comm, cu(peers))?;
-            let own = own.map(|(a, _)| a);
+            // A failed open on any rank: every rank closes what it opened
+            // (the partial vector is dropped already), all meet, then free.
+            let peers = match agree(comm, cu(peers)) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = release_in_order(|| (), || comm.barrier().map_err(Error::from), || own.into_iter().for_each(SharedAlloc::free));
+                    return Err(e);
+                }
+            };
             let ptrs = (0..p.world())
-                .map(|r| if r == me { own.as_ref().map_or(0, DeviceAlloc::ptr) } else { peers[r].as_ref().map_or(0, IpcMapping::ptr) })
+                .map(|r| if r == me { own.as_ref().map_or(0, SharedAlloc::ptr) } else { peers[r].as_ref().map_or(0, IpcMapping::ptr) })
                 .collect();
             Ok(DeviceStorage::Chunked { peers, own, ptrs })
         }
         MemoryType::Continuous => {
             let ords = node_gpus(comm, gpu)?;
+            let vmm = driver::vmm_support(gpu.ordinal)
+                .map_err(|reason| Error::Unsupported { what: "continuous device memory (CUDA virtual memory management)".into(), reason });
+            agree(comm, vmm)?;
             let g = agree(comm, cu(vmm_granularity(gpu.ordinal)))?;
             let unit = comm.allgather_value(g as u64)?.into_iter().max().unwrap_or(1) as usize;
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
@@ -141,7 +212,7 @@ pub(crate) fn allocate(
                     let f = std::fs::File::open("/dev/null").map_err(|e| Error::os("opening /dev/null", e))?;
                     return Ok((None, f.into()));
                 }
-                let mem = cu(PhysicalMemory::create(gpu.ordinal, piece(me)))?;
+                let mem = cu(PhysicalMemory::create(gpu, piece(me)))?;
                 let fd = cu(mem.export_fd())?;
                 Ok((Some(mem), fd))
             })();
@@ -150,7 +221,7 @@ pub(crate) fn allocate(
             let (fds, _) = agree(comm, exchanged)?;
             let span = split(&offs, total, p.world(), unit);
             let mapped = (|| -> Result<(Vec<Mapping>, AddressRange)> {
-                let range = cu(AddressRange::reserve(span, unit))?;
+                let range = cu(AddressRange::reserve(gpu, span, unit))?;
                 let mut maps = Vec::with_capacity(p.world());
                 for (r, fd) in fds.iter().enumerate() {
                     if piece(r) == 0 {
@@ -159,7 +230,7 @@ pub(crate) fn allocate(
                     let at = split(&offs, total, r, unit);
                     let m = match (&own, r == me) {
                         (Some(mine), true) => cu(range.map(at, mine))?,
-                        _ => cu(range.map(at, &cu(PhysicalMemory::import(fd, piece(r)))?))?,
+                        _ => cu(range.map(at, &cu(PhysicalMemory::import(gpu, fd, piece(r)))?))?,
                     };
                     maps.push(m);
                 }
@@ -181,7 +252,36 @@ pub(crate) fn allocate(
 
 #[cfg(test)]
 mod tests {
-    use super::split;
+    use std::cell::RefCell;
+
+    use super::{release_in_order, split};
+    use crate::Error;
+
+    #[test]
+    fn shared_chunks_are_freed_only_after_every_rank_closed_its_mappings() {
+        let log = RefCell::new(Vec::new());
+        let step = |s: &'static str| log.borrow_mut().push(s);
+        let meet = || {
+            step("meet");
+            Ok(())
+        };
+        release_in_order(|| step("close"), meet, || step("free")).unwrap();
+        assert_eq!(*log.borrow(), ["close", "meet", "free"]);
+        // A peer lost on the way: its mapping may still be open, so the
+        // chunk is kept, and the error is the meeting's.
+        log.borrow_mut().clear();
+        let e = release_in_order(
+            || step("close"),
+            || {
+                step("meet");
+                Err(Error::InvalidArgument("rank 3 lost".into()))
+            },
+            || step("free"),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("rank 3 lost"), "{e}");
+        assert_eq!(*log.borrow(), ["close", "meet"]);
+    }
 
     #[test]
     fn continuous_pieces_cover_the_table_at_unit_boundaries() {
