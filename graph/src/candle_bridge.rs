@@ -1,0 +1,1 @@
+//! The candle bridge (placeholder until the next commit).
