@@ -8,6 +8,7 @@ use wm_comm::launch::{self, Launch};
 use wm_comm::{RankEnv, RankSource};
 
 pub mod load;
+pub mod sample;
 
 /// Whether a launcher (wm-run, mpirun, srun, PMI) started this process.
 pub fn under_launcher() -> anyhow::Result<bool> {

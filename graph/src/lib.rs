@@ -55,5 +55,5 @@ pub use error::{Error, Result};
 pub use files::{load, store};
 pub use multihop::{Block, MiniBatch, sample_blocks};
 pub use rng::hop_seed;
-pub use sample::{ALL, Sample, SampleRequest, sample, sample_neighbors, sample_weighted_neighbors};
+pub use sample::{ALL, Sample, SampleRequest, sample, sample_in_memory, sample_neighbors, sample_weighted_neighbors};
 pub use unique::{Unique, append_unique};

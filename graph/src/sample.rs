@@ -499,3 +499,55 @@ fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, threads: us
         (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph.nodes(), ranks[q])).collect::<Result<_>>()?;
     Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
 }
+
+/// The same sampling as [`sample`], single-threaded over a CSR held in
+/// plain slices of this process (`row_ptr`: `nodes + 1` offsets; `col_ind`
+/// and `weights`: one per edge): the same seed gives the same sample as
+/// from wholemem tables. For references and baselines (`wm-bench sample`).
+///
+/// # Errors
+/// [`Error::NodeOutOfRange`] for a bad center; [`Error::InvalidArgument`]
+/// for a weighted request without weights or offsets that do not fit the
+/// slices.
+pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]>, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
+    let nodes = row_ptr.len().saturating_sub(1);
+    if let Some(position) = centers.iter().position(|&v| v < 0 || v as u64 >= nodes as u64) {
+        return Err(Error::NodeOutOfRange { node: centers[position], position, rank: 0, nodes });
+    }
+    if req.weighted && weights.is_none_or(|w| w.len() != col_ind.len()) {
+        return Err(Error::InvalidArgument("weighted sampling needs one weight per edge".into()));
+    }
+    let mut s = Scratch::default();
+    let mut counts = Vec::with_capacity(centers.len());
+    let (mut neighbors, mut edge_ids) = (Vec::new(), Vec::new());
+    for &v in centers {
+        let (start, end) = (row_ptr[v as usize], row_ptr[v as usize + 1]);
+        if start < 0 || end < start || end as usize > col_ind.len() {
+            return Err(Error::InvalidArgument(format!("node {v}'s offsets {start}..{end} do not fit {} edges", col_ind.len())));
+        }
+        let (start, end) = (start as usize, end as usize);
+        let d = end - start;
+        let k = d.min(req.fanout);
+        counts.push(k);
+        if k == d {
+            neighbors.extend_from_slice(&col_ind[start..end]);
+            if req.edge_ids {
+                edge_ids.extend((start..end).map(|e| e as i64));
+            }
+            continue;
+        }
+        let mut stream = Stream::new(req.seed, v as u64);
+        match weights {
+            Some(w) if req.weighted => weighted_picks(&mut stream, &w[start..end], k, &mut s.keys, &mut s.picks),
+            _ => floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen),
+        }
+        for &p in &s.picks {
+            let e = start + p as usize;
+            neighbors.push(col_ind[e]);
+            if req.edge_ids {
+                edge_ids.push(e as i64);
+            }
+        }
+    }
+    Ok(Sample::from_counts(&counts, neighbors, edge_ids))
+}

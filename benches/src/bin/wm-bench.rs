@@ -38,6 +38,9 @@ enum Cmd {
     /// Write sharded files of known content, load them with every rank reading its own rows, verify,
     /// and compare with one process reading the files sequentially.
     Load(wm_bench::load::LoadArgs),
+    /// Sample neighbours from a CSR graph in wholemem tables, verify every sample, and compare
+    /// with one thread sampling a private copy of the graph.
+    Sample(wm_bench::sample::SampleArgs),
     /// Print this machine's topology and which memory types and locations the
     /// ranks support, with reasons; `--active` also tries each one.
     Probe(ProbeArgs),
@@ -167,6 +170,7 @@ fn main() {
         Cmd::Probe(a) => probe(&a),
         Cmd::Kernels(a) => kernels(&a),
         Cmd::Load(a) => wm_bench::load::start(&a),
+        Cmd::Sample(a) => wm_bench::sample::start(&a),
     };
     match result {
         Ok(c) => std::process::exit(c),
