@@ -106,23 +106,6 @@ impl ColIndex {
         Ok(())
     }
 
-    /// Reads the one id at global row `row`.
-    #[inline]
-    pub(crate) fn read_one(&self, row: usize) -> Result<i64> {
-        Ok(match self {
-            Self::I32(t) => {
-                let mut b = [0u8; 4];
-                t.memory().read_rows(row, &mut b)?;
-                i64::from(i32::from_le_bytes(b))
-            }
-            Self::I64(t) => {
-                let mut b = [0u8; 8];
-                t.memory().read_rows(row, &mut b)?;
-                i64::from_le_bytes(b)
-            }
-        })
-    }
-
     fn free(self) -> Result<()> {
         match self {
             Self::I32(t) => t.free()?,

@@ -6,7 +6,7 @@ use wholemem::MemoryType;
 use wm_comm::{CommExt, Communicator};
 
 use crate::collective::{agree_with, bucket, split_work};
-use crate::csr::CsrGraph;
+use crate::csr::{ColIndex, CsrGraph};
 use crate::rng::Stream;
 use crate::{Error, Result};
 
@@ -184,44 +184,103 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
     }
 }
 
-/// Samples of centers this rank reaches: counts per center, neighbours,
-/// edge ids (empty unless asked).
+/// Samples of `centers`: counts per center, neighbours, edge ids (empty
+/// unless asked). Reads through `wm_gather`: not collective for continuous
+/// and chunked graphs; for distributed and hierarchy graphs every rank calls
+/// it once per sampling call with centers it owns (so the gathers find
+/// their rows locally, yet stay collective).
+///
+/// 1. One gather of `row_ptr[v]` and `row_ptr[v + 1]` per center.
+/// 2. For weighted centers with more neighbours than the fanout, one gather
+///    of their edge weights.
+/// 3. The picks, per center from its own random stream, in `threads`
+///    threads.
+/// 4. One gather of the picked edges' neighbour ids.
 pub(crate) fn sample_local(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threads: usize) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
-    let threads = if graph.location() == wholemem::Location::Device { 1 } else { threads };
-    let parts = split_work(centers.len(), threads, |range| {
-        let mut part = Part::default();
-        let mut scratch = Scratch::default();
-        for &v in &centers[range] {
-            sample_one(graph, v as usize, req, &mut scratch, &mut part)?;
-        }
-        Ok::<_, Error>(part)
-    });
-    let mut all = Part::default();
-    for p in parts {
-        let p = p?;
-        if all.counts.is_empty() {
-            all = p;
-        } else {
-            all.counts.extend(p.counts);
-            all.neighbors.extend(p.neighbors);
-            all.edge_ids.extend(p.edge_ids);
-        }
+    let n = centers.len();
+    let mut ids = Vec::with_capacity(2 * n);
+    for &v in centers {
+        ids.extend([v as i64, v as i64 + 1]);
     }
-    Ok((all.counts, all.neighbors, all.edge_ids))
-}
+    let mut bounds = vec![0i64; 2 * n];
+    wm_gather::gather_into(&graph.row_ptr, &ids, &mut bounds)?;
+    drop(ids);
+    let edges = graph.edges() as i64;
+    // Offsets that do not fit (a broken table) fail this call, after the
+    // remaining gathers, so collective calls stay in step.
+    let mut problem = None;
+    if let Some(i) = (0..n).find(|&i| bounds[2 * i] < 0 || bounds[2 * i + 1] < bounds[2 * i] || bounds[2 * i + 1] > edges) {
+        problem = Some(Error::BadGraph(format!("node {}'s offsets {}..{} do not fit {edges} edges", centers[i], bounds[2 * i], bounds[2 * i + 1])));
+        bounds.fill(0);
+    }
+    let range = |i: usize| (bounds[2 * i] as usize, bounds[2 * i + 1] as usize);
+    let draws = |i: usize| {
+        let (s, e) = range(i);
+        e - s > req.fanout
+    };
 
-#[derive(Default)]
-struct Part {
-    counts: Vec<usize>,
-    neighbors: Vec<i64>,
-    edge_ids: Vec<i64>,
+    // Weights of the centers that draw by weight, one run per center.
+    let mut weights = Vec::new();
+    let mut weight_at = vec![0usize; if req.weighted { n + 1 } else { 0 }];
+    if req.weighted {
+        let mut pos: Vec<i64> = Vec::new();
+        for i in 0..n {
+            if draws(i) {
+                let (s, e) = range(i);
+                pos.extend(s as i64..e as i64);
+            }
+            weight_at[i + 1] = pos.len();
+        }
+        let table = graph.weights.as_ref().expect("checked: the graph has weights");
+        weights = vec![0f32; pos.len()];
+        wm_gather::gather_into(table, &pos, &mut weights)?;
+    }
+
+    // The picks: edge positions per center, in parallel.
+    let parts = split_work(n, threads, |chunk| {
+        let mut s = Scratch::default();
+        let (mut counts, mut positions) = (Vec::with_capacity(chunk.len()), Vec::new());
+        for i in chunk {
+            let (start, end) = range(i);
+            let d = end - start;
+            let k = d.min(req.fanout);
+            counts.push(k);
+            if k == d {
+                positions.extend(start as i64..end as i64);
+                continue;
+            }
+            let mut stream = Stream::new(req.seed, centers[i]);
+            if req.weighted {
+                weighted_picks(&mut stream, &weights[weight_at[i]..weight_at[i + 1]], k, &mut s.keys, &mut s.picks);
+            } else {
+                floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen);
+            }
+            positions.extend(s.picks.iter().map(|&p| (start + p as usize) as i64));
+        }
+        (counts, positions)
+    });
+    let mut counts = Vec::with_capacity(n);
+    let mut positions = Vec::with_capacity(parts.iter().map(|p| p.1.len()).sum());
+    for (c, p) in parts {
+        counts.extend(c);
+        positions.extend(p);
+    }
+    let mut neighbors = vec![0i64; positions.len()];
+    match &graph.col_ind {
+        ColIndex::I32(t) => wm_gather::gather_into(t, &positions, &mut neighbors)?,
+        ColIndex::I64(t) => wm_gather::gather_into(t, &positions, &mut neighbors)?,
+    }
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let edge_ids = if req.edge_ids { positions } else { Vec::new() };
+    Ok((counts, neighbors, edge_ids))
 }
 
 #[derive(Default)]
 struct Scratch {
     picks: Vec<u64>,
     seen: HashSet<u64>,
-    weights: Vec<f32>,
     keys: Vec<(f64, u32)>,
 }
 
@@ -262,42 +321,6 @@ pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, key
     picks.clear();
     picks.extend(keys[..k].iter().map(|&(_, i)| u64::from(i)));
     picks.sort_unstable();
-}
-
-fn sample_one(graph: &CsrGraph, v: usize, req: &SampleRequest, s: &mut Scratch, out: &mut Part) -> Result<()> {
-    let (start, end) = graph.edge_range(v)?;
-    let d = end - start;
-    let k = d.min(req.fanout);
-    out.counts.push(k);
-    if k == 0 {
-        return Ok(());
-    }
-    if k == d {
-        let at = out.neighbors.len();
-        out.neighbors.resize(at + d, 0);
-        graph.col_ind.read(start, &mut out.neighbors[at..])?;
-        if req.edge_ids {
-            out.edge_ids.extend((start..end).map(|e| e as i64));
-        }
-        return Ok(());
-    }
-    let mut stream = Stream::new(req.seed, v as u64);
-    if req.weighted {
-        let w = graph.weights.as_ref().expect("checked: the graph has weights");
-        s.weights.resize(d, 0.0);
-        w.memory().read_rows(start, bytemuck::cast_slice_mut(&mut s.weights))?;
-        weighted_picks(&mut stream, &s.weights, k, &mut s.keys, &mut s.picks);
-    } else {
-        floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen);
-    }
-    for &p in &s.picks {
-        let e = start + p as usize;
-        out.neighbors.push(graph.col_ind.read_one(e)?);
-        if req.edge_ids {
-            out.edge_ids.push(e as i64);
-        }
-    }
-    Ok(())
 }
 
 /// An owner's answer for the centers one rank asked: their counts, then
@@ -344,13 +367,22 @@ fn decode_reply<'a>(words: &'a [u64], asked: usize, req: &SampleRequest, nodes: 
 fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest, threads: usize) -> Result<Vec<Vec<u64>>> {
     let count = graph.local_nodes().len() as u64;
     let mut all: Vec<u64> = Vec::with_capacity(asked.iter().map(Vec::len).sum());
+    let mut problem = None;
     for a in asked {
         if let Some(&bad) = a.iter().find(|&&x| x >= count) {
-            return Err(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
+            problem.get_or_insert(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
         }
         all.extend(a.iter().map(|&x| x + first as u64));
     }
-    let (counts, nbrs, eids) = sample_local(graph, &all, req, threads)?;
+    if problem.is_some() {
+        // Still take part in the gathers of this call, with nothing to read.
+        all.clear();
+    }
+    let sampled = sample_local(graph, &all, req, threads);
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let (counts, nbrs, eids) = sampled?;
     let (mut c0, mut n0) = (0, 0);
     Ok(asked
         .iter()
