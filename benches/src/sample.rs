@@ -238,7 +238,8 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
             base_edges += base.iter().map(|s| s.neighbors.len() as u64).sum::<u64>();
         }
     }
-    let stats = world.allgather_pod(&[edges as f64 / seconds.max(1e-12), base_edges as f64 / base_seconds.max(1e-12), seconds, wrong as f64])?;
+    let stats =
+        world.allgather_pod(&[edges as f64 / seconds.max(1e-12), base_edges as f64 / base_seconds.max(1e-12), seconds, wrong as f64])?;
     let machines = wm_topology::NodeLayout::of(world.nodes()).nodes;
     let (nodes, all_edges) = (graph.nodes(), graph.edges());
     graph.free()?;

@@ -293,7 +293,14 @@ struct Split {
 }
 
 /// Sampled blocks and input features of `seeds`, timed.
-fn prepare(graph: &CsrGraph, features: &WholeTensor<f32>, seeds: &[i64], fanouts: &[usize], seed: u64, t: &mut Split) -> Result<(MiniBatch, Tensor)> {
+fn prepare(
+    graph: &CsrGraph,
+    features: &WholeTensor<f32>,
+    seeds: &[i64],
+    fanouts: &[usize],
+    seed: u64,
+    t: &mut Split,
+) -> Result<(MiniBatch, Tensor)> {
     let s = Instant::now();
     let mb = sample_blocks(graph, seeds, fanouts, seed, false)?;
     t.sample += s.elapsed().as_secs_f64();
@@ -371,7 +378,15 @@ fn train_model(
 }
 
 /// Accuracy over every rank's `nodes`, in batches.
-fn accuracy(world: &Comm, a: &Args, graph: &CsrGraph, features: &WholeTensor<f32>, model: &Sage, nodes: &[i64], fanouts: &[usize]) -> Result<f64> {
+fn accuracy(
+    world: &Comm,
+    a: &Args,
+    graph: &CsrGraph,
+    features: &WholeTensor<f32>,
+    model: &Sage,
+    nodes: &[i64],
+    fanouts: &[usize],
+) -> Result<f64> {
     // Every rank runs as many batches as the rank with the most nodes, so the
     // collective sampling and gathers stay in step.
     let batches = world.allgather_value(nodes.len().div_ceil(a.batch) as u64)?.into_iter().max().unwrap_or(0) as usize;

@@ -308,7 +308,12 @@ fn receive(comm: &dyn Communicator, got: &[Vec<u64>], stride: usize, mine: &std:
 
 /// Offsets (from 0, one per node and the total), neighbours and weights of
 /// this rank's nodes.
-fn adjacency(mut edges: Vec<Edge>, mine: &std::ops::Range<usize>, opts: &BuildOptions, weighted: bool) -> (Vec<usize>, Vec<i64>, Option<Vec<f32>>) {
+fn adjacency(
+    mut edges: Vec<Edge>,
+    mine: &std::ops::Range<usize>,
+    opts: &BuildOptions,
+    weighted: bool,
+) -> (Vec<usize>, Vec<i64>, Option<Vec<f32>>) {
     // Weights are finite and non-negative, so their bits order like them.
     edges.sort_unstable();
     if opts.dedup {

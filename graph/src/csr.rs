@@ -227,12 +227,9 @@ impl CsrGraph {
     /// The first bad id of `ids`, as an error naming it.
     pub(crate) fn check_nodes(&self, ids: &[i64]) -> Result<()> {
         match ids.iter().position(|&v| v < 0 || v as u64 >= self.nodes() as u64) {
-            Some(position) => Err(Error::NodeOutOfRange {
-                node: ids[position],
-                position,
-                rank: self.comm.world_rank(),
-                nodes: self.nodes(),
-            }),
+            Some(position) => {
+                Err(Error::NodeOutOfRange { node: ids[position], position, rank: self.comm.world_rank(), nodes: self.nodes() })
+            }
             None => Ok(()),
         }
     }

@@ -45,7 +45,12 @@ fn discover(dir: &Path) -> Result<[u64; 4]> {
     let ci = ShardSet::npy_dir(dir.join(COL_IND)).discover(&scalar(DType::I64))?;
     let name = |p: &str| dir.join(p).display().to_string();
     if rp.element_type() != DType::I64 || !rp.row_shape().is_empty() {
-        return Err(Error::BadGraph(format!("{}: row offsets must be one-dimensional i64, not {} {:?}", name(ROW_PTR), rp.element_type(), rp.row_shape())));
+        return Err(Error::BadGraph(format!(
+            "{}: row offsets must be one-dimensional i64, not {} {:?}",
+            name(ROW_PTR),
+            rp.element_type(),
+            rp.row_shape()
+        )));
     }
     let ids = match ci.element_type() {
         DType::I32 => 32,
@@ -56,7 +61,12 @@ fn discover(dir: &Path) -> Result<[u64; 4]> {
         return Err(Error::BadGraph(format!("{}: neighbour ids must be one-dimensional, not rows of {:?}", name(COL_IND), ci.row_shape())));
     }
     if rp.rows() < 2 || ci.rows() == 0 {
-        return Err(Error::BadGraph(format!("{}: {} row offsets and {} edges; a graph needs a node and an edge", dir.display(), rp.rows(), ci.rows())));
+        return Err(Error::BadGraph(format!(
+            "{}: {} row offsets and {} edges; a graph needs a node and an edge",
+            dir.display(),
+            rp.rows(),
+            ci.rows()
+        )));
     }
     let weighted = dir.join(WEIGHTS).exists();
     if weighted {
@@ -132,7 +142,10 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
     for r in 0..world {
         let top = if r + 1 == world { e as u64 } else { starts[r + 1] };
         if starts[r] > top || (lasts[r] != u64::MAX && lasts[r] > top) {
-            return Err(bad(format!("offsets of rank {r}'s nodes run past those that follow ({} > {top})", lasts[r].max(starts[r]) as i64)));
+            return Err(bad(format!(
+                "offsets of rank {r}'s nodes run past those that follow ({} > {top})",
+                lasts[r].max(starts[r]) as i64
+            )));
         }
     }
     let edge_counts: Vec<usize> = starts.windows(2).map(|w| (w[1] - w[0]) as usize).collect();
@@ -148,7 +161,9 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
     let checked = check_chunks(range.clone(), |at, len| {
         let mut v = vec![0i64; len];
         col_ind.read(at, &mut v)?;
-        Ok(v.iter().position(|&x| x < 0 || x as u64 >= n as u64).map(|i| format!("neighbour id {} of edge {} is out of range for {n} nodes", v[i], at + i)))
+        Ok(v.iter()
+            .position(|&x| x < 0 || x as u64 >= n as u64)
+            .map(|i| format!("neighbour id {} of edge {} is out of range for {n} nodes", v[i], at + i)))
     });
     agree(comm.as_ref(), checked.map_err(|e| with_dir(e, dir, COL_IND)))?;
     let weights = if weighted == 1 {
@@ -157,7 +172,9 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
         let checked = check_chunks(range, |at, len| {
             let mut v = vec![0f32; len];
             w.memory().read_rows(at, bytemuck::cast_slice_mut(&mut v))?;
-            Ok(v.iter().position(|&x| !(x.is_finite() && x >= 0.0)).map(|i| format!("weight {} of edge {} is not a finite, non-negative number", v[i], at + i)))
+            Ok(v.iter()
+                .position(|&x| !(x.is_finite() && x >= 0.0))
+                .map(|i| format!("weight {} of edge {} is not a finite, non-negative number", v[i], at + i)))
         });
         agree(comm.as_ref(), checked.map_err(|e| with_dir(e, dir, WEIGHTS)))?;
         Some(w)

@@ -1,11 +1,11 @@
 //! Multi-hop sampling into the blocks of a GraphSAGE-style model.
 
+use crate::Result;
+use crate::collective::agree;
 use crate::csr::CsrGraph;
 use crate::rng::hop_seed;
 use crate::sample::{SampleRequest, sample};
 use crate::unique::append_unique;
-use crate::Result;
-use crate::collective::agree;
 
 /// One layer's bipartite block: its outputs are the first `targets` of its
 /// `inputs`; output `i` aggregates inputs `neighbors[offsets[i]..offsets[i +

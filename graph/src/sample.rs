@@ -196,7 +196,12 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
 /// 3. The picks, per center from its own random stream, in `threads`
 ///    threads.
 /// 4. One gather of the picked edges' neighbour ids.
-pub(crate) fn sample_local(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threads: usize) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
+pub(crate) fn sample_local(
+    graph: &CsrGraph,
+    centers: &[u64],
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
     let n = centers.len();
     let mut ids = Vec::with_capacity(2 * n);
     for &v in centers {
@@ -210,7 +215,12 @@ pub(crate) fn sample_local(graph: &CsrGraph, centers: &[u64], req: &SampleReques
     // remaining gathers, so collective calls stay in step.
     let mut problem = None;
     if let Some(i) = (0..n).find(|&i| bounds[2 * i] < 0 || bounds[2 * i + 1] < bounds[2 * i] || bounds[2 * i + 1] > edges) {
-        problem = Some(Error::BadGraph(format!("node {}'s offsets {}..{} do not fit {edges} edges", centers[i], bounds[2 * i], bounds[2 * i + 1])));
+        problem = Some(Error::BadGraph(format!(
+            "node {}'s offsets {}..{} do not fit {edges} edges",
+            centers[i],
+            bounds[2 * i],
+            bounds[2 * i + 1]
+        )));
         bounds.fill(0);
     }
     let range = |i: usize| (bounds[2 * i] as usize, bounds[2 * i + 1] as usize);

@@ -170,7 +170,9 @@ fn build_and_files(world: &Comm, dir: &std::path::Path, loc: Location) -> Result
     {
         let reference = all.reference(nodes, undirected, dedup, self_loops);
         for &ty in &types {
-            let name = format!("case {case} {loc} {ty} (undirected {undirected}, dedup {dedup}, loops {self_loops}, weighted {weighted}, {ids:?})");
+            let name = format!(
+                "case {case} {loc} {ty} (undirected {undirected}, dedup {dedup}, loops {self_loops}, weighted {weighted}, {ids:?})"
+            );
             let opts = BuildOptions::new(nodes, ty, loc).id_type(ids).undirected(undirected).dedup(dedup).self_loops(self_loops);
             let g = build(world, &opts, mine.list(weighted)).with_context(|| name.clone())?;
             ensure!(g.is_weighted() == weighted && g.id_type() == ids, "{name}: wrong kind of graph");
@@ -210,7 +212,7 @@ fn small_graph(world: &Comm, ty: MemoryType, loc: Location, weighted: bool) -> R
         for j in 0..deg {
             src.push(HUB);
             dst.push(20 + 3 * j as i64);
-            w.push(if weighted { WEIGHTS[j] } else { 1.0 });
+            w.push(if weighted { WEIGHTS.get(j).copied().unwrap_or(1.0) } else { 1.0 });
         }
         src.extend([SMALL, SMALL]);
         dst.extend([1, 2]);
@@ -226,18 +228,21 @@ fn chi_square(counts: &HashMap<Vec<i64>, usize>, p: &HashMap<Vec<i64>, f64>, n: 
     for k in counts.keys() {
         ensure!(p.contains_key(k), "sample {k:?} is not a possible subset");
     }
-    Ok(p.iter().map(|(k, &pk)| {
-        let e = pk * n as f64;
-        let o = *counts.get(k).unwrap_or(&0) as f64;
-        (o - e) * (o - e) / e
-    }).sum())
+    Ok(p.iter()
+        .map(|(k, &pk)| {
+            let e = pk * n as f64;
+            let o = *counts.get(k).unwrap_or(&0) as f64;
+            (o - e) * (o - e) / e
+        })
+        .sum())
 }
 
 /// Samples a fixed node under `seeds` seeds, one call each (collective for
 /// distributed types: every rank calls, rank 0 asks for the node), checking
 /// each sample is `k` distinct neighbours; the subsets' counts.
 fn draw(g: &CsrGraph, world: &Comm, node: i64, k: usize, seeds: u64, weighted: bool) -> Result<HashMap<Vec<i64>, usize>> {
-    let neighbours = if g.memory_type().is_mapped() || g.local_nodes().contains(&(node as usize)) { Some(g.neighbors(node)?) } else { None };
+    let neighbours =
+        if g.memory_type().is_mapped() || g.local_nodes().contains(&(node as usize)) { Some(g.neighbors(node)?) } else { None };
     let mut counts = HashMap::new();
     let centers: &[i64] = if world.rank() == 0 || g.memory_type().is_mapped() { &[node] } else { &[] };
     for seed in 0..seeds {
@@ -374,7 +379,12 @@ fn digest(world: &Comm, loc: Location) -> Result<()> {
             ("wide", SampleRequest::new(40, 7)),
         ] {
             let s = sample(&g, &centers, &req)?;
-            let d = fnv(s.offsets.iter().map(|&o| o as u64).chain(s.neighbors.iter().map(|&x| x as u64)).chain(s.edge_ids.iter().map(|&x| x as u64)));
+            let d = fnv(s
+                .offsets
+                .iter()
+                .map(|&o| o as u64)
+                .chain(s.neighbors.iter().map(|&x| x as u64))
+                .chain(s.edge_ids.iter().map(|&x| x as u64)));
             if world.rank() == 0 {
                 println!("digest {name} {d:016x}");
             }
@@ -449,7 +459,11 @@ fn bad_input(world: &Comm) -> Result<()> {
         let centers: Vec<i64> = if world.rank() == last { vec![HUB, 40] } else { vec![HUB] };
         let r = sample_neighbors(&g, &centers, 2, 1);
         if collective || world.rank() == last {
-            expect_err(r, &format!("node 40 at position 1 on rank {last_world} is out of range for a graph of 40 nodes"), &format!("{ty}: bad center"))?;
+            expect_err(
+                r,
+                &format!("node 40 at position 1 on rank {last_world} is out of range for a graph of 40 nodes"),
+                &format!("{ty}: bad center"),
+            )?;
         } else {
             r?;
         }
@@ -490,7 +504,11 @@ fn bad_input(world: &Comm) -> Result<()> {
         expect_err(build(world, &opts, EdgeList::weighted(&src, &dst, &w)), "weight NaN is not a finite", &format!("{ty}: NaN weight"))?;
         if world.size() > 1 {
             let opts = BuildOptions::new(10, ty, Location::Host).undirected(world.rank() == 0);
-            expect_err(build(world, &opts, EdgeList::new(&[0], &[1])), "ranks passed different arguments", &format!("{ty}: differing options"))?;
+            expect_err(
+                build(world, &opts, EdgeList::new(&[0], &[1])),
+                "ranks passed different arguments",
+                &format!("{ty}: differing options"),
+            )?;
         }
         let g = build(world, &BuildOptions::new(10, ty, Location::Host), EdgeList::new(&[0, 1], &[1, 2]))?;
         ensure!(g.edges() == 2 * world.size(), "{ty}: {} edges after the bad builds", g.edges());
