@@ -143,6 +143,28 @@ mod tests {
     use super::*;
 
     #[test]
+    fn embedding_rows_train_through_candle_and_apply_gradients() {
+        use wholemem::{Location, MemoryType};
+        use wm_embedding::{Init, Optimizer};
+        // One rank (no launcher): a chunked table, plain SGD.
+        let world = wm_comm::init().unwrap();
+        let mut emb = Embedding::<f32>::allocate(&world, MemoryType::Chunked, Location::Host, 10, 4, None, Some(Optimizer::sgd())).unwrap();
+        emb.init(Init::Constant(1.0), 0).unwrap();
+        let batch = EmbeddingVar::lookup(&emb, &[3, 3, 5], &Device::Cpu).unwrap();
+        // d(sum of 2·x)/dx = 2 for every element.
+        let loss = (batch.as_tensor() * 2.0).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        batch.apply(&mut emb, &grads, 0.1).unwrap();
+        let mut rows = vec![0f32; 3 * 4];
+        emb.gather(&[3i64, 5, 0], &mut rows).unwrap();
+        // Row 3 twice: 1 − 0.1·(2 + 2); row 5 once: 1 − 0.1·2; row 0 untouched.
+        for (i, want) in [0.6f32, 0.8, 1.0].into_iter().enumerate() {
+            assert!(rows[i * 4..i * 4 + 4].iter().all(|&x| (x - want).abs() < 1e-6), "row {i}: {:?}", &rows[i * 4..i * 4 + 4]);
+        }
+        emb.free().unwrap();
+    }
+
+    #[test]
     fn mean_aggregate_averages_the_sampled_rows() {
         let x = Tensor::from_vec(vec![1f32, 10., 2., 20., 3., 30., 4., 40.], (4, 2), &Device::Cpu).unwrap();
         // Output 0 <- inputs 1, 3; output 1 <- nothing.
