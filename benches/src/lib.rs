@@ -1,6 +1,6 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
 //! subcommands, one module each: [`gather`] (gather and scatter), [`load`],
-//! [`probe`], [`kernels`]. The options every benchmark shares about its
+//! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
 //! [`ranks`]; the report every benchmark prints (speeds, baseline, ratio,
 //! verification, the JSON line) in [`report`]. `src/bin/wm-bench.rs` only
@@ -13,6 +13,7 @@ pub mod load;
 pub mod probe;
 pub mod ranks;
 pub mod report;
+pub mod sample;
 
 pub use ranks::{default_ranks, run_as_ranks, under_launcher};
 pub use report::Spread;

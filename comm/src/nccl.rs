@@ -292,10 +292,9 @@ impl NcclComm {
         let mut config = nonblocking_config();
         // SAFETY: writes one communicator; the id came from rank 0; the
         // config is initialised as NCCL_CONFIG_INITIALIZER would.
-        let started = guarded("ncclCommInitRankConfig", || unsafe {
-            nccl::ncclCommInitRankConfig(&mut raw, n as i32, uid, me as i32, &mut config)
-        })
-        .and_then(|r| check("ncclCommInitRankConfig", r));
+        let started =
+            guarded("ncclCommInitRankConfig", || unsafe { nccl::ncclCommInitRankConfig(&mut raw, n as i32, uid, me as i32, &mut config) })
+                .and_then(|r| check("ncclCommInitRankConfig", r));
         if let Err(e) = started {
             abort(raw);
             return Err(e);
@@ -408,10 +407,9 @@ impl Drop for NcclComm {
         }
         let limit = wm_topology::env::timeout().unwrap_or(wm_topology::env::DEFAULT_TIMEOUT);
         // SAFETY: the communicator is live.
-        let finalized = guarded("ncclCommFinalize", || unsafe { nccl::ncclCommFinalize(raw) })
-            .and_then(|r| check("ncclCommFinalize", r))
-            .is_ok()
-            && matches!(drive(limit, Duration::from_millis(1), || async_state(raw, "ncclCommFinalize")), Progress::Done);
+        let finalized =
+            guarded("ncclCommFinalize", || unsafe { nccl::ncclCommFinalize(raw) }).and_then(|r| check("ncclCommFinalize", r)).is_ok()
+                && matches!(drive(limit, Duration::from_millis(1), || async_state(raw, "ncclCommFinalize")), Progress::Done);
         if finalized {
             // SAFETY: finalised, destroyed once.
             let _ = guarded("ncclCommDestroy", || unsafe { nccl::ncclCommDestroy(raw) });
@@ -445,7 +443,10 @@ mod tests {
     fn the_config_asks_only_for_non_blocking_calls() {
         let c = nonblocking_config();
         assert_eq!((c.size, c.magic, c.version, c.blocking), (std::mem::size_of::<nccl::ncclConfig_t>(), 0xcafe_beef, 21_400, 0));
-        assert_eq!((c.cgaClusterSize, c.minCTAs, c.maxCTAs, c.splitShare, c.maxP2pPeers), (i32::MIN, i32::MIN, i32::MIN, i32::MIN, i32::MIN));
+        assert_eq!(
+            (c.cgaClusterSize, c.minCTAs, c.maxCTAs, c.splitShare, c.maxP2pPeers),
+            (i32::MIN, i32::MIN, i32::MIN, i32::MIN, i32::MIN)
+        );
         assert!(c.netName.is_null() && c.commName.is_null());
     }
 

@@ -136,7 +136,13 @@ pub fn shm_leftovers() -> Vec<String> {
 ///
 /// # Errors
 /// The message to fail with.
-pub fn skip(world: &dyn wm_comm::Communicator, ty: wholemem::MemoryType, loc: wholemem::Location, what: &str, reason: &str) -> Result<(), String> {
+pub fn skip(
+    world: &dyn wm_comm::Communicator,
+    ty: wholemem::MemoryType,
+    loc: wholemem::Location,
+    what: &str,
+    reason: &str,
+) -> Result<(), String> {
     use wholemem::Location;
     if loc == Location::Device && wm_topology::env::require_gpu() {
         if let Some(host) = wholemem::query(world, ty, Location::Host).reason() {

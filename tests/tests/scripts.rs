@@ -104,5 +104,7 @@ fn programs_a_step_leaves_running_are_killed_and_fail_it() {
 fn the_gpu_check_takes_a_part() {
     let out = Command::new("bash").arg(scripts().join("gpu-check.sh")).output().expect("bash runs");
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("usage:") && String::from_utf8_lossy(&out.stderr).contains("correctness|bench|all"));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("usage:") && String::from_utf8_lossy(&out.stderr).contains("correctness|bench|all")
+    );
 }

@@ -1,7 +1,7 @@
 //! `wm-bench`: wholemem's benchmarks. This file parses the command line and
 //! dispatches; each subcommand lives in its own module of the `wm_bench`
 //! library ([`wm_bench::gather`] for gather and scatter, [`wm_bench::load`],
-//! [`wm_bench::probe`], [`wm_bench::kernels`]).
+//! [`wm_bench::sample`], [`wm_bench::probe`], [`wm_bench::kernels`]).
 #![forbid(unsafe_code)]
 
 use clap::{Parser, Subcommand};
@@ -26,6 +26,9 @@ enum Cmd {
     /// Write sharded files of known content, load them with every rank reading its own rows, verify,
     /// and compare with one process reading the files sequentially.
     Load(LoadArgs),
+    /// Sample neighbours from a CSR graph in wholemem tables, verify every sample, and compare
+    /// with one thread sampling a private copy of the graph.
+    Sample(wm_bench::sample::SampleArgs),
     /// Print this machine's topology and which memory types and locations the
     /// ranks support, with reasons; `--active` also tries each one.
     Probe(ProbeArgs),
@@ -41,6 +44,7 @@ fn main() {
         Cmd::Probe(a) => wm_bench::probe::run(a),
         Cmd::Kernels(a) => wm_bench::kernels::run(a),
         Cmd::Load(a) => wm_bench::load::start(a),
+        Cmd::Sample(a) => wm_bench::sample::start(a),
     };
     match result {
         Ok(c) => std::process::exit(c),

@@ -321,8 +321,9 @@ mod tests {
     fn nvrtc_is_the_fallback_when_the_prebuilt_image_is_missing_or_refused() {
         let nvrtc = |a| Ok(image(a, CacheHit::Compiled));
         assert_eq!(load_first(SM90, |_| None, nvrtc, |c| Ok(c.from)), Ok(CacheHit::Compiled));
-        let refuse_prebuilt =
-            |c: Compiled| if c.from == CacheHit::Disk { Err(KernelError::Driver("CUDA_ERROR_NO_BINARY_FOR_GPU".into())) } else { Ok(c.from) };
+        let refuse_prebuilt = |c: Compiled| {
+            if c.from == CacheHit::Disk { Err(KernelError::Driver("CUDA_ERROR_NO_BINARY_FOR_GPU".into())) } else { Ok(c.from) }
+        };
         assert_eq!(load_first(SM90, |a| Some(image(a, CacheHit::Disk)), nvrtc, refuse_prebuilt), Ok(CacheHit::Compiled));
     }
 

@@ -602,7 +602,17 @@ pub(crate) mod copy {
                 ("gather/src/cuda/launch.rs", "Kernels::bucket: on its launch stream, then synchronised"),
                 ("gather/src/cuda/gpu_check.rs", "a test on its own stream (cudarc's stream copies)"),
             ];
-            let needles = ["cuMemcpy", "memcpy_htod", "memcpy_dtoh", "memcpy_dtod", "clone_htod", "clone_dtoh", "clone_dtod", "htod_copy", "dtoh_sync"];
+            let needles = [
+                "cuMemcpy",
+                "memcpy_htod",
+                "memcpy_dtoh",
+                "memcpy_dtod",
+                "clone_htod",
+                "clone_dtoh",
+                "clone_dtod",
+                "htod_copy",
+                "dtoh_sync",
+            ];
             let mut stack = vec![root.clone()];
             let mut offenders = Vec::new();
             let mut seen = 0;

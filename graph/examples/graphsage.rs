@@ -1,0 +1,406 @@
+//! GraphSAGE node classification on a synthetic community graph, trained
+//! with candle on every rank, the graph and the features in wholemem tables.
+//!
+//! ```sh
+//! cargo build --release -p wm-bench --bin wm-run
+//! cargo build --release -p wm-graph --features candle --example graphsage
+//! target/release/wm-run -n 2 -- target/release/examples/graphsage --epochs 3   # last line: acc=…
+//! ```
+//!
+//! The graph is a stochastic block model: `--nodes` nodes in `--classes`
+//! communities (node `v` is in class `v % classes`); each rank draws
+//! `--edges / ranks` edges from its own nodes, a fraction `--p-in` of them
+//! to a node of the same class and the rest to any node, and the graph is
+//! built collectively and made undirected. A node's features are its class
+//! as a one-hot vector times `--signal` plus Gaussian noise of standard
+//! deviation 1, so its own features say little and its neighbours' say
+//! much more.
+//!
+//! The model is a 2-layer GraphSAGE-mean (`h' = W_self·h + W_neigh·mean of
+//! sampled neighbours`, ReLU between). One mini-batch: `--batch` training
+//! seeds of this rank, multi-hop sampling with `--fanouts`, one gather of
+//! the input nodes' features, forward, backward, gradients averaged across
+//! the ranks (an allgather), and Adam. An epoch is `--batches` mini-batches
+//! of seeds drawn from this rank's training nodes (80 % of its nodes), not
+//! a full pass, so the run fits a few minutes on two cores; it prints the
+//! loss, train and validation accuracy and the time spent sampling,
+//! gathering and computing. First the same model is trained with fanout 0
+//! (no neighbours) as a baseline; the last line is the test accuracy of the
+//! GraphSAGE model, `acc=…`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result, ensure};
+use candle_core::backprop::GradStore;
+use candle_core::{D, DType, Device, Module, Tensor};
+use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
+use clap::Parser;
+use wholemem::{Location, MemoryType, WholeTensor};
+use wm_comm::{CommExt, Communicator};
+use wm_graph::candle_bridge::{gather_tensor, mean_aggregate};
+use wm_graph::{BuildOptions, CsrGraph, EdgeList, MiniBatch, build, sample_blocks};
+
+/// GraphSAGE node classification on a synthetic community graph (see the
+/// file's documentation). An epoch is `--batches` mini-batches, not a full
+/// pass over the training nodes.
+#[derive(Parser, Debug)]
+struct Args {
+    /// Nodes in the graph.
+    #[arg(long, default_value_t = 1_000_000)]
+    nodes: usize,
+    /// Edges drawn (over all ranks); the graph holds each in both directions.
+    #[arg(long, default_value_t = 5_000_000)]
+    edges: usize,
+    /// Communities (classes).
+    #[arg(long, default_value_t = 8)]
+    classes: usize,
+    /// Fraction of edges within a community.
+    #[arg(long, default_value_t = 0.8)]
+    p_in: f64,
+    /// Class signal in the features (the noise has standard deviation 1).
+    #[arg(long, default_value_t = 1.0)]
+    signal: f32,
+    /// Feature dimension (at least `--classes`).
+    #[arg(long, default_value_t = 16)]
+    dim: usize,
+    /// Hidden dimension.
+    #[arg(long, default_value_t = 64)]
+    hidden: usize,
+    /// Neighbours sampled per hop, from the seeds out.
+    #[arg(long, value_delimiter = ',', default_value = "10,5")]
+    fanouts: Vec<usize>,
+    /// Seeds per mini-batch and rank.
+    #[arg(long, default_value_t = 512)]
+    batch: usize,
+    /// Mini-batches per epoch.
+    #[arg(long, default_value_t = 30)]
+    batches: usize,
+    /// Epochs.
+    #[arg(long, default_value_t = 3)]
+    epochs: usize,
+    /// Adam's learning rate.
+    #[arg(long, default_value_t = 0.01)]
+    lr: f64,
+    /// Test and validation nodes per rank.
+    #[arg(long, default_value_t = 2048)]
+    eval: usize,
+    /// Memory type of the graph and feature tables.
+    #[arg(long, default_value = "distributed")]
+    r#type: MemoryType,
+    /// Seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+type Comm = Arc<dyn Communicator>;
+
+/// splitmix64.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn uniform(&mut self) -> f64 {
+        ((self.next() >> 11) as f64 + 0.5) / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f32 {
+        ((-2.0 * self.uniform().ln()).sqrt() * (std::f64::consts::TAU * self.uniform()).cos()) as f32
+    }
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("graphsage: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+/// Which nodes are for what: 80 % train, 10 % validation, 10 % test.
+fn split(v: usize) -> usize {
+    let h = v.wrapping_mul(0x9E37_79B9) >> 7;
+    match h % 10 {
+        0 => 1, // validation
+        1 => 2, // test
+        _ => 0, // train
+    }
+}
+
+fn run() -> Result<()> {
+    let a = Args::parse();
+    ensure!(a.dim >= a.classes && a.classes >= 2, "--dim must be at least --classes, which must be at least 2");
+    let world = wm_comm::init().context("bootstrap")?;
+    let (me, ranks) = (world.rank(), world.size());
+    let say = |s: String| {
+        if me == 0 {
+            println!("{s}");
+        }
+    };
+
+    // The graph, built collectively from every rank's edges.
+    let t = Instant::now();
+    let graph = community_graph(&world, &a)?;
+    say(format!(
+        "graph: {} nodes, {} edges ({} {}), built in {:.1} s on {ranks} ranks",
+        graph.nodes(),
+        graph.edges(),
+        a.r#type,
+        "host",
+        t.elapsed().as_secs_f64()
+    ));
+    let features = feature_table(&world, &a, &graph)?;
+
+    let own = graph.local_nodes();
+    let pick = |kind: usize, n: usize| -> Vec<i64> { own.clone().filter(|&v| split(v) == kind).take(n).map(|v| v as i64).collect() };
+    let train: Vec<i64> = own.clone().filter(|&v| split(v) == 0).map(|v| v as i64).collect();
+    let (val, test) = (pick(1, a.eval), pick(2, a.eval));
+
+    let zero = vec![0; a.fanouts.len()];
+    let base = train_model(&world, &a, &graph, &features, &train, &val, &zero, "baseline (fanout 0)")?;
+    let base_acc = accuracy(&world, &a, &graph, &features, &base, &test, &zero)?;
+    say(format!("baseline_acc={base_acc:.4}"));
+    let sage = train_model(&world, &a, &graph, &features, &train, &val, &a.fanouts, "graphsage")?;
+    let acc = accuracy(&world, &a, &graph, &features, &sage, &test, &a.fanouts)?;
+    say(format!("graphsage test accuracy {acc:.4}, baseline {base_acc:.4}, gain {:.4}", acc - base_acc));
+    features.free()?;
+    graph.free()?;
+    if me == 0 {
+        println!("{}", wm_comm::launch::untagged(&format!("acc={acc:.4}")));
+    }
+    Ok(())
+}
+
+fn community_graph(world: &Comm, a: &Args) -> Result<CsrGraph> {
+    let (me, ranks) = (world.rank(), world.size());
+    let nodes = wholemem::Partition::even(a.nodes, ranks);
+    let own = nodes.range(me);
+    let count = a.edges / ranks + usize::from(me < a.edges % ranks);
+    let per_class = a.nodes / a.classes;
+    let mut rng = Rng(a.seed ^ (me as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
+    let (mut src, mut dst) = (Vec::with_capacity(count), Vec::with_capacity(count));
+    for _ in 0..count.min(if own.is_empty() { 0 } else { usize::MAX }) {
+        let s = own.start + rng.below(own.len());
+        let d = if rng.uniform() < a.p_in { rng.below(per_class) * a.classes + s % a.classes } else { rng.below(a.nodes) };
+        src.push(s as i64);
+        dst.push(d as i64);
+    }
+    let opts = BuildOptions::new(a.nodes, a.r#type, Location::Host).undirected(true);
+    Ok(build(world, &opts, EdgeList::new(&src, &dst))?)
+}
+
+fn feature_table(world: &Comm, a: &Args, graph: &CsrGraph) -> Result<WholeTensor<f32>> {
+    let mut t = WholeTensor::<f32>::matrix(world, a.r#type, Location::Host, a.nodes, a.dim, Some(&graph.node_partition().counts()))?;
+    let own = t.local_rows();
+    let mut rows = vec![0f32; own.len() * a.dim];
+    for (i, row) in rows.chunks_mut(a.dim).enumerate() {
+        let v = own.start + i;
+        let mut rng = Rng(a.seed.wrapping_mul(31) ^ (v as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        for x in row.iter_mut() {
+            *x = rng.normal();
+        }
+        row[v % a.classes] += a.signal;
+    }
+    if !rows.is_empty() {
+        t.memory_mut().write_rows(own.start, bytemuck::cast_slice(&rows))?;
+    }
+    world.barrier()?;
+    Ok(t)
+}
+
+/// Two GraphSAGE-mean layers.
+struct Sage {
+    varmap: VarMap,
+    layers: Vec<(Linear, Linear)>,
+}
+
+impl Sage {
+    fn new(world: &Comm, a: &Args) -> Result<Self> {
+        let varmap = VarMap::new();
+        let vb = VarBuilder::from_varmap(&varmap, DType::F32, &Device::Cpu);
+        let dims = [a.dim, a.hidden, a.classes];
+        let mut layers = Vec::new();
+        for l in 0..2 {
+            let s = candle_nn::linear(dims[l], dims[l + 1], vb.pp(format!("l{l}.self")))?;
+            let n = candle_nn::linear_no_bias(dims[l], dims[l + 1], vb.pp(format!("l{l}.neigh")))?;
+            layers.push((s, n));
+        }
+        // Every rank starts from rank 0's parameters.
+        for var in sorted_vars(&varmap) {
+            let mut v: Vec<f32> = var.as_tensor().flatten_all()?.to_vec1()?;
+            world.broadcast_pod(0, &mut v)?;
+            var.set(&Tensor::from_vec(v, var.as_tensor().shape(), &Device::Cpu)?)?;
+        }
+        Ok(Self { varmap, layers })
+    }
+
+    fn forward(&self, x: &Tensor, mb: &MiniBatch) -> Result<Tensor> {
+        let mut h = x.clone();
+        for (l, ((s, n), block)) in self.layers.iter().zip(&mb.blocks).enumerate() {
+            let dst = h.narrow(0, 0, block.targets)?;
+            let agg = mean_aggregate(&h, block)?;
+            h = (s.forward(&dst)? + n.forward(&agg)?)?;
+            if l + 1 < self.layers.len() {
+                h = h.relu()?;
+            }
+        }
+        Ok(h)
+    }
+}
+
+fn sorted_vars(varmap: &VarMap) -> Vec<candle_core::Var> {
+    let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
+    let mut named: Vec<(String, candle_core::Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+    named.sort_by(|x, y| x.0.cmp(&y.0));
+    named.into_iter().map(|(_, v)| v).collect()
+}
+
+/// Averages every parameter's gradient across the ranks.
+fn allreduce(world: &Comm, varmap: &VarMap, grads: &mut GradStore) -> Result<()> {
+    let vars = sorted_vars(varmap);
+    let mut flat = Vec::new();
+    for v in &vars {
+        match grads.get(v.as_tensor()) {
+            Some(g) => flat.extend(g.flatten_all()?.to_vec1::<f32>()?),
+            None => flat.extend(std::iter::repeat_n(0f32, v.as_tensor().elem_count())),
+        }
+    }
+    let all = world.allgather_pod(&flat)?;
+    let n = flat.len();
+    let ranks = world.size() as f32;
+    let mut at = 0;
+    for v in &vars {
+        let len = v.as_tensor().elem_count();
+        let mean: Vec<f32> = (at..at + len).map(|i| (0..world.size()).map(|r| all[r * n + i]).sum::<f32>() / ranks).collect();
+        grads.insert(v.as_tensor(), Tensor::from_vec(mean, v.as_tensor().shape(), &Device::Cpu)?);
+        at += len;
+    }
+    Ok(())
+}
+
+/// Time spent in each part of a mini-batch.
+#[derive(Default)]
+struct Split {
+    sample: f64,
+    gather: f64,
+    compute: f64,
+}
+
+/// Sampled blocks and input features of `seeds`, timed.
+fn prepare(
+    graph: &CsrGraph,
+    features: &WholeTensor<f32>,
+    seeds: &[i64],
+    fanouts: &[usize],
+    seed: u64,
+    t: &mut Split,
+) -> Result<(MiniBatch, Tensor)> {
+    let s = Instant::now();
+    let mb = sample_blocks(graph, seeds, fanouts, seed, false)?;
+    t.sample += s.elapsed().as_secs_f64();
+    let s = Instant::now();
+    let x = gather_tensor(features, &mb.nodes, &Device::Cpu)?;
+    t.gather += s.elapsed().as_secs_f64();
+    Ok((mb, x))
+}
+
+fn labels(ids: &[i64], classes: usize) -> Result<Tensor> {
+    let v: Vec<u32> = ids.iter().map(|&v| (v as usize % classes) as u32).collect();
+    Ok(Tensor::from_vec(v, ids.len(), &Device::Cpu)?)
+}
+
+fn correct(logits: &Tensor, y: &Tensor) -> Result<u64> {
+    Ok(logits.argmax(D::Minus1)?.eq(y)?.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()? as u64)
+}
+
+/// Sums (correct, total) over the ranks.
+fn global_ratio(world: &Comm, correct: u64, total: u64) -> Result<f64> {
+    let all = world.allgather_pod(&[correct, total])?;
+    let (c, n) = all.chunks(2).fold((0, 0), |(c, n), p| (c + p[0], n + p[1]));
+    Ok(c as f64 / n.max(1) as f64)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn train_model(
+    world: &Comm,
+    a: &Args,
+    graph: &CsrGraph,
+    features: &WholeTensor<f32>,
+    train: &[i64],
+    val: &[i64],
+    fanouts: &[usize],
+    name: &str,
+) -> Result<Sage> {
+    let me = world.rank();
+    let model = Sage::new(world, a)?;
+    let mut opt = AdamW::new(model.varmap.all_vars(), ParamsAdamW { lr: a.lr, weight_decay: 0.0, ..Default::default() })?;
+    let mut rng = Rng(a.seed ^ 0x5a6e ^ (me as u64) << 32);
+    let loss_key = if fanouts.iter().all(|&f| f == 0) { "xent" } else { "loss" };
+    for epoch in 1..=a.epochs {
+        let mut t = Split::default();
+        let (mut loss_sum, mut right, mut seen) = (0f64, 0u64, 0u64);
+        for b in 0..a.batches {
+            let mut seeds: Vec<i64> = (0..a.batch.min(train.len())).map(|_| train[rng.below(train.len().max(1))]).collect();
+            seeds.sort_unstable();
+            seeds.dedup();
+            let step_seed = a.seed.wrapping_mul(1_000_003) ^ ((epoch * 10_000 + b) as u64);
+            let (mb, x) = prepare(graph, features, &seeds, fanouts, step_seed, &mut t)?;
+            let s = Instant::now();
+            let logits = model.forward(&x, &mb)?;
+            let y = labels(&seeds, a.classes)?;
+            let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
+            let mut grads = loss.backward()?;
+            allreduce(world, &model.varmap, &mut grads)?;
+            opt.step(&grads)?;
+            loss_sum += f64::from(loss.to_scalar::<f32>()?);
+            right += correct(&logits, &y)?;
+            seen += seeds.len() as u64;
+            t.compute += s.elapsed().as_secs_f64();
+        }
+        let losses = world.allgather_value(loss_sum / a.batches.max(1) as f64)?;
+        let loss = losses.iter().sum::<f64>() / losses.len() as f64;
+        let train_acc = global_ratio(world, right, seen)?;
+        let val_acc = accuracy(world, a, graph, features, &model, val, fanouts)?;
+        if me == 0 {
+            println!(
+                "{name} epoch {epoch}: {loss_key}={loss:.4} train_acc={train_acc:.4} val_acc={val_acc:.4} time: sampling {:.2} s, gather {:.2} s, compute {:.2} s",
+                t.sample, t.gather, t.compute
+            );
+        }
+    }
+    Ok(model)
+}
+
+/// Accuracy over every rank's `nodes`, in batches.
+fn accuracy(
+    world: &Comm,
+    a: &Args,
+    graph: &CsrGraph,
+    features: &WholeTensor<f32>,
+    model: &Sage,
+    nodes: &[i64],
+    fanouts: &[usize],
+) -> Result<f64> {
+    // Every rank runs as many batches as the rank with the most nodes, so the
+    // collective sampling and gathers stay in step.
+    let batches = world.allgather_value(nodes.len().div_ceil(a.batch) as u64)?.into_iter().max().unwrap_or(0) as usize;
+    let (mut right, mut total) = (0, 0);
+    let mut t = Split::default();
+    for b in 0..batches {
+        let chunk = nodes.chunks(a.batch).nth(b).unwrap_or(&[]);
+        let (mb, x) = prepare(graph, features, chunk, fanouts, a.seed ^ 0xe7a1 ^ b as u64, &mut t)?;
+        if chunk.is_empty() {
+            continue;
+        }
+        let logits = model.forward(&x, &mb)?;
+        right += correct(&logits, &labels(chunk, a.classes)?)?;
+        total += chunk.len() as u64;
+    }
+    global_ratio(world, right, total)
+}

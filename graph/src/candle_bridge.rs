@@ -1,0 +1,177 @@
+//! The candle bridge (feature `candle`): gathered wholemem rows as candle
+//! tensors, sampled blocks as index tensors, GraphSAGE's mean aggregation,
+//! and `wm-embedding` tables trained through candle.
+//!
+//! Learnable node embeddings: [`EmbeddingVar::lookup`] gathers the rows of
+//! a batch's nodes into a candle [`Var`]; the model uses
+//! [`EmbeddingVar::as_tensor`]; after `loss.backward()`,
+//! [`EmbeddingVar::apply`] hands the gradient rows to
+//! [`Embedding::apply_gradients`], so the table's own sparse optimizer
+//! (SGD, lazy Adam, AdaGrad, RMSProp) updates only the rows the batch
+//! touched, on the ranks that own them.
+//!
+//! ```no_run
+//! use candle_core::{Device, Tensor};
+//! use wholemem::{Location, MemoryType};
+//! use wm_embedding::{Embedding, Optimizer};
+//! use wm_graph::candle_bridge::EmbeddingVar;
+//! let world = wm_comm::init()?;
+//! let mut emb = Embedding::<f32>::allocate(&world, MemoryType::Chunked, Location::Host, 1000, 16, None, Some(Optimizer::adam()))?;
+//! let batch = EmbeddingVar::lookup(&emb, &[3, 17, 3], &Device::Cpu)?;
+//! let loss = batch.as_tensor().sqr()?.sum_all()?;
+//! let grads = loss.backward()?;
+//! batch.apply(&mut emb, &grads, 0.01)?; // row 3 gets the sum of both rows' gradients
+//! emb.free()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use candle_core::backprop::GradStore;
+use candle_core::{Device, Tensor, Var};
+use wholemem::{Element, WholeTensor};
+use wm_embedding::{Embedding, EmbeddingElement};
+
+use crate::multihop::Block;
+use crate::{Error, Result};
+
+/// Rows `ids` of a 1-D or 2-D float table as an `ids.len() × cols` f32
+/// tensor on `device`, through `wm_gather::gather_into` (collective for
+/// distributed and hierarchy tables).
+///
+/// # Errors
+/// As `wm_gather::gather` (bad ids on every rank of a collective call);
+/// [`Error::Candle`].
+pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &Device) -> Result<Tensor> {
+    let cols = match table.desc().dims() {
+        1 => 1,
+        _ => table.desc().sizes()[1],
+    };
+    let mut rows = vec![0f32; ids.len() * cols];
+    wm_gather::gather_into(table, ids, &mut rows)?;
+    Ok(Tensor::from_vec(rows, (ids.len(), cols), device)?)
+}
+
+/// Indices as a `u32` tensor (candle's index type).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for an index past `u32::MAX`; [`Error::Candle`].
+pub fn index_tensor(indices: &[usize], device: &Device) -> Result<Tensor> {
+    let v: Vec<u32> = indices
+        .iter()
+        .map(|&i| u32::try_from(i).map_err(|_| Error::InvalidArgument(format!("index {i} does not fit candle's u32 indices"))))
+        .collect::<Result<_>>()?;
+    Ok(Tensor::from_vec(v, indices.len(), device)?)
+}
+
+/// GraphSAGE's mean aggregation over one block: row `i` of the result is
+/// the mean of `x`'s rows at output `i`'s sampled neighbours (zeros for an
+/// output without any). `x` holds the block's inputs, one row each.
+/// Differentiable (candle's `index_select` and `index_add`).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] when `x` does not have one row per input;
+/// [`Error::Candle`].
+pub fn mean_aggregate(x: &Tensor, block: &Block) -> Result<Tensor> {
+    let (rows, cols) = x.dims2()?;
+    if rows != block.inputs {
+        return Err(Error::InvalidArgument(format!("{rows} input rows for a block of {} inputs", block.inputs)));
+    }
+    let device = x.device();
+    let zeros = Tensor::zeros((block.targets, cols), x.dtype(), device)?;
+    if block.neighbors.is_empty() {
+        return Ok(zeros);
+    }
+    let gathered = x.index_select(&index_tensor(&block.neighbors, device)?, 0)?;
+    let sums = zeros.index_add(&index_tensor(&block.target_index(), device)?, &gathered, 0)?;
+    let degrees: Vec<f32> = block.offsets.windows(2).map(|w| (w[1] - w[0]).max(1) as f32).collect();
+    let degrees = Tensor::from_vec(degrees, (block.targets, 1), device)?.to_dtype(x.dtype())?;
+    Ok(sums.broadcast_div(&degrees)?)
+}
+
+/// A batch's rows of an embedding table as a trainable candle variable.
+#[derive(Debug)]
+pub struct EmbeddingVar {
+    ids: Vec<i64>,
+    var: Var,
+}
+
+impl EmbeddingVar {
+    /// Gathers rows `ids` (repeats allowed) of `emb` as an `ids.len() ×
+    /// dim` f32 variable. As collective as [`Embedding::gather`].
+    ///
+    /// # Errors
+    /// As [`Embedding::gather`]; [`Error::Candle`].
+    pub fn lookup<T: EmbeddingElement>(emb: &Embedding<T>, ids: &[i64], device: &Device) -> Result<Self> {
+        let mut rows = vec![0f32; ids.len() * emb.dim()];
+        emb.gather(ids, &mut rows)?;
+        let var = Var::from_tensor(&Tensor::from_vec(rows, (ids.len(), emb.dim()), device)?)?;
+        Ok(Self { ids: ids.to_vec(), var })
+    }
+
+    /// The rows, for use in a model.
+    pub fn as_tensor(&self) -> &Tensor {
+        self.var.as_tensor()
+    }
+
+    /// The candle variable.
+    pub fn var(&self) -> &Var {
+        &self.var
+    }
+
+    /// The ids the rows came from.
+    pub fn ids(&self) -> &[i64] {
+        &self.ids
+    }
+
+    /// Sends the rows' gradients in `grads` to [`Embedding::apply_gradients`]
+    /// with learning rate `lr` (zeros when the loss did not depend on them,
+    /// so every rank still takes part). Collective for every memory type.
+    ///
+    /// # Errors
+    /// As [`Embedding::apply_gradients`]; [`Error::Candle`].
+    pub fn apply<T: EmbeddingElement>(&self, emb: &mut Embedding<T>, grads: &GradStore, lr: f32) -> Result<()> {
+        let g: Vec<f32> = match grads.get(self.var.as_tensor()) {
+            Some(g) => g.flatten_all()?.to_dtype(candle_core::DType::F32)?.to_vec1()?,
+            None => vec![0.0; self.ids.len() * emb.dim()],
+        };
+        emb.apply_gradients(&self.ids, &g, lr)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedding_rows_train_through_candle_and_apply_gradients() {
+        use wholemem::{Location, MemoryType};
+        use wm_embedding::{Init, Optimizer};
+        // One rank (no launcher): a chunked table, plain SGD.
+        let world = wm_comm::init().unwrap();
+        let mut emb = Embedding::<f32>::allocate(&world, MemoryType::Chunked, Location::Host, 10, 4, None, Some(Optimizer::sgd())).unwrap();
+        emb.init(Init::Constant(1.0), 0).unwrap();
+        let batch = EmbeddingVar::lookup(&emb, &[3, 3, 5], &Device::Cpu).unwrap();
+        // d(sum of 2·x)/dx = 2 for every element.
+        let loss = (batch.as_tensor() * 2.0).unwrap().sum_all().unwrap();
+        let grads = loss.backward().unwrap();
+        batch.apply(&mut emb, &grads, 0.1).unwrap();
+        let mut rows = vec![0f32; 3 * 4];
+        emb.gather(&[3i64, 5, 0], &mut rows).unwrap();
+        // Row 3 twice: 1 − 0.1·(2 + 2); row 5 once: 1 − 0.1·2; row 0 untouched.
+        for (i, want) in [0.6f32, 0.8, 1.0].into_iter().enumerate() {
+            assert!(rows[i * 4..i * 4 + 4].iter().all(|&x| (x - want).abs() < 1e-6), "row {i}: {:?}", &rows[i * 4..i * 4 + 4]);
+        }
+        emb.free().unwrap();
+    }
+
+    #[test]
+    fn mean_aggregate_averages_the_sampled_rows() {
+        let x = Tensor::from_vec(vec![1f32, 10., 2., 20., 3., 30., 4., 40.], (4, 2), &Device::Cpu).unwrap();
+        // Output 0 <- inputs 1, 3; output 1 <- nothing.
+        let block = Block { targets: 2, inputs: 4, offsets: vec![0, 2, 2], neighbors: vec![1, 3] };
+        let m = mean_aggregate(&x, &block).unwrap().to_vec2::<f32>().unwrap();
+        assert_eq!(m, vec![vec![3.0, 30.0], vec![0.0, 0.0]]);
+        let bad = Block { inputs: 5, ..block };
+        assert!(mean_aggregate(&x, &bad).unwrap_err().to_string().contains("4 input rows for a block of 5 inputs"));
+    }
+}

@@ -1,0 +1,595 @@
+//! Neighbour sampling without replacement, unweighted and weighted.
+
+use std::collections::HashSet;
+
+use wholemem::MemoryType;
+use wm_comm::{CommExt, Communicator};
+
+use crate::collective::{agree_with, bucket, split_work};
+use crate::csr::{ColIndex, CsrGraph};
+use crate::rng::Stream;
+use crate::{Error, Result};
+
+/// A fanout that takes every neighbour.
+pub const ALL: usize = usize::MAX;
+
+/// What [`sample`] draws. On distributed and hierarchy graphs every rank
+/// passes the same request (its centers may differ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SampleRequest {
+    /// Neighbours per center at most: every neighbour when the degree is not
+    /// larger, none for 0, every one for [`ALL`].
+    pub fanout: usize,
+    /// The seed; a center's sample depends only on the seed, the center and
+    /// the graph.
+    pub seed: u64,
+    /// Draws with probability proportional to the edge weights (the graph
+    /// must have them).
+    pub weighted: bool,
+    /// Also returns each sample's edge id (its position in `col_ind`).
+    pub edge_ids: bool,
+    /// Threads this rank samples with; `None` for the graph's
+    /// [`threads`](CsrGraph::threads).
+    pub threads: Option<usize>,
+}
+
+impl SampleRequest {
+    /// Unweighted, `fanout` per center, without edge ids.
+    pub fn new(fanout: usize, seed: u64) -> Self {
+        Self { fanout, seed, weighted: false, edge_ids: false, threads: None }
+    }
+
+    /// Weighted (or not).
+    pub fn weighted(mut self, yes: bool) -> Self {
+        self.weighted = yes;
+        self
+    }
+
+    /// With edge ids (or without).
+    pub fn edge_ids(mut self, yes: bool) -> Self {
+        self.edge_ids = yes;
+        self
+    }
+
+    /// With this many threads.
+    pub fn threads(mut self, n: usize) -> Self {
+        self.threads = Some(n);
+        self
+    }
+
+    fn header(&self) -> [u64; 4] {
+        [self.fanout as u64, self.seed, u64::from(self.weighted), u64::from(self.edge_ids)]
+    }
+}
+
+fn describe_request(h: &[u64]) -> String {
+    match h {
+        [f, s, w, e] => format!(
+            "asked for fanout {}, seed {s}, weighted {}, edge ids {}",
+            if *f == ALL as u64 { "all".to_owned() } else { f.to_string() },
+            *w != 0,
+            *e != 0
+        ),
+        _ => format!("{h:?}"),
+    }
+}
+
+/// Sampled neighbours of a list of centers.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sample {
+    /// `offsets[i]..offsets[i + 1]` are center `i`'s samples (`n + 1`
+    /// entries).
+    pub offsets: Vec<usize>,
+    /// The sampled neighbours, each center's in CSR order.
+    pub neighbors: Vec<i64>,
+    /// The edge id of each sample, when asked for; empty otherwise.
+    pub edge_ids: Vec<i64>,
+}
+
+impl Sample {
+    /// Center `i`'s sampled neighbours.
+    pub fn of(&self, i: usize) -> &[i64] {
+        &self.neighbors[self.offsets[i]..self.offsets[i + 1]]
+    }
+
+    /// The index of each sample's center in the list of centers.
+    pub fn center_index(&self) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.neighbors.len());
+        for (i, w) in self.offsets.windows(2).enumerate() {
+            out.extend(std::iter::repeat_n(i, w[1] - w[0]));
+        }
+        out
+    }
+
+    fn from_counts(counts: &[usize], neighbors: Vec<i64>, edge_ids: Vec<i64>) -> Self {
+        let mut offsets = Vec::with_capacity(counts.len() + 1);
+        offsets.push(0);
+        let mut acc = 0;
+        for &c in counts {
+            acc += c;
+            offsets.push(acc);
+        }
+        Self { offsets, neighbors, edge_ids }
+    }
+}
+
+/// Unweighted sampling without replacement: for each center, every
+/// neighbour when its degree is at most `fanout`, else `fanout` distinct
+/// neighbours, each subset equally likely. [`sample`] with
+/// [`SampleRequest::new`].
+///
+/// # Errors
+/// As [`sample`].
+pub fn sample_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usize, seed: u64) -> Result<Sample> {
+    sample(graph, centers, &SampleRequest::new(fanout, seed))
+}
+
+/// Weighted sampling without replacement: as [`sample_neighbors`], but
+/// drawn one after another with probability proportional to the edge
+/// weights among the neighbours not drawn yet (each neighbour gets the key
+/// `u^(1/w)` for a uniform `u`, and the `fanout` largest keys win). Edges of
+/// weight 0 are taken only when the degree is at most `fanout`.
+///
+/// # Errors
+/// As [`sample`]; [`Error::InvalidArgument`] for a graph without weights.
+pub fn sample_weighted_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usize, seed: u64) -> Result<Sample> {
+    sample(graph, centers, &SampleRequest::new(fanout, seed).weighted(true))
+}
+
+/// Samples neighbours of `centers` as `req` says.
+///
+/// Continuous and chunked graphs are read through the mapping by this rank
+/// alone (not collective). Distributed and hierarchy graphs are collective:
+/// every rank calls this with the same request and its own centers (none
+/// included); each center goes to the rank that owns it (for hierarchy,
+/// through the rank of its node that talks to the owner's node, which asks
+/// once for a center several ranks of the node want), is sampled there,
+/// and comes back.
+///
+/// Each center's random stream comes from the seed and the center's id, so
+/// the sample does not depend on the threads, the ranks or the memory type
+/// — and a center listed twice gets the same sample twice.
+///
+/// # Errors
+/// - [`Error::NodeOutOfRange`] naming the first bad center, before anything
+///   is read — on every rank of a collective call, after which the next call
+///   works;
+/// - [`Error::InvalidArgument`] for a weighted request on a graph without
+///   weights, or requests that differ between ranks (collective calls);
+/// - [`Error::Memory`], [`Error::Comm`] when reading or talking fails.
+pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
+    let checked = graph.check_nodes(centers).and_then(|()| {
+        if req.weighted && !graph.is_weighted() {
+            return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into()));
+        }
+        Ok(())
+    });
+    let threads = req.threads.unwrap_or_else(|| graph.threads()).max(1);
+    match graph.memory_type() {
+        MemoryType::Continuous | MemoryType::Chunked => {
+            checked?;
+            let ids: Vec<u64> = centers.iter().map(|&v| v as u64).collect();
+            let (counts, neighbors, edge_ids) = sample_local(graph, &ids, req, threads)?;
+            Ok(Sample::from_counts(&counts, neighbors, edge_ids))
+        }
+        MemoryType::Distributed | MemoryType::Hierarchy => {
+            agree_with(graph.comm().as_ref(), checked, &req.header(), describe_request)?;
+            let comm = graph.comm().clone();
+            if graph.memory_type() == MemoryType::Hierarchy && comm.cross().size() > 1 {
+                hierarchy(graph, centers, req, threads)
+            } else {
+                distributed(graph, comm.as_ref(), centers, req, threads)
+            }
+        }
+    }
+}
+
+/// Samples of `centers`: counts per center, neighbours, edge ids (empty
+/// unless asked). Reads through `wm_gather`: not collective for continuous
+/// and chunked graphs; for distributed and hierarchy graphs every rank calls
+/// it once per sampling call with centers it owns (so the gathers find
+/// their rows locally, yet stay collective).
+///
+/// 1. One gather of `row_ptr[v]` and `row_ptr[v + 1]` per center.
+/// 2. For weighted centers with more neighbours than the fanout, one gather
+///    of their edge weights.
+/// 3. The picks, per center from its own random stream, in `threads`
+///    threads.
+/// 4. One gather of the picked edges' neighbour ids.
+pub(crate) fn sample_local(
+    graph: &CsrGraph,
+    centers: &[u64],
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
+    let n = centers.len();
+    let mut ids = Vec::with_capacity(2 * n);
+    for &v in centers {
+        ids.extend([v as i64, v as i64 + 1]);
+    }
+    let mut bounds = vec![0i64; 2 * n];
+    wm_gather::gather_into(&graph.row_ptr, &ids, &mut bounds)?;
+    drop(ids);
+    let edges = graph.edges() as i64;
+    // Offsets that do not fit (a broken table) fail this call, after the
+    // remaining gathers, so collective calls stay in step.
+    let mut problem = None;
+    if let Some(i) = (0..n).find(|&i| bounds[2 * i] < 0 || bounds[2 * i + 1] < bounds[2 * i] || bounds[2 * i + 1] > edges) {
+        problem = Some(Error::BadGraph(format!(
+            "node {}'s offsets {}..{} do not fit {edges} edges",
+            centers[i],
+            bounds[2 * i],
+            bounds[2 * i + 1]
+        )));
+        bounds.fill(0);
+    }
+    let range = |i: usize| (bounds[2 * i] as usize, bounds[2 * i + 1] as usize);
+    let draws = |i: usize| {
+        let (s, e) = range(i);
+        e - s > req.fanout
+    };
+
+    // Weights of the centers that draw by weight, one run per center.
+    let mut weights = Vec::new();
+    let mut weight_at = vec![0usize; if req.weighted { n + 1 } else { 0 }];
+    if req.weighted {
+        let mut pos: Vec<i64> = Vec::new();
+        for i in 0..n {
+            if draws(i) {
+                let (s, e) = range(i);
+                pos.extend(s as i64..e as i64);
+            }
+            weight_at[i + 1] = pos.len();
+        }
+        let table = graph.weights.as_ref().expect("checked: the graph has weights");
+        weights = vec![0f32; pos.len()];
+        wm_gather::gather_into(table, &pos, &mut weights)?;
+    }
+
+    // The picks: edge positions per center, in parallel.
+    let parts = split_work(n, threads, |chunk| {
+        let mut s = Scratch::default();
+        let (mut counts, mut positions) = (Vec::with_capacity(chunk.len()), Vec::new());
+        for i in chunk {
+            let (start, end) = range(i);
+            let d = end - start;
+            let k = d.min(req.fanout);
+            counts.push(k);
+            if k == d {
+                positions.extend(start as i64..end as i64);
+                continue;
+            }
+            let mut stream = Stream::new(req.seed, centers[i]);
+            if req.weighted {
+                weighted_picks(&mut stream, &weights[weight_at[i]..weight_at[i + 1]], k, &mut s.keys, &mut s.picks);
+            } else {
+                floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen);
+            }
+            positions.extend(s.picks.iter().map(|&p| (start + p as usize) as i64));
+        }
+        (counts, positions)
+    });
+    let mut counts = Vec::with_capacity(n);
+    let mut positions = Vec::with_capacity(parts.iter().map(|p| p.1.len()).sum());
+    for (c, p) in parts {
+        counts.extend(c);
+        positions.extend(p);
+    }
+    let mut neighbors = vec![0i64; positions.len()];
+    match &graph.col_ind {
+        ColIndex::I32(t) => wm_gather::gather_into(t, &positions, &mut neighbors)?,
+        ColIndex::I64(t) => wm_gather::gather_into(t, &positions, &mut neighbors)?,
+    }
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let edge_ids = if req.edge_ids { positions } else { Vec::new() };
+    Ok((counts, neighbors, edge_ids))
+}
+
+#[derive(Default)]
+struct Scratch {
+    picks: Vec<u64>,
+    seen: HashSet<u64>,
+    keys: Vec<(f64, u32)>,
+}
+
+/// Picks at most this many with a linear membership test.
+const LINEAR_PICKS: usize = 32;
+
+/// `k` distinct values of `0..d` (`k < d`), each subset equally likely
+/// (Floyd's algorithm), ascending.
+pub(crate) fn floyd(stream: &mut Stream, d: u64, k: u64, picks: &mut Vec<u64>, seen: &mut HashSet<u64>) {
+    picks.clear();
+    let small = k as usize <= LINEAR_PICKS;
+    if !small {
+        seen.clear();
+    }
+    for j in d - k..d {
+        let t = stream.below(j + 1);
+        let taken = if small { picks.contains(&t) } else { !seen.insert(t) };
+        let pick = if taken { j } else { t };
+        if taken && !small {
+            seen.insert(j);
+        }
+        picks.push(pick);
+    }
+    picks.sort_unstable();
+}
+
+/// The `k` largest keys `ln(u) / w` (`u^(1/w)` in logs) of `weights`
+/// (`k < weights.len()`), ties to the lower position, positions ascending.
+pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, keys: &mut Vec<(f64, u32)>, picks: &mut Vec<u64>) {
+    keys.clear();
+    for (i, &w) in weights.iter().enumerate() {
+        let u = stream.open01();
+        let key = if w > 0.0 { u.ln() / f64::from(w) } else { f64::NEG_INFINITY };
+        keys.push((key, i as u32));
+    }
+    let order = |a: &(f64, u32), b: &(f64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    keys.select_nth_unstable_by(k - 1, order);
+    picks.clear();
+    picks.extend(keys[..k].iter().map(|&(_, i)| u64::from(i)));
+    picks.sort_unstable();
+}
+
+/// An owner's answer for the centers one rank asked: their counts, then
+/// the neighbours, then (when asked) the edge ids.
+fn encode_reply(counts: &[usize], neighbors: &[i64], edge_ids: &[i64]) -> Vec<u64> {
+    let mut v = Vec::with_capacity(counts.len() + neighbors.len() + edge_ids.len());
+    v.extend(counts.iter().map(|&c| c as u64));
+    v.extend(neighbors.iter().map(|&x| x as u64));
+    v.extend(edge_ids.iter().map(|&x| x as u64));
+    v
+}
+
+/// A decoded answer: counts, neighbours, edge ids.
+type Reply<'a> = (Vec<usize>, &'a [u64], &'a [u64]);
+
+/// Checks and splits an answer for `asked` centers (a peer's data is input).
+fn decode_reply<'a>(words: &'a [u64], asked: usize, req: &SampleRequest, nodes: usize, from: usize) -> Result<Reply<'a>> {
+    let bad = |detail: String| Error::PeerFailed { rank: from, detail };
+    if words.len() < asked {
+        return Err(bad(format!("it answered {} words for {asked} centers", words.len())));
+    }
+    let counts: Vec<usize> = words[..asked].iter().map(|&c| c as usize).collect();
+    let mut total = 0usize;
+    for &c in &counts {
+        if c > req.fanout || c > words.len() {
+            return Err(bad(format!("it answered {c} samples for a center with fanout {}", req.fanout)));
+        }
+        total += c;
+    }
+    let per = if req.edge_ids { 2 } else { 1 };
+    if total.checked_mul(per).and_then(|t| t.checked_add(asked)) != Some(words.len()) {
+        return Err(bad(format!("it answered {} words for {asked} centers and {total} samples", words.len())));
+    }
+    let rest = &words[asked..];
+    let (ids, eids) = rest.split_at(total);
+    if let Some(&x) = ids.iter().find(|&&x| x >= nodes as u64) {
+        return Err(bad(format!("it answered neighbour {x} in a graph of {nodes} nodes")));
+    }
+    Ok((counts, ids, eids))
+}
+
+/// Serves the centers each rank asked (local node numbers relative to this
+/// rank's first node), all in one local sample.
+fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest, threads: usize) -> Result<Vec<Vec<u64>>> {
+    let count = graph.local_nodes().len() as u64;
+    let mut all: Vec<u64> = Vec::with_capacity(asked.iter().map(Vec::len).sum());
+    let mut problem = None;
+    for a in asked {
+        if let Some(&bad) = a.iter().find(|&&x| x >= count) {
+            problem.get_or_insert(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
+        }
+        all.extend(a.iter().map(|&x| x + first as u64));
+    }
+    if problem.is_some() {
+        // Still take part in the gathers of this call, with nothing to read.
+        all.clear();
+    }
+    let sampled = sample_local(graph, &all, req, threads);
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let (counts, nbrs, eids) = sampled?;
+    let (mut c0, mut n0) = (0, 0);
+    Ok(asked
+        .iter()
+        .map(|a| {
+            let c = &counts[c0..c0 + a.len()];
+            let n: usize = c.iter().sum();
+            let reply = encode_reply(c, &nbrs[n0..n0 + n], if req.edge_ids { &eids[n0..n0 + n] } else { &[] });
+            c0 += a.len();
+            n0 += n;
+            reply
+        })
+        .collect())
+}
+
+/// Places the answers: `parts[r]` answers the centers at positions
+/// `positions(r)`.
+fn assemble<'a>(n: usize, parts: &[Reply<'_>], positions: impl Fn(usize) -> &'a [usize], edge_ids: bool) -> Sample {
+    let mut counts = vec![0usize; n];
+    for (r, (c, _, _)) in parts.iter().enumerate() {
+        for (k, &i) in positions(r).iter().enumerate() {
+            counts[i] = c[k];
+        }
+    }
+    let total: usize = counts.iter().sum();
+    let mut s = Sample::from_counts(&counts, vec![0; total], if edge_ids { vec![0; total] } else { Vec::new() });
+    for (r, (c, ids, eids)) in parts.iter().enumerate() {
+        let mut at = 0;
+        for (k, &i) in positions(r).iter().enumerate() {
+            let o = s.offsets[i];
+            for j in 0..c[k] {
+                s.neighbors[o + j] = ids[at + j] as i64;
+                if edge_ids {
+                    s.edge_ids[o + j] = eids[at + j] as i64;
+                }
+            }
+            at += c[k];
+        }
+    }
+    s
+}
+
+fn distributed(graph: &CsrGraph, comm: &dyn Communicator, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
+    let n = comm.size();
+    let p = graph.node_partition();
+    let owners: Vec<usize> = centers.iter().map(|&v| p.owner(v as usize)).collect();
+    let (order, starts) = bucket(&owners, n);
+    let positions = |r: usize| &order[starts[r]..starts[r + 1]];
+    let send: Vec<Vec<u64>> = (0..n).map(|r| positions(r).iter().map(|&i| (centers[i] as usize - p.offset(r)) as u64).collect()).collect();
+    let refs: Vec<&[u64]> = send.iter().map(Vec::as_slice).collect();
+    let asked = comm.alltoallv_pod(&refs)?;
+    // A failure here is kept until the answers are exchanged, so every rank
+    // stays in step; its empty answers tell the others.
+    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
+    let replies = match &served {
+        Ok(r) => r.clone(),
+        Err(_) => vec![Vec::new(); n],
+    };
+    let refs: Vec<&[u64]> = replies.iter().map(Vec::as_slice).collect();
+    let got = comm.alltoallv_pod(&refs)?;
+    served?;
+    let ranks = comm.world_ranks();
+    let parts: Vec<Reply<'_>> =
+        (0..n).map(|r| decode_reply(&got[r], positions(r).len(), req, graph.nodes(), ranks[r])).collect::<Result<_>>()?;
+    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
+}
+
+fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
+    let comm = graph.comm().clone();
+    let (local, cross) = (comm.local(), comm.cross());
+    let placement = wm_topology::NodeLayout::of(comm.nodes());
+    let p = graph.node_partition();
+
+    // 1. Within the node: each center to the local rank that shares its
+    //    owner's local rank (its cross communicator reaches the owner).
+    let via: Vec<usize> = centers.iter().map(|&v| placement.local[p.owner(v as usize)]).collect();
+    let (order, starts) = bucket(&via, local.size());
+    let positions = |q: usize| &order[starts[q]..starts[q + 1]];
+    let to_local: Vec<Vec<u64>> = (0..local.size()).map(|q| positions(q).iter().map(|&i| centers[i] as u64).collect()).collect();
+    let refs: Vec<&[u64]> = to_local.iter().map(Vec::as_slice).collect();
+    let from_local = local.alltoallv_pod(&refs)?;
+
+    // 2. Each center the node asked of this rank once, to the owner's node.
+    let nodes = graph.nodes() as u64;
+    let mut unique: Vec<u64> = from_local.iter().flatten().copied().filter(|&v| v < nodes).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    let owner_node: Vec<usize> = unique.iter().map(|&v| placement.node[p.owner(v as usize)]).collect();
+    let (uorder, ustarts) = bucket(&owner_node, cross.size());
+    let upos = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
+    let to_cross: Vec<Vec<u64>> = (0..cross.size())
+        .map(|c| {
+            upos(c)
+                .iter()
+                .map(|&k| {
+                    let v = unique[k] as usize;
+                    (v - p.offset(p.owner(v))) as u64
+                })
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
+    let asked = cross.alltoallv_pod(&refs)?;
+    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
+    let replies = match &served {
+        Ok(r) => r.clone(),
+        Err(_) => vec![Vec::new(); cross.size()],
+    };
+    let refs: Vec<&[u64]> = replies.iter().map(Vec::as_slice).collect();
+    let got = cross.alltoallv_pod(&refs)?;
+
+    // 3. The unique centers' samples, then each local rank's in its order.
+    let decoded: Result<Sample> = served.and_then(|_| {
+        let ranks = cross.world_ranks();
+        let parts: Vec<Reply<'_>> =
+            (0..cross.size()).map(|c| decode_reply(&got[c], upos(c).len(), req, graph.nodes(), ranks[c])).collect::<Result<_>>()?;
+        Ok(assemble(unique.len(), &parts, upos, req.edge_ids))
+    });
+    let answers: Vec<Vec<u64>> = match &decoded {
+        Ok(u) => from_local
+            .iter()
+            .map(|asked| {
+                let mut counts = Vec::with_capacity(asked.len());
+                let (mut ids, mut eids) = (Vec::new(), Vec::new());
+                for v in asked {
+                    let Ok(k) = unique.binary_search(v) else {
+                        counts.push(0);
+                        continue;
+                    };
+                    let r = u.offsets[k]..u.offsets[k + 1];
+                    counts.push(r.len());
+                    ids.extend_from_slice(&u.neighbors[r.clone()]);
+                    if req.edge_ids {
+                        eids.extend_from_slice(&u.edge_ids[r]);
+                    }
+                }
+                encode_reply(&counts, &ids, &eids)
+            })
+            .collect(),
+        Err(_) => vec![Vec::new(); local.size()],
+    };
+    let refs: Vec<&[u64]> = answers.iter().map(Vec::as_slice).collect();
+    let back = local.alltoallv_pod(&refs)?;
+    decoded?;
+    let ranks = local.world_ranks();
+    let parts: Vec<Reply<'_>> =
+        (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph.nodes(), ranks[q])).collect::<Result<_>>()?;
+    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
+}
+
+/// The same sampling as [`sample`], single-threaded over a CSR held in
+/// plain slices of this process (`row_ptr`: `nodes + 1` offsets; `col_ind`
+/// and `weights`: one per edge): the same seed gives the same sample as
+/// from wholemem tables. For references and baselines (`wm-bench sample`).
+///
+/// # Errors
+/// [`Error::NodeOutOfRange`] for a bad center; [`Error::InvalidArgument`]
+/// for a weighted request without weights or offsets that do not fit the
+/// slices.
+pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]>, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
+    let nodes = row_ptr.len().saturating_sub(1);
+    if let Some(position) = centers.iter().position(|&v| v < 0 || v as u64 >= nodes as u64) {
+        return Err(Error::NodeOutOfRange { node: centers[position], position, rank: 0, nodes });
+    }
+    if req.weighted && weights.is_none_or(|w| w.len() != col_ind.len()) {
+        return Err(Error::InvalidArgument("weighted sampling needs one weight per edge".into()));
+    }
+    let mut s = Scratch::default();
+    let mut counts = Vec::with_capacity(centers.len());
+    let (mut neighbors, mut edge_ids) = (Vec::new(), Vec::new());
+    for &v in centers {
+        let (start, end) = (row_ptr[v as usize], row_ptr[v as usize + 1]);
+        if start < 0 || end < start || end as usize > col_ind.len() {
+            return Err(Error::InvalidArgument(format!("node {v}'s offsets {start}..{end} do not fit {} edges", col_ind.len())));
+        }
+        let (start, end) = (start as usize, end as usize);
+        let d = end - start;
+        let k = d.min(req.fanout);
+        counts.push(k);
+        if k == d {
+            neighbors.extend_from_slice(&col_ind[start..end]);
+            if req.edge_ids {
+                edge_ids.extend((start..end).map(|e| e as i64));
+            }
+            continue;
+        }
+        let mut stream = Stream::new(req.seed, v as u64);
+        match weights {
+            Some(w) if req.weighted => weighted_picks(&mut stream, &w[start..end], k, &mut s.keys, &mut s.picks),
+            _ => floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen),
+        }
+        for &p in &s.picks {
+            let e = start + p as usize;
+            neighbors.push(col_ind[e]);
+            if req.edge_ids {
+                edge_ids.push(e as i64);
+            }
+        }
+    }
+    Ok(Sample::from_counts(&counts, neighbors, edge_ids))
+}
