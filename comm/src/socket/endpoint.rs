@@ -480,6 +480,17 @@ impl Endpoint {
         Ok(())
     }
 
+    /// A buffer of `len` bytes for an outgoing frame: a spare when one fits
+    /// (its pages are already mapped), else a new one. Give it back with
+    /// [`Endpoint::recycle`].
+    pub fn buffer(&self, len: usize) -> Vec<u8> {
+        if len < SPARE_MIN {
+            return vec![0u8; len];
+        }
+        let mut st = self.lock();
+        take_spare(&mut st.spare, len).unwrap_or_else(|_| vec![0u8; len])
+    }
+
     /// Keeps buffers for reuse by later large frames.
     pub fn recycle(&self, bufs: impl IntoIterator<Item = Vec<u8>>) {
         let mut st = self.lock();

@@ -420,7 +420,7 @@ impl Communicator for SocketComm {
                     continue;
                 }
             }
-            let mut buf = vec![0u8; 8 + len];
+            let mut buf = i.ep.buffer(8 + len);
             buf[..8].copy_from_slice(&INLINE.to_le_bytes());
             fill(r, &mut buf[8..]);
             payloads[r] = buf;
