@@ -76,10 +76,17 @@ impl AllocRequest {
 ///
 /// # Concurrency across processes
 /// The memory is shared with other processes, which Rust's borrow rules
-/// cannot see. The slices handed out by [`local_bytes`](Self::local_bytes)
-/// and [`local_bytes_mut`](Self::local_bytes_mut) are sound as long as no
-/// other rank writes the same rows meanwhile; separate writes from reads
-/// with a collective ([`Communicator::barrier`]), as with any PGAS memory.
+/// cannot see. So the safe accessors copy: [`read_rows`](Self::read_rows),
+/// [`write_rows`](Self::write_rows), [`read_local`](Self::read_local),
+/// [`write_local`](Self::write_local) (and gather and scatter) move bytes
+/// through raw pointers and never hold a reference into shared memory; a
+/// row another rank writes at the same time may be copied half-written,
+/// never unsoundly. The in-place slices
+/// ([`local_bytes`](Self::local_bytes),
+/// [`local_bytes_mut`](Self::local_bytes_mut)) are `unsafe`: their caller
+/// promises that no other process writes the rows while they live.
+/// Separate writes from reads with a collective
+/// ([`Communicator::barrier`]), as with any PGAS memory.
 #[derive(Debug)]
 pub struct WholeMemory {
     comm: Arc<dyn Communicator>,
@@ -131,23 +138,10 @@ unsafe impl Send for RowPtr {}
 unsafe impl Sync for RowPtr {}
 
 /// Fails on every rank if it failed on any: each rank passes its own
-/// outcome, and all learn the first failure by rank.
+/// outcome, and all return the lowest failing rank's error
+/// ([`Rule::Lowest`](crate::agree::Rule::Lowest)).
 pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    let msg = match &mine {
-        Ok(_) => Vec::new(),
-        Err(e) => {
-            let s = e.to_string();
-            if s.is_empty() { b"failed".to_vec() } else { s.into_bytes() }
-        }
-    };
-    let all = comm.allgatherv(&msg)?;
-    if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        if r == comm.rank() {
-            return mine;
-        }
-        return Err(Error::PeerFailed { rank: comm.world_ranks()[r], detail: String::from_utf8_lossy(m).into_owned() });
-    }
-    mine
+    crate::agree::agree(comm, mine, crate::agree::Rule::Lowest)
 }
 
 impl WholeMemory {
@@ -191,29 +185,31 @@ impl WholeMemory {
         let (fds, lock_fd) = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
-                    let locks = if me == 0 {
-                        Some(
-                            host::map::memfd("wholemem-locks", host::locks::BYTES, false)
-                                .map_err(|e| Error::os("creating the row-lock table", e))?,
-                        )
-                    } else {
-                        None
-                    };
-                    Ok((portion.expect("mapped types create a portion"), locks))
+                    let locks =
+                        if me == 0 { Some(host::locks::create().map_err(|e| Error::os("creating the row-lock table", e))?) } else { None };
+                    let portion = portion.ok_or_else(|| Error::InvalidArgument(format!("{} memory has no shared portions", req.ty)))?;
+                    Ok((portion, locks))
                 });
                 let (mine, locks) = agree(comm.as_ref(), created)?;
-                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks, true)?;
+                // Every descriptor that arrives is checked against the size
+                // this rank computes for it from the (agreed) request.
+                let size = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).map_or(0, |(b, _)| b);
+                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks, true, Some(&size))?;
                 let (fds, lock_fd) = agree(comm.as_ref(), exchanged)?;
                 (fds, lock_fd)
             }
             MemoryType::Distributed | MemoryType::Hierarchy => (Vec::new(), None),
         };
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
-            let locks = lock_fd
-                .map(|fd| host::map::Region::shared(std::os::fd::AsFd::as_fd(&fd), host::locks::BYTES))
-                .transpose()
-                .map_err(|e| Error::os("mapping the row-lock table", e))?;
-            Ok((storage, locks.map(RowLocks::new)))
+            let locks = match lock_fd {
+                Some(fd) => {
+                    let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+                    let locks = RowLocks::open(std::os::fd::AsFd::as_fd(&fd), timeout);
+                    Some(locks.map_err(|e| Error::os("mapping the row-lock table", e))?)
+                }
+                None => None,
+            };
+            Ok((storage, locks))
         });
         let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
         drop(fds);
@@ -525,41 +521,125 @@ impl WholeMemory {
     /// [`Error::IndexOutOfRange`] for a row past the end.
     pub fn row_ptr(&self, row: usize) -> Result<Option<*mut u8>> {
         if row >= self.rows() {
-            return Err(Error::IndexOutOfRange { index: row as i64, rows: self.rows() });
+            return Err(Error::IndexOutOfRange { index: i64::try_from(row).unwrap_or(i64::MAX), rows: self.rows() });
         }
         let owner = self.partition.owner(row);
         Ok(self.rank_ptr(owner).map(|p| p.wrapping_add((row - self.partition.offset(owner)) * self.granularity)))
     }
 
-    /// This rank's rows.
+    /// This rank's rows, borrowed in place.
+    ///
+    /// Prefer [`read_local`](Self::read_local), which copies: a slice over
+    /// memory other processes may write cannot be made safe by this process
+    /// alone.
+    ///
+    /// # Safety
+    /// While the slice lives, no process may write these rows: no other
+    /// rank's gather, scatter or load that writes them (Continuous and
+    /// Chunked memory map them on every rank of the node), no
+    /// [`local_bytes_mut`](Self::local_bytes_mut) on another rank's handle
+    /// of this table. Separate such writes from the borrow with a
+    /// collective ([`Communicator::barrier`]). Distributed and Hierarchy
+    /// host rows are private to this process, so there only this
+    /// process's own borrows count, which the borrow checker sees.
     ///
     /// # Panics
     /// For device memory, which has no host view: use
     /// [`read_rows`](Self::read_rows) and [`write_rows`](Self::write_rows).
-    pub fn local_bytes(&self) -> &[u8] {
-        let len = self.local_rows().len() * self.granularity;
-        let p = self.host_ptr_of_own_rows();
+    pub unsafe fn local_bytes(&self) -> &[u8] {
+        let (p, len) = self.own_rows();
         // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
-        // bytes (dangling only when len == 0) and alive as long as `self`.
-        // Cross-process writers are excluded by the documented contract.
+        // bytes (dangling only when len == 0) and alive as long as `self`;
+        // no other process writes them meanwhile (the caller's contract).
         unsafe { std::slice::from_raw_parts(p, len) }
     }
 
-    /// This rank's rows, writable.
+    /// This rank's rows, writable in place.
+    ///
+    /// Prefer [`write_local`](Self::write_local), which copies.
+    ///
+    /// # Safety
+    /// While the slice lives, no other process may read or write these
+    /// rows (as [`local_bytes`](Self::local_bytes), reads included: a
+    /// reader would see half-written rows and a writer's bytes would
+    /// change what this slice holds).
     ///
     /// # Panics
     /// For device memory, as [`local_bytes`](Self::local_bytes).
-    pub fn local_bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.local_rows().len() * self.granularity;
-        let p = self.host_ptr_of_own_rows();
+    pub unsafe fn local_bytes_mut(&mut self) -> &mut [u8] {
+        let (p, len) = self.own_rows();
         // SAFETY: as for `local_bytes`; `&mut self` excludes other users in
-        // this process.
+        // this process, the caller's contract other processes.
         unsafe { std::slice::from_raw_parts_mut(p, len) }
     }
 
-    fn host_ptr_of_own_rows(&self) -> *mut u8 {
+    /// This rank's rows as a slice for a system call to fill (file loading):
+    /// only the kernel writes through it, and no Rust code reads or keeps
+    /// it, so nothing assumes its contents while other processes could
+    /// write them.
+    pub(crate) fn local_bytes_for_io(&mut self) -> &mut [u8] {
+        let (p, len) = self.own_rows();
+        // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
+        // bytes and alive as long as the borrow of `self`; the slice goes
+        // only to positioned reads, which store bytes and assume nothing
+        // of what the memory held (see the doc above).
+        unsafe { std::slice::from_raw_parts_mut(p, len) }
+    }
+
+    /// This rank's rows as a slice for a system call to read (file
+    /// storing): only the kernel reads through it. Rows other processes
+    /// write meanwhile may be stored torn, as with [`read_rows`](Self::read_rows).
+    pub(crate) fn local_bytes_for_output(&self) -> &[u8] {
+        let (p, len) = self.own_rows();
+        // SAFETY: as for `local_bytes_for_io`: the slice goes only to
+        // positioned writes, which copy bytes out and assume nothing.
+        unsafe { std::slice::from_raw_parts(p, len) }
+    }
+
+    /// The first byte of this rank's host rows and their length.
+    fn own_rows(&self) -> (*mut u8, usize) {
         assert!(self.loc == Location::Host, "device memory has no host view: use read_rows/write_rows or the device gather");
-        self.rank_ptr(self.comm.rank()).expect("a rank maps its own host rows")
+        let len = self.local_rows().len() * self.granularity;
+        let p = self.rank_ptr(self.comm.rank()).expect("a rank maps its own host rows");
+        (p, len)
+    }
+
+    /// Copies this rank's rows into `out` (as many bytes as the rows hold),
+    /// for every memory type and location: the safe counterpart of
+    /// [`local_bytes`](Self::local_bytes). Rows another rank writes
+    /// meanwhile may be copied half-written; separate writes from reads
+    /// with a collective.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `out` is not the size of this rank's
+    /// rows.
+    pub fn read_local(&self, out: &mut [u8]) -> Result<()> {
+        self.check_local_len(out.len())?;
+        self.read_rows(self.local_rows().start, out)
+    }
+
+    /// Copies `src` over this rank's rows (as many bytes as the rows hold):
+    /// the safe counterpart of [`local_bytes_mut`](Self::local_bytes_mut).
+    /// Rows of mapped tables are written under their row locks.
+    ///
+    /// # Errors
+    /// As [`read_local`](Self::read_local), and as [`write_rows`](Self::write_rows).
+    pub fn write_local(&mut self, src: &[u8]) -> Result<()> {
+        self.check_local_len(src.len())?;
+        self.write_rows(self.local_rows().start, src)
+    }
+
+    fn check_local_len(&self, len: usize) -> Result<()> {
+        let want = self.local_rows().len() * self.granularity;
+        if len != want {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} owns {} rows of {} bytes ({want} bytes); the buffer has {len}",
+                self.comm.world_rank(),
+                self.local_rows().len(),
+                self.granularity
+            )));
+        }
+        Ok(())
     }
 
     /// Copies whole rows starting at `first` into `out` (a multiple of the
@@ -581,7 +661,8 @@ impl WholeMemory {
         self.each_row(first, out.len(), |src, i, g| {
             // SAFETY: `src` points at a mapped row of `g` bytes; `out` is a
             // distinct private buffer.
-            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(i * g), g) }
+            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(i * g), g) };
+            Ok(())
         })
     }
 
@@ -600,10 +681,11 @@ impl WholeMemory {
         }
         let locks = self.row_locks.as_ref();
         self.each_row(first, src.len(), |dst, i, g| {
-            let _row = locks.map(|l| l.lock(first + i));
+            let _row = locks.map(|l| l.lock(first + i)).transpose()?;
             // SAFETY: `dst` points at a mapped row of `g` bytes; `src` is a
             // distinct private buffer.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(i * g), dst, g) }
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(i * g), dst, g) };
+            Ok(())
         })
     }
 
@@ -615,7 +697,8 @@ impl WholeMemory {
         }
         let n = bytes / g;
         if first.checked_add(n).is_none_or(|end| end > self.rows()) {
-            return Err(Error::IndexOutOfRange { index: (first + n).saturating_sub(1) as i64, rows: self.rows() });
+            let last = first.saturating_add(n).saturating_sub(1);
+            return Err(Error::IndexOutOfRange { index: i64::try_from(last).unwrap_or(i64::MAX), rows: self.rows() });
         }
         Ok(n)
     }
@@ -631,11 +714,11 @@ impl WholeMemory {
         }
     }
 
-    fn each_row(&self, first: usize, bytes: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> Result<()> {
+    fn each_row(&self, first: usize, bytes: usize, mut f: impl FnMut(*mut u8, usize, usize) -> Result<()>) -> Result<()> {
         let n = self.row_run(first, bytes)?;
         for i in 0..n {
             let Some(p) = self.row_ptr(first + i)? else { return Err(self.unmapped(first + i)) };
-            f(p, i, self.granularity);
+            f(p, i, self.granularity)?;
         }
         Ok(())
     }

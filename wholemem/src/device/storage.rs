@@ -146,7 +146,7 @@ pub(crate) fn allocate(
                 Ok((Some(mem), fd))
             })();
             let (own, fd) = agree(comm, created)?;
-            let exchanged = host::exchange_portions(comm, fd, None, false)?;
+            let exchanged = host::exchange_portions(comm, fd, None, false, None)?;
             let (fds, _) = agree(comm, exchanged)?;
             let span = split(&offs, total, p.world(), unit);
             let mapped = (|| -> Result<(Vec<Mapping>, AddressRange)> {
