@@ -586,8 +586,8 @@ impl WholeMemory {
         unsafe { std::slice::from_raw_parts_mut(p, len) }
     }
 
-    /// This rank's rows as a slice for a system call to read (file
-    /// storing): only the kernel reads through it. Rows other processes
+    /// This rank's rows as a slice for a system call or the CUDA driver to
+    /// read (file storing, uploads): only they read through it. Rows other processes
     /// write meanwhile may be stored torn, as with [`read_rows`](Self::read_rows).
     pub(crate) fn local_bytes_for_output(&self) -> &[u8] {
         let (p, len) = self.own_rows();
@@ -627,6 +627,26 @@ impl WholeMemory {
     pub fn write_local(&mut self, src: &[u8]) -> Result<()> {
         self.check_local_len(src.len())?;
         self.write_rows(self.local_rows().start, src)
+    }
+
+    /// Copies this rank's host rows, up to `dst.len()` bytes from the
+    /// first, straight from the table into a device buffer — no staging
+    /// copy, so a table registered with CUDA is read page-locked. Returns
+    /// the bytes copied. Rows another rank writes meanwhile may arrive
+    /// half-written.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for device memory (copy device rows with
+    /// the device buffers' own copies); the driver's error.
+    #[cfg(feature = "cuda")]
+    pub fn upload_local(&self, dst: &mut crate::device::DeviceBuffer) -> Result<usize> {
+        if self.loc != Location::Host {
+            return Err(Error::InvalidArgument("upload_local copies host rows; this table is in device memory".into()));
+        }
+        let src = self.local_bytes_for_output();
+        let n = src.len().min(dst.len());
+        dst.upload(&src[..n])?;
+        Ok(n)
     }
 
     fn check_local_len(&self, len: usize) -> Result<()> {

@@ -281,7 +281,7 @@ fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let mut mem = WholeMemory::allocate(world, &req)?;
     fill(&mut mem, a.dim, a.dtype)?;
     let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
-    let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
+    let layout = RowLayout::new(a.dtype, a.dim, 0)?;
     let buf_row = a.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
@@ -484,10 +484,8 @@ impl DeviceRun {
     fn copy(&mut self, mem: &WholeMemory) -> Result<(f64, usize)> {
         let (dst, src) = self.copy.as_mut().expect("rank 0 holds the baseline buffers");
         if mem.location() == Location::Host {
-            let rows = mem.local_bytes();
-            let n = rows.len().min(dst.len());
             let t0 = Instant::now();
-            dst.upload(&rows[..n])?;
+            let n = mem.upload_local(dst)?;
             return Ok((t0.elapsed().as_secs_f64(), n));
         }
         let ctx = wholemem::device::raw::context(mem).context("the table has no GPU")?;
@@ -692,7 +690,7 @@ fn try_combination(world: &Arc<dyn Communicator>, ty: MemoryType, loc: Location)
         world.barrier()?;
         let ids: Vec<i64> = (0..rows as i64).collect();
         let mut out = vec![0u8; rows * dim * 4];
-        wm_gather::gather(&mem, &RowLayout { dtype: DType::F32, cols: dim, offset: 0 }, Ids::I64(&ids), &mut out, DType::F32)?;
+        wm_gather::gather(&mem, &RowLayout::new(DType::F32, dim, 0)?, Ids::I64(&ids), &mut out, DType::F32)?;
         let mut expect = vec![0u8; dim * 4];
         let wrong = (0..rows)
             .filter(|&r| {
