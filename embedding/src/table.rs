@@ -454,7 +454,7 @@ fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std
         })
         .collect();
     if let Some((i, &r)) = rows.iter().enumerate().find(|(_, r)| **r >= count as u64) {
-        return Err(format!("row {r} at position {i} of its ids, where the owner has {count}"));
+        return Err(format!("row id {r} at position {i}, past the {count} rows there"));
     }
     if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grads.len()) {
         return Err(format!("{} bytes of gradients for {} ids of dimension {dim}", grads.len(), rows.len()));
@@ -497,7 +497,7 @@ mod tests {
         let grads: Vec<u8> = [0.5f32, 1.0, 2.0, -1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
         assert_eq!(received_gradients(&ids, &grads, 5, 2).unwrap(), (vec![1, 4], vec![0.5, 1.0, 2.0, -1.0]));
         assert!(received_gradients(&ids[..12], &grads, 5, 2).unwrap_err().contains("12 bytes of row ids"));
-        assert!(received_gradients(&ids, &grads, 4, 2).unwrap_err().contains("row 4 at position 1"));
+        assert!(received_gradients(&ids, &grads, 4, 2).unwrap_err().contains("row id 4 at position 1, past the 4 rows"));
         assert!(received_gradients(&ids, &grads[..12], 5, 2).unwrap_err().contains("12 bytes of gradients for 2 ids"));
         assert!(received_gradients(&[], &[], 0, 3).is_ok());
     }

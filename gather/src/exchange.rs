@@ -57,9 +57,9 @@ fn malformed(comm: &dyn Communicator, r: usize, detail: String) -> Error {
 
 /// Row ids as a peer sent them (8 bytes each, little-endian), each checked
 /// to be below `bound`; what is wrong with them otherwise.
-fn decode_ids(bytes: &[u8], bound: usize, what: &str) -> std::result::Result<Vec<usize>, String> {
+fn decode_ids(bytes: &[u8], bound: usize) -> std::result::Result<Vec<usize>, String> {
     if bytes.len() % 8 != 0 {
-        return Err(format!("{} bytes of {what}, not a whole number of 8-byte ids", bytes.len()));
+        return Err(format!("{} bytes of row ids, not a whole number of 8-byte ids", bytes.len()));
     }
     let mut ids = Vec::with_capacity(bytes.len() / 8);
     for (i, c) in bytes.chunks_exact(8).enumerate() {
@@ -68,7 +68,7 @@ fn decode_ids(bytes: &[u8], bound: usize, what: &str) -> std::result::Result<Vec
         let id = u64::from_le_bytes(b);
         match usize::try_from(id) {
             Ok(x) if x < bound => ids.push(x),
-            _ => return Err(format!("{what} {id} at position {i}, where there are {bound}")),
+            _ => return Err(format!("row id {id} at position {i}, past the {bound} rows there")),
         }
     }
     Ok(ids)
@@ -207,10 +207,10 @@ fn exchange_row_ids<'a>(
                 slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
             }
         },
-        &mut |r, bytes| match decode_ids(bytes, count, "row") {
+        &mut |r, bytes| match decode_ids(bytes, count) {
             Ok(ids) => named[r] = ids,
             Err(detail) => {
-                problem.get_or_insert_with(|| malformed(comm, r, format!("it named {detail}")));
+                problem.get_or_insert_with(|| malformed(comm, r, detail));
             }
         },
     )?;
@@ -238,7 +238,7 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
     let mut sizes = Vec::with_capacity(n);
     for (r, a) in asked.iter_mut().enumerate() {
         sizes.push(rows_bytes(a.len(), db).unwrap_or_else(|| {
-            problem.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("it asked for {} rows of {db} bytes", a.len())));
+            problem.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("a request for {} rows of {db} bytes", a.len())));
             a.clear();
             0
         }));
@@ -264,7 +264,7 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
                 place(out, bytes, wanted(r), db);
             } else {
                 misfit.get_or_insert_with(|| {
-                    malformed(comm.as_ref(), r, format!("it sent {} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()))
+                    malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()))
                 });
             }
         },
@@ -317,12 +317,12 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
         .iter()
         .enumerate()
         .map(|(q, bytes)| {
-            let checked = decode_ids(bytes, p.rows(), "row").and_then(|ids| match ids.iter().position(|&id| local_rank_of[p.owner(id)] != lme) {
-                Some(i) => Err(format!("row {} at position {i}, which another local rank serves", ids[i])),
+            let checked = decode_ids(bytes, p.rows()).and_then(|ids| match ids.iter().position(|&id| local_rank_of[p.owner(id)] != lme) {
+                Some(i) => Err(format!("row id {} at position {i}, which another local rank serves", ids[i])),
                 None => Ok(ids.into_iter().map(|id| id as u64).collect()),
             });
             checked.unwrap_or_else(|detail| {
-                problem.get_or_insert_with(|| malformed(local.as_ref(), q, format!("it asked the node's exchange for {detail}")));
+                problem.get_or_insert_with(|| malformed(local.as_ref(), q, format!("in the node's exchange, {detail}")));
                 Vec::new()
             })
         })
@@ -359,8 +359,8 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     let count = mem.local_rows().len();
     let mut replies: Vec<Vec<u8>> = Vec::with_capacity(got.len());
     for (c, bytes) in got.iter().enumerate() {
-        let want = decode_ids(bytes, count, "row").unwrap_or_else(|detail| {
-            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, format!("it asked for {detail}")));
+        let want = decode_ids(bytes, count).unwrap_or_else(|detail| {
+            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, detail));
             Vec::new()
         });
         match serve(mem, layout, conv, &want) {
@@ -386,7 +386,7 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
             place(&mut unique_rows, &got[c], asked, db);
         } else {
             problem.get_or_insert_with(|| {
-                malformed(cross.as_ref(), c, format!("it sent {} bytes for {} rows of {db} bytes", got[c].len(), asked.len()))
+                malformed(cross.as_ref(), c, format!("{} bytes for {} rows of {db} bytes", got[c].len(), asked.len()))
             });
         }
     }
@@ -427,7 +427,7 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
             place(out, &back[q], asked, db);
         } else {
             problem.get_or_insert_with(|| {
-                malformed(local.as_ref(), q, format!("it sent {} bytes for {} rows of {db} bytes", back[q].len(), asked.len()))
+                malformed(local.as_ref(), q, format!("{} bytes for {} rows of {db} bytes", back[q].len(), asked.len()))
             });
         }
     }
@@ -483,7 +483,7 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
             let idx = &incoming[r];
             if Some(bytes.len()) != rows_bytes(idx.len(), tb) {
                 misfit.get_or_insert_with(|| {
-                    malformed(comm.as_ref(), r, format!("it sent {} bytes for {} rows of {tb} bytes", bytes.len(), idx.len()))
+                    malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {tb} bytes", bytes.len(), idx.len()))
                 });
             } else if device {
                 device_rows.extend_from_slice(idx);
