@@ -11,6 +11,10 @@
 //!   node-local step (an id routed to the wrong local rank).
 //! - `malformed-gradients IMPOSTOR`: the same for an embedding's gradient
 //!   exchange.
+//! - `mpi-rounds` (feature `mpi`, under `mpirun`): the MPI backend's
+//!   collectives with the bytes per MPI call lowered to a few dozen, so that
+//!   every exchange is split into rounds as one past 2 GiB is; the results
+//!   must not change, a distributed gather included.
 //! - `lock-holder dies|stuck DIR`: rank 1 holds a row lock of a mapped table
 //!   and dies (SIGKILL) or stays stuck; rank 0 must take the lock over from
 //!   the dead holder (told that the row may be torn), or fail with a
@@ -38,6 +42,8 @@ fn main() {
             "malformed-hierarchy" => malformed_hierarchy(&world, arg(0)?.parse()?),
             "malformed-gradients" => malformed_gradients(&world, arg(0)?.parse()?),
             "lock-holder" => lock_holder(&world, arg(0)?, arg(1)?),
+            #[cfg(feature = "mpi")]
+            "mpi-rounds" => mpi_rounds(&world),
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -361,4 +367,43 @@ fn lock_holder(world: &Comm, how: &str, dir: &str) -> Result<()> {
         }
         other => bail!("lock-holder dies|stuck, not {other:?}"),
     }
+}
+
+/// Bytes rank `from` sends rank `to` in test exchanges: both named in every
+/// byte's value, so a misplaced piece cannot pass.
+#[cfg(feature = "mpi")]
+fn bytes_for(from: usize, to: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (from * 31 + to * 7 + i * 13 % 251) as u8).collect()
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_rounds(world: &Comm) -> Result<()> {
+    ensure!(world.backend() == "mpi", "mpi-rounds runs under mpirun with the MPI backend, not {}", world.backend());
+    let (me, n) = (world.rank(), world.size());
+    // A few bytes per rank and call: every exchange below takes many rounds.
+    let limit = 8 * n + 3;
+    wm_comm::mpi_backend::set_round_limit(limit);
+    let checked = (|| -> Result<()> {
+        let len = |from: usize, to: usize| (from * 37 + to * 11) % 90 + if to == 0 { 300 } else { 0 };
+        let send: Vec<Vec<u8>> = (0..n).map(|to| bytes_for(me, to, len(me, to))).collect();
+        let got = world.alltoallv(&send.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        for (from, g) in got.iter().enumerate() {
+            ensure!(*g == bytes_for(from, me, len(from, me)), "alltoallv: the part from rank {from} differs");
+        }
+        let all = world.allgatherv(&bytes_for(me, 99, 150 + me * 41))?;
+        for (from, g) in all.iter().enumerate() {
+            ensure!(*g == bytes_for(from, 99, 150 + from * 41), "allgatherv: rank {from}'s part differs");
+        }
+        let mut b = if me == n - 1 { bytes_for(n - 1, 7, 1000) } else { Vec::new() };
+        world.broadcast(n - 1, &mut b)?;
+        ensure!(b == bytes_for(n - 1, 7, 1000), "broadcast differs");
+        // A distributed gather goes through the same calls.
+        let t = table(world, MemoryType::Distributed, 25 * n)?;
+        gather_works(&t)?;
+        t.free()?;
+        println!("rank {me}: alltoallv, allgatherv, broadcast and a gather in rounds of at most {limit} bytes per rank");
+        Ok(())
+    })();
+    wm_comm::mpi_backend::set_round_limit(usize::MAX);
+    checked
 }
