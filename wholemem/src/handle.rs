@@ -775,6 +775,15 @@ fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
     if req.total == 0 {
         return Err(Error::InvalidArgument("total size 0: a table needs at least one row".into()));
     }
+    // No mapping can be larger, and the layout's page rounding stays far
+    // from overflowing below this.
+    if req.total > isize::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "total size {}: larger than any address space (at most isize::MAX = {} bytes)",
+            req.total,
+            isize::MAX
+        )));
+    }
     if req.total % req.granularity != 0 {
         return Err(Error::InvalidArgument(format!(
             "granularity {} does not divide the total size {} (a row is never split)",
