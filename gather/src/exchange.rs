@@ -274,7 +274,11 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
     agree(comm.as_ref(), failed.or(problem).or(misfit).map_or(Ok(()), Err))
 }
 
-fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Arc<dyn Communicator>, &Arc<dyn Communicator>)> {
+/// A communicator of a table.
+type Comm = Arc<dyn Communicator>;
+
+/// The local and cross communicators of a hierarchy table.
+fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Comm, &Comm)> {
     match (mem.local_comm(), mem.cross_comm()) {
         (Some(l), Some(c)) => Ok((l, c)),
         _ => Err(Error::InvalidArgument(format!("a {} table has no local and cross communicators", mem.memory_type()))),
