@@ -183,54 +183,101 @@ fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
     }
 }
 
+/// The first byte of a part of the row-id exchange: row ids follow.
+const IDS: u8 = 0;
+/// The first byte of a part of the row-id exchange: the sender failed its
+/// checks, and its outcome follows ([`wholemem::agree::outcome_bytes`]).
+const FAILED: u8 = 1;
+
+/// The first exchange of a distributed gather or scatter, which also
+/// carries every rank's outcome of its checks (`checked`), so no separate
+/// agreement is needed before it.
+///
 /// Tells each owner which of its rows this rank names: to rank `r` the
 /// local row numbers of `rows[i]` for every `i` in `positions(r)`, written
 /// straight into the exchange. Returns the rows every rank named here —
 /// each checked to be below `count`, this rank's row count — and a
 /// malformed part's error (the part itself is dropped), kept for the
-/// agreement at the end so every rank stays in step.
+/// agreement at the end so every rank stays in step; and the checks'
+/// outcome decided as [`agree`] does: when any rank failed, every rank
+/// returns the lowest failing rank's error right after this exchange.
+#[allow(clippy::type_complexity)]
 fn exchange_row_ids<'a>(
     comm: &dyn Communicator,
     p: &wholemem::Partition,
     rows: &[usize],
     positions: impl Fn(usize) -> &'a [usize],
     count: usize,
-) -> Result<(Vec<Vec<usize>>, Option<Error>)> {
+    checked: Result<RowConv>,
+) -> Result<(Vec<Vec<usize>>, Option<Error>, Result<RowConv>)> {
     let n = comm.size();
-    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * 8).collect();
+    let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
+    let sizes: Vec<usize> = (0..n).map(|r| 1 + failure.as_ref().map_or(positions(r).len() * 8, Vec::len)).collect();
     let mut named: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
     let mut problem = None;
     comm.alltoallv_in_place(
         &sizes,
-        &mut |r, buf| {
-            for (slot, &i) in buf.chunks_exact_mut(8).zip(positions(r)) {
-                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+        &mut |r, buf| match &failure {
+            Some(f) => {
+                buf[0] = FAILED;
+                buf[1..].copy_from_slice(f);
+            }
+            None => {
+                buf[0] = IDS;
+                for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(positions(r)) {
+                    slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+                }
             }
         },
-        &mut |r, bytes| match decode_ids(bytes, count) {
-            Ok(ids) => named[r] = ids,
-            Err(detail) => {
-                problem.get_or_insert_with(|| malformed(comm, r, detail));
-            }
+        &mut |r, bytes| {
+            let detail = match bytes.split_first() {
+                Some((&IDS, ids)) => match decode_ids(ids, count) {
+                    Ok(ids) => {
+                        named[r] = ids;
+                        return;
+                    }
+                    Err(detail) => detail,
+                },
+                Some((&FAILED, outcome)) => {
+                    outcomes[r] = Some(outcome.to_vec());
+                    return;
+                }
+                Some((kind, _)) => format!("a part of the row-id exchange of unknown kind {kind}"),
+                None => "an empty part of the row-id exchange".to_owned(),
+            };
+            problem.get_or_insert_with(|| malformed(comm, r, detail));
         },
     )?;
-    Ok((named, problem))
+    // Every rank got every rank's part: the same decision everywhere.
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
+    let decided = wholemem::agree::decide(comm, checked, wholemem::agree::Rule::Lowest, &parts);
+    Ok((named, problem, decided))
 }
 
-pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+/// The ids as row indices when this rank's checks passed (so every id is in
+/// range), none otherwise.
+fn checked_rows<T>(checked: &Result<T>, ids: Ids<'_>) -> Vec<usize> {
+    if checked.is_ok() { ids.to_rows() } else { Vec::new() }
+}
+
+pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, checked: Result<RowConv>, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
     let p = mem.partition();
-    let rows = ids.to_rows();
+    let rows = checked_rows(&checked, ids);
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let (order, starts) = bucket(&owners, n);
     let wanted = |r: usize| &order[starts[r]..starts[r + 1]];
-    let db = conv.dst_bytes();
 
     // 1. Each owner learns which of its rows each rank wants (own rows are
-    //    not sent).
+    //    not sent), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    let (mut asked, mut problem) = exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) }, count)?;
+    let (mut asked, mut problem, conv) =
+        exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) }, count, checked)?;
+    let conv = conv?;
+    let db = conv.dst_bytes();
 
     // 2. Owners copy the rows asked of them straight into the exchange;
     //    each arriving part goes to its places in `out`, and this rank's
@@ -291,15 +338,18 @@ fn alltoallv_ids(comm: &dyn Communicator, send: &[Vec<u64>]) -> Result<Vec<Vec<u
     Ok(comm.alltoallv(&bytes)?)
 }
 
-pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, checked: Result<RowConv>, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
     let comm = mem.comm();
     // Every rank of a hierarchy table has both communicators (from
     // allocation), so this fails everywhere or nowhere.
     let (local, cross) = hierarchy_comms(mem)?;
     if cross.size() == 1 {
         // One node: nothing crosses nodes, so there is nothing to de-duplicate.
-        return gather_distributed(mem, layout, conv, ids, out);
+        return gather_distributed(mem, layout, checked, ids, out);
     }
+    // The first exchange is within the node, so the checks' outcomes need
+    // an agreement of their own here.
+    let conv = agree(comm.as_ref(), checked)?;
     let p = mem.partition();
     let placement = wm_topology::NodeLayout::of(comm.nodes());
     let (node_of, local_rank_of) = (&placement.node, &placement.local);
@@ -444,20 +494,21 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
 /// the table's type by the sender) travel to their owners, which write them
 /// in rank order, each rank's in its order — so the last occurrence of the
 /// highest rank wins.
-pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, src: &[u8]) -> Result<()> {
+pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, checked: Result<RowConv>, ids: Ids<'_>, src: &[u8]) -> Result<()> {
     let comm = mem.comm().clone();
     let n = comm.size();
     let p = mem.partition().clone();
-    let rows = ids.to_rows();
+    let rows = checked_rows(&checked, ids);
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let (order, starts) = bucket(&owners, n);
     let positions = |r: usize| &order[starts[r]..starts[r + 1]];
-    let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
 
     // 1. Owners learn which of their rows arrive (each checked to be one
-    //    of theirs).
+    //    of theirs), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    let (incoming, mut problem) = exchange_row_ids(comm.as_ref(), &p, &rows, positions, count)?;
+    let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, positions, count, checked)?;
+    let conv = conv?;
+    let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
 
     // 2. The rows, converted to the table's type by their senders straight
     //    into the exchange; owners write each part as it is handed over, in

@@ -282,8 +282,15 @@ pub(crate) unsafe fn scatter_rows(
     let run = move |t: usize, nt: usize| -> Result<(), wholemem::Error> {
         for (i, &r) in rows.iter().enumerate() {
             if r % nt == t {
-                // Other ranks may write the same row now: one at a time.
-                let _row = locks.map(|l| l.lock(r)).transpose()?;
+                // Other ranks may write the same row now: one at a time
+                // (tried first without waiting: the cheap path).
+                let _row = match locks {
+                    Some(l) => Some(match l.try_lock(r) {
+                        Some(g) => g,
+                        None => l.lock(r)?,
+                    }),
+                    None => None,
+                };
                 // SAFETY: the caller's contract; rows with r % nt == t are
                 // written only by thread t, in input order.
                 unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };

@@ -341,14 +341,9 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
             }
             mapped::gather(mem, layout, conv, ids, out)
         }
-        wholemem::MemoryType::Distributed => {
-            let conv = agree(mem.comm().as_ref(), problem)?;
-            exchange::gather_distributed(mem, layout, conv, ids, out)
-        }
-        wholemem::MemoryType::Hierarchy => {
-            let conv = agree(mem.comm().as_ref(), problem)?;
-            exchange::gather_hierarchy(mem, layout, conv, ids, out)
-        }
+        // The checks' outcomes travel with the first exchange.
+        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out),
+        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out),
     }
 }
 
@@ -369,10 +364,7 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
             }
             mapped::scatter(mem, layout, conv, ids, src)
         }
-        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
-            let conv = agree(mem.comm().as_ref(), problem)?;
-            exchange::scatter_distributed(mem, layout, conv, ids, src)
-        }
+        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => exchange::scatter_distributed(mem, layout, problem, ids, src),
     }
 }
 

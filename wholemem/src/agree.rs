@@ -128,6 +128,34 @@ pub fn agree<T, E: PeerError>(comm: &dyn Communicator, mine: Result<T, E>, rule:
 /// As [`agree`].
 pub fn agree_sharing<T, E: PeerError>(comm: &dyn Communicator, mine: Result<T, E>, rule: Rule, extra: &[u8]) -> Result<(T, Vec<Vec<u8>>), E> {
     let all = comm.allgatherv(&encode(&mine, extra))?;
+    decide_sharing(comm, mine, rule, extra, &all)
+}
+
+/// This rank's outcome as bytes, for a collective that carries every
+/// rank's outcome itself instead of an allgather of its own (the first
+/// exchange of a distributed gather, say); [`decide`] reads them.
+pub fn outcome_bytes<T, E: PeerError>(mine: &Result<T, E>) -> Vec<u8> {
+    encode(mine, &[])
+}
+
+/// What [`agree`] decides, from every rank's [`outcome_bytes`] (`parts[r]`
+/// from rank `r`; this rank's own is `mine` and not read) that a collective
+/// of the caller's delivered: every rank holds the same parts, so every
+/// rank decides the same.
+///
+/// # Errors
+/// As [`agree`], without its communication.
+pub fn decide<T, E: PeerError, B: AsRef<[u8]>>(comm: &dyn Communicator, mine: Result<T, E>, rule: Rule, parts: &[B]) -> Result<T, E> {
+    decide_sharing(comm, mine, rule, &[], parts).map(|(v, _)| v)
+}
+
+fn decide_sharing<T, E: PeerError, B: AsRef<[u8]>>(
+    comm: &dyn Communicator,
+    mine: Result<T, E>,
+    rule: Rule,
+    extra: &[u8],
+    all: &[B],
+) -> Result<(T, Vec<Vec<u8>>), E> {
     let ranks = comm.world_ranks();
     let me = comm.rank();
     let mut extras = Vec::with_capacity(all.len());
@@ -141,7 +169,7 @@ pub fn agree_sharing<T, E: PeerError>(comm: &dyn Communicator, mine: Result<T, E
             }
             continue;
         }
-        let (x, error) = decode::<E>(ranks.get(r).copied().unwrap_or(r), m);
+        let (x, error) = decode::<E>(ranks.get(r).copied().unwrap_or(r), m.as_ref());
         extras.push(x.to_vec());
         if let (Some(e), None) = (error, &first) {
             first = Some((r, e));

@@ -2,6 +2,7 @@
 //! table.
 
 use std::ops::Range;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use wm_comm::{CommExt, Communicator};
@@ -182,29 +183,39 @@ impl WholeMemory {
         if req.loc == Location::Device {
             return Self::allocate_device(comm, req, partition, hierarchy);
         }
-        let (fds, lock_fd) = match req.ty {
+        let exchanged = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
                     let locks =
                         if me == 0 { Some(host::locks::create().map_err(|e| Error::os("creating the row-lock table", e))?) } else { None };
                     let portion = portion.ok_or_else(|| Error::InvalidArgument(format!("{} memory has no shared portions", req.ty)))?;
-                    Ok((portion, locks))
+                    // Where the kernel has no pidfds, a stand-in: this rank's
+                    // death then cannot be seen by the row locks' waiters,
+                    // which wait for the timeout instead.
+                    let pidfd = host::locks::own_pidfd()
+                        .or_else(|_| std::fs::File::open("/dev/null").map(OwnedFd::from))
+                        .map_err(|e| Error::os("opening a pidfd of this process", e))?;
+                    Ok((portion, locks, pidfd))
                 });
-                let (mine, locks) = agree(comm.as_ref(), created)?;
+                let (mine, locks, pidfd) = agree(comm.as_ref(), created)?;
                 // Every descriptor that arrives is checked against the size
                 // this rank computes for it from the (agreed) request.
-                let size = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).map_or(0, |(b, _)| b);
-                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks, true, Some(&size))?;
-                let (fds, lock_fd) = agree(comm.as_ref(), exchanged)?;
-                (fds, lock_fd)
+                let sizes = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).map_or(0, |(b, _)| b);
+                let extras = host::HostExtras { pidfd, locks, sizes: &sizes };
+                let exchanged = host::exchange_portions(comm.as_ref(), mine, Some(extras))?;
+                Some(agree(comm.as_ref(), exchanged)?)
             }
-            MemoryType::Distributed | MemoryType::Hierarchy => (Vec::new(), None),
+            MemoryType::Distributed | MemoryType::Hierarchy => None,
+        };
+        let (fds, pidfds, lock_fd) = match exchanged {
+            Some(host::Exchanged { fds, pidfds, locks }) => (fds, pidfds, locks),
+            None => (Vec::new(), Vec::new(), None),
         };
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
             let locks = match lock_fd {
                 Some(fd) => {
                     let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
-                    let locks = RowLocks::open(std::os::fd::AsFd::as_fd(&fd), timeout);
+                    let locks = RowLocks::open(std::os::fd::AsFd::as_fd(&fd), me, pidfds, timeout);
                     Some(locks.map_err(|e| Error::os("mapping the row-lock table", e))?)
                 }
                 None => None,
@@ -701,7 +712,10 @@ impl WholeMemory {
         }
         let locks = self.row_locks.as_ref();
         self.each_row(first, src.len(), |dst, i, g| {
-            let _row = locks.map(|l| l.lock(first + i)).transpose()?;
+            let _row = match locks {
+                Some(l) => Some(l.try_lock(first + i).map_or_else(|| l.lock(first + i), Ok)?),
+                None => None,
+            };
             // SAFETY: `dst` points at a mapped row of `g` bytes; `src` is a
             // distinct private buffer.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(i * g), dst, g) };

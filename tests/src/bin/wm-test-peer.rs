@@ -98,6 +98,8 @@ fn blames(what: &str, e: &wm_gather::Error, culprit: usize, needle: Option<&str>
 /// How the impostor breaks the distributed exchange.
 #[derive(Debug, Clone, Copy)]
 enum Break {
+    /// A part of the row-id exchange without even its kind byte.
+    Empty,
     /// 12 bytes of row ids: not a whole number of ids.
     ShortIds,
     /// A row id past the receiver's rows.
@@ -106,31 +108,38 @@ enum Break {
     LongReply,
 }
 
+/// A part of the row-id exchange: the kind byte (0: row ids follow), then
+/// 8-byte little-endian ids (the checks' outcomes ride in this exchange).
+fn id_part(ids: &[u64]) -> Vec<u8> {
+    let mut part = vec![0u8];
+    ids.iter().for_each(|id| part.extend_from_slice(&id.to_le_bytes()));
+    part
+}
+
 /// The impostor's side of one distributed gather: the same collectives
 /// as `wm_gather::gather`, on the table's communicator, with broken parts.
 fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
     let mem = t.memory();
     let comm = mem.comm().as_ref();
     let (n, me) = (comm.size(), comm.rank());
-    // 1. The argument check: fine.
-    agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)?;
-    // 2. Row ids.
+    // 1. Row ids (and, in the kind byte, "my checks passed").
     let ids: Vec<Vec<u8>> = (0..n)
         .map(|r| match how {
-            _ if r == me => Vec::new(),
-            Break::ShortIds => vec![0; 12],
-            Break::ForeignId => (mem.partition().count(r) as u64 + 5).to_le_bytes().to_vec(),
-            Break::LongReply => Vec::new(),
+            _ if r == me => id_part(&[]),
+            Break::Empty => Vec::new(),
+            Break::ShortIds => [&[0u8][..], &[0; 12]].concat(),
+            Break::ForeignId => id_part(&[mem.partition().count(r) as u64 + 5]),
+            Break::LongReply => id_part(&[]),
         })
         .collect();
     let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
     let mut asked = vec![0usize; n];
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut |r, b| asked[r] = b.len() / 8)?;
-    // 3. Rows: as many as asked (zeros), or three bytes more.
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut |r, b| asked[r] = b.len().saturating_sub(1) / 8)?;
+    // 2. Rows: as many as asked (zeros), or three bytes more.
     let extra = if matches!(how, Break::LongReply) { 3 } else { 0 };
     let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { asked[r] * ROW + extra }).collect();
     comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut |_, _| {})?;
-    // 4. The outcome: all well, says the impostor.
+    // 3. The outcome: all well, says the impostor.
     agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
 }
 
@@ -141,17 +150,17 @@ fn fake_scatter(t: &WholeTensor<f32>, foreign: bool) -> wm_gather::Result<()> {
     let mem = t.memory();
     let comm = mem.comm().as_ref();
     let (n, me) = (comm.size(), comm.rank());
-    agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)?;
-    let ids: Vec<Vec<u8>> = (0..n)
+    let ids: Vec<Vec<u64>> = (0..n)
         .map(|r| match foreign {
             _ if r == me => Vec::new(),
-            true => (mem.partition().count(r) as u64).to_le_bytes().to_vec(),
-            false => [0u64, 1].iter().flat_map(|v| v.to_le_bytes()).collect(),
+            true => vec![mem.partition().count(r) as u64],
+            false => vec![0, 1],
         })
         .collect();
-    let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut |_, _| {})?;
-    let sizes: Vec<usize> = ids.iter().map(|i| i.len() / 8 * ROW + if foreign || i.is_empty() { 0 } else { 5 }).collect();
+    let parts: Vec<Vec<u8>> = ids.iter().map(|i| id_part(i)).collect();
+    let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut |_, _| {})?;
+    let sizes: Vec<usize> = ids.iter().map(|i| i.len() * ROW + if foreign || i.is_empty() { 0 } else { 5 }).collect();
     comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut |_, _| {})?;
     agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
 }
@@ -161,6 +170,7 @@ fn malformed(world: &Comm, impostor: usize) -> Result<()> {
     ensure!(impostor < world.size() && world.size() >= 2, "an impostor among at least 2 ranks");
     let rows = 10 * world.size();
     let gathers = [
+        (Break::Empty, "an empty part of the row-id exchange"),
         (Break::ShortIds, "12 bytes of row ids"),
         (Break::ForeignId, "position 0, past the 10 rows there"),
         (Break::LongReply, "163 bytes for 10 rows of 16 bytes"),

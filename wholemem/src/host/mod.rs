@@ -108,31 +108,46 @@ pub(crate) fn received(fd: OwnedFd, len: usize, from: usize, what: &str) -> Resu
     }
 }
 
+/// What host tables send beside each rank's portion, and how what arrives
+/// is checked.
+pub(crate) struct HostExtras<'a> {
+    /// This rank's pidfd (or a stand-in where the kernel has none): how the
+    /// node's ranks tell that it died holding a row lock.
+    pub(crate) pidfd: OwnedFd,
+    /// The row-lock table: rank 0's to hand out, `None` elsewhere.
+    pub(crate) locks: Option<OwnedFd>,
+    /// The bytes of rank `r`'s portion, as the layout gives them.
+    pub(crate) sizes: &'a dyn Fn(usize) -> usize,
+}
+
+/// What every rank of the node handed this one.
+#[derive(Debug)]
+pub(crate) struct Exchanged {
+    /// Every rank's portion, indexed by rank (this rank's own a duplicate).
+    pub(crate) fds: Vec<OwnedFd>,
+    /// Every rank's pidfd (host tables; `None` for this rank, and for a
+    /// rank that sent a stand-in).
+    pub(crate) pidfds: Vec<Option<OwnedFd>>,
+    /// The row-lock table (host tables).
+    pub(crate) locks: Option<OwnedFd>,
+}
+
 /// Hands this rank's memfd to every other rank of `comm` (all on one node)
 /// and returns everyone's, indexed by rank.
 ///
 /// Pairwise rounds (send to `me + k`, receive from `me - k`) keep one
-/// descriptor per rank in flight. A local failure (out of descriptors) does
-/// not stop the rounds — an empty frame stands in for the descriptor — so
+/// message per rank in flight. A local failure (out of descriptors) does
+/// not stop the rounds — an empty frame stands in for the descriptors — so
 /// every rank finishes the exchange and the caller can agree on the inner
 /// result. The outer error is a lost peer or a timeout, which ends it early.
 ///
-/// With `with_locks` (the same on every rank), rank 0 also hands out the
-/// table's row-lock memfd (`locks`), riding with its portion; it comes back
-/// as the second element. Device memory has no lock table.
-///
-/// With `sizes` (host memory), every descriptor that arrives is checked
-/// ([`received`]): rank `r`'s portion must be a sealed memfd of `sizes(r)`
-/// bytes, the lock table one of [`locks::BYTES`]. Device memory passes
+/// With `host` (host tables, the same on every rank), each rank also sends
+/// its pidfd, rank 0 the row-lock table, and every descriptor that arrives
+/// is checked ([`received`]): rank `r`'s portion must be a sealed memfd of
+/// `sizes(r)` bytes, the lock table one of [`locks::BYTES`]; a pidfd that is
+/// not one counts as a rank whose death cannot be seen. Device memory passes
 /// `None`: its descriptors are the driver's, checked by the import.
-#[allow(clippy::type_complexity)]
-pub(crate) fn exchange_portions(
-    comm: &dyn Communicator,
-    mine: OwnedFd,
-    locks: Option<OwnedFd>,
-    with_locks: bool,
-    sizes: Option<&dyn Fn(usize) -> usize>,
-) -> Result<Result<(Vec<OwnedFd>, Option<OwnedFd>)>> {
+pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, host: Option<HostExtras<'_>>) -> Result<Result<Exchanged>> {
     let fatal = |e: wm_comm::Error| match e {
         e @ (wm_comm::Error::PeerLost { .. } | wm_comm::Error::Timeout { .. }) => Err(Error::Comm(e)),
         e => Ok(Error::Comm(e)),
@@ -140,14 +155,18 @@ pub(crate) fn exchange_portions(
     let (me, n) = (comm.rank(), comm.size());
     let mut first_err: Option<Error> = None;
     let mut all: Vec<Option<OwnedFd>> = (0..n).map(|_| None).collect();
+    let mut pidfds: Vec<Option<OwnedFd>> = (0..n).map(|_| None).collect();
     match mine.try_clone() {
         Ok(fd) => all[me] = Some(fd),
         Err(e) => first_err = Some(Error::os("duplicating a descriptor", e)),
     }
     let mut lock_fd = None;
     let mut outgoing = vec![mine.as_fd()];
-    if let Some(l) = &locks {
-        outgoing.push(l.as_fd());
+    if let Some(h) = &host {
+        outgoing.push(h.pidfd.as_fd());
+        if let Some(l) = &h.locks {
+            outgoing.push(l.as_fd());
+        }
     }
     for k in 1..n {
         let (to, from) = ((me + k) % n, (me + n - k) % n);
@@ -157,22 +176,25 @@ pub(crate) fn exchange_portions(
             comm.send_fds(to, &[])?;
         }
         let sender = comm.world_ranks()[from];
-        let check = |fd: OwnedFd, len: usize, what: &str| match sizes {
-            Some(_) => received(fd, len, sender, what),
-            None => Ok(fd),
-        };
-        match comm.recv_fds(from, if from == 0 && with_locks { 2 } else { 1 }) {
-            Ok(mut fds) => {
-                if from == 0 && with_locks {
-                    match fds.pop().map(|fd| check(fd, locks::BYTES, "row-lock table")).transpose() {
-                        Ok(fd) => lock_fd = fd,
-                        Err(e) => {
-                            first_err.get_or_insert(e);
-                        }
+        let count = 1 + usize::from(host.is_some()) + usize::from(host.is_some() && from == 0);
+        match comm.recv_fds(from, count) {
+            Ok(fds) => {
+                let mut fds = fds.into_iter();
+                let (portion, pidfd, locks) = (fds.next(), fds.next(), fds.next());
+                let checked = match &host {
+                    None => Ok(portion),
+                    Some(h) => portion.map(|fd| received(fd, (h.sizes)(from), sender, "table portion")).transpose(),
+                };
+                match checked {
+                    Ok(fd) => all[from] = fd,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
                     }
                 }
-                match fds.pop().map(|fd| check(fd, sizes.map_or(0, |s| s(from)), "table portion")).transpose() {
-                    Ok(fd) => all[from] = fd,
+                pidfds[from] = pidfd.filter(|fd| locks::is_pidfd(fd.as_fd()));
+                match locks.map(|fd| received(fd, locks::BYTES, sender, "row-lock table")).transpose() {
+                    Ok(Some(fd)) => lock_fd = Some(fd),
+                    Ok(None) => {}
                     Err(e) => {
                         first_err.get_or_insert(e);
                     }
@@ -184,11 +206,12 @@ pub(crate) fn exchange_portions(
             }
         }
     }
-    let lock_fd = lock_fd.or(locks);
+    let is_host = host.is_some();
+    let lock_fd = lock_fd.or_else(|| host.and_then(|h| h.locks));
     if let Some(e) = first_err {
         return Ok(Err(e));
     }
-    if with_locks && lock_fd.is_none() {
+    if is_host && lock_fd.is_none() {
         return Ok(Err(Error::Malformed { rank: comm.world_ranks()[0], detail: "no row-lock table with its portion".into() }));
     }
     let mut fds = Vec::with_capacity(n);
@@ -198,7 +221,7 @@ pub(crate) fn exchange_portions(
             None => return Ok(Err(Error::Malformed { rank: comm.world_ranks()[r], detail: "no descriptor for its portion".into() })),
         }
     }
-    Ok(Ok((fds, lock_fd)))
+    Ok(Ok(Exchanged { fds, pidfds, locks: lock_fd }))
 }
 
 /// Maps what this rank needs.
