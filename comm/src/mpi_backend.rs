@@ -12,10 +12,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
 use mpi::topology::{Color, SimpleCommunicator};
-use mpi::collective::SystemOperation;
 use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 use wm_topology::NodeIdentity;
 

@@ -236,7 +236,11 @@ pub fn gather_device(mem: &WholeMemory, layout: &RowLayout, ids: &DeviceIds, out
     layout.check_fits(mem.granularity())?;
     ids.check(mem)?;
     let Some(want) = layout.cols().checked_mul(out_dtype.size()).and_then(|row| ids.len.checked_mul(row)) else {
-        return Err(Error::InvalidArgument(format!("{} rows of {} {out_dtype} elements are more than usize::MAX bytes", ids.len, layout.cols())));
+        return Err(Error::InvalidArgument(format!(
+            "{} rows of {} {out_dtype} elements are more than usize::MAX bytes",
+            ids.len,
+            layout.cols()
+        )));
     };
     if out.len() < want {
         return Err(Error::InvalidArgument(format!("the device output has {} bytes; {} rows need {want}", out.len(), ids.len)));

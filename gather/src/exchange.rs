@@ -262,7 +262,13 @@ fn checked_rows<T>(checked: &Result<T>, ids: Ids<'_>) -> Vec<usize> {
     if checked.is_ok() { ids.to_rows() } else { Vec::new() }
 }
 
-pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, checked: Result<RowConv>, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+pub(crate) fn gather_distributed(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
     let p = mem.partition();
@@ -338,7 +344,13 @@ fn alltoallv_ids(comm: &dyn Communicator, send: &[Vec<u64>]) -> Result<Vec<Vec<u
     Ok(comm.alltoallv(&bytes)?)
 }
 
-pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, checked: Result<RowConv>, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+pub(crate) fn gather_hierarchy(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+) -> Result<()> {
     let comm = mem.comm();
     // Every rank of a hierarchy table has both communicators (from
     // allocation), so this fails everywhere or nowhere.
@@ -494,7 +506,13 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, checked: R
 /// the table's type by the sender) travel to their owners, which write them
 /// in rank order, each rank's in its order — so the last occurrence of the
 /// highest rank wins.
-pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, checked: Result<RowConv>, ids: Ids<'_>, src: &[u8]) -> Result<()> {
+pub(crate) fn scatter_distributed(
+    mem: &mut WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    src: &[u8],
+) -> Result<()> {
     let comm = mem.comm().clone();
     let n = comm.size();
     let p = mem.partition().clone();

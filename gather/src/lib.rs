@@ -223,9 +223,7 @@ impl RowLayout {
             return Err(Error::InvalidArgument(format!("a row layout of 0 {dtype} elements (from element {offset}) moves nothing")));
         }
         if offset.checked_add(cols).and_then(|end| end.checked_mul(dtype.size())).is_none() {
-            return Err(Error::InvalidArgument(format!(
-                "{cols} {dtype} elements from element {offset} end past usize::MAX bytes"
-            )));
+            return Err(Error::InvalidArgument(format!("{cols} {dtype} elements from element {offset} end past usize::MAX bytes")));
         }
         Ok(Self { dtype, cols, offset })
     }
@@ -364,7 +362,9 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
             }
             mapped::scatter(mem, layout, conv, ids, src)
         }
-        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => exchange::scatter_distributed(mem, layout, problem, ids, src),
+        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
+            exchange::scatter_distributed(mem, layout, problem, ids, src)
+        }
     }
 }
 

@@ -21,7 +21,11 @@ impl MappedRows {
         let bases = (0..world)
             .map(|r| {
                 mem.rank_ptr(r).map(SendPtr).ok_or_else(|| {
-                    Error::InvalidArgument(format!("rank {} does not map rank {}'s rows", mem.comm().world_rank(), mem.comm().world_ranks()[r]))
+                    Error::InvalidArgument(format!(
+                        "rank {} does not map rank {}'s rows",
+                        mem.comm().world_rank(),
+                        mem.comm().world_ranks()[r]
+                    ))
                 })
             })
             .collect::<Result<_>>()?;

@@ -126,7 +126,12 @@ pub fn agree<T, E: PeerError>(comm: &dyn Communicator, mine: Result<T, E>, rule:
 ///
 /// # Errors
 /// As [`agree`].
-pub fn agree_sharing<T, E: PeerError>(comm: &dyn Communicator, mine: Result<T, E>, rule: Rule, extra: &[u8]) -> Result<(T, Vec<Vec<u8>>), E> {
+pub fn agree_sharing<T, E: PeerError>(
+    comm: &dyn Communicator,
+    mine: Result<T, E>,
+    rule: Rule,
+    extra: &[u8],
+) -> Result<(T, Vec<Vec<u8>>), E> {
     let all = comm.allgatherv(&encode(&mine, extra))?;
     decide_sharing(comm, mine, rule, extra, &all)
 }
@@ -205,7 +210,9 @@ mod tests {
         let (_, e) = decode::<Error>(1, &encode(&blamed, &[]));
         assert!(matches!(e, Some(Error::Malformed { rank: 5, .. })), "{e:?}");
 
-        for garbage in [&b""[..], &[1, 0, 0], &[200, 0, 0, 0, 0, 0, 0, 0, 1], &[0; 8], &[0, 0, 0, 0, 0, 0, 0, 0, 9], &[0, 0, 0, 0, 0, 0, 0, 0, 2, 1]] {
+        for garbage in
+            [&b""[..], &[1, 0, 0], &[200, 0, 0, 0, 0, 0, 0, 0, 1], &[0; 8], &[0, 0, 0, 0, 0, 0, 0, 0, 9], &[0, 0, 0, 0, 0, 0, 0, 0, 2, 1]]
+        {
             let (_, e) = decode::<Error>(4, garbage);
             assert!(matches!(&e, Some(Error::Malformed { rank: 4, .. })), "{garbage:?}: {e:?}");
         }

@@ -40,9 +40,12 @@ impl TensorDesc {
         }
         // The span of one row, checked: the accessors below may then
         // compute it plainly.
-        let extent = sizes[1..].iter().zip(&strides[1..]).try_fold(1usize, |a, (&s, &st)| s.saturating_sub(1).checked_mul(st)?.checked_add(a));
+        let extent =
+            sizes[1..].iter().zip(&strides[1..]).try_fold(1usize, |a, (&s, &st)| s.saturating_sub(1).checked_mul(st)?.checked_add(a));
         if extent.is_none() {
-            return Err(Error::InvalidArgument(format!("one row of sizes {sizes:?} and strides {strides:?} spans more than usize::MAX elements")));
+            return Err(Error::InvalidArgument(format!(
+                "one row of sizes {sizes:?} and strides {strides:?} spans more than usize::MAX elements"
+            )));
         }
         let d = Self { sizes: sizes.to_vec(), strides: strides.to_vec(), storage_offset };
         if sizes[1..].iter().all(|&s| s > 0) && d.row_extent() > d.row_stride() {
@@ -138,9 +141,7 @@ impl<T: Pod> WholeTensor<T> {
         let (rows, stride) = (desc.rows(), desc.row_stride());
         let sizes = stride.checked_mul(elem).and_then(|g| Some((g, rows.checked_mul(g)?)));
         let Some((granularity, total)) = sizes else {
-            return Err(Error::InvalidArgument(format!(
-                "{rows} rows of {stride} elements of {elem} bytes are more than usize::MAX bytes"
-            )));
+            return Err(Error::InvalidArgument(format!("{rows} rows of {stride} elements of {elem} bytes are more than usize::MAX bytes")));
         };
         let req = AllocRequest { ty, loc, total, granularity, partition: partition.map(<[usize]>::to_vec) };
         let mem = WholeMemory::allocate(comm, &req)?;

@@ -231,7 +231,8 @@ fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let asked_across: Vec<usize> = cross.alltoallv(&empty)?.iter().map(|b| b.len() / 8).collect();
     let rows: Vec<Vec<u8>> = asked_across.iter().map(|&k| vec![0; k * ROW]).collect();
     cross.alltoallv(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-    let rows: Vec<Vec<u8>> = asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { Vec::new() } else { vec![0; k * ROW] }).collect();
+    let rows: Vec<Vec<u8>> =
+        asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { Vec::new() } else { vec![0; k * ROW] }).collect();
     local.alltoallv(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
     agree::<(), wm_gather::Error>(world, Ok(()), Rule::Lowest)
 }
@@ -267,8 +268,9 @@ fn fake_gradients(emb: &Embedding<f32>, foreign: bool, lr: f32) -> wm_embedding:
     let (n, me) = (comm.size(), comm.rank());
     let p = emb.table().memory().partition();
     agree_sharing::<(), wm_embedding::Error>(comm, Ok(()), Rule::Lowest, &lr.to_le_bytes())?;
-    let ids: Vec<Vec<u8>> =
-        (0..n).map(|r| if r == me { Vec::new() } else { (if foreign { p.count(r) as u64 + 1 } else { 0 }).to_le_bytes().to_vec() }).collect();
+    let ids: Vec<Vec<u8>> = (0..n)
+        .map(|r| if r == me { Vec::new() } else { (if foreign { p.count(r) as u64 + 1 } else { 0 }).to_le_bytes().to_vec() })
+        .collect();
     comm.alltoallv(&ids.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
     let grads: Vec<Vec<u8>> = (0..n).map(|r| if r == me { Vec::new() } else { vec![0; if foreign { ROW } else { 2 * ROW }] }).collect();
     comm.alltoallv(&grads.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
@@ -279,7 +281,9 @@ fn malformed_gradients(world: &Comm, impostor: usize) -> Result<()> {
     let me = world.rank();
     let rows = 10 * world.size();
     let lr = 0.5f32;
-    for (foreign, needle) in [(true, "row id 11 at position 0, past the 10 rows there"), (false, "32 bytes of gradients for 1 ids of dimension 4")] {
+    for (foreign, needle) in
+        [(true, "row id 11 at position 0, past the 10 rows there"), (false, "32 bytes of gradients for 1 ids of dimension 4")]
+    {
         let what = format!("gradients with {} from rank {impostor}", if foreign { "a foreign row" } else { "two rows for one id" });
         let mut emb = Embedding::<f32>::allocate(world, MemoryType::Distributed, Location::Host, rows, COLS, None, Some(Optimizer::sgd()))?;
         let e = if me == impostor {

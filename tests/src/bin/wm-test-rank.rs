@@ -451,7 +451,11 @@ fn bad_input(world: &Comm) -> Result<()> {
         expect_err("granularity 0", WholeMemory::allocate(world, &req(ty, 100, 0, None)), "granularity 0")?;
         // Sizes whose arithmetic would overflow are refused, not wrapped.
         let huge = usize::MAX / 64 * 64;
-        expect_err("a table past the address space", WholeMemory::allocate(world, &req(ty, huge, 64, None)), "larger than any address space")?;
+        expect_err(
+            "a table past the address space",
+            WholeMemory::allocate(world, &req(ty, huge, 64, None)),
+            "larger than any address space",
+        )?;
         expect_err(
             "rows × row size past usize::MAX",
             WholeTensor::<f64>::matrix(world, ty, Location::Host, usize::MAX / 2, 3, None),
