@@ -30,7 +30,7 @@ impl WholeMemory {
     /// Chunked memory map them on every rank of the node), no
     /// [`local_bytes_mut`](Self::local_bytes_mut) on another rank's handle
     /// of this table. Separate such writes from the borrow with a
-    /// collective ([`Communicator::barrier`]). Distributed and Hierarchy
+    /// collective ([`Communicator::barrier`](wm_comm::Communicator::barrier)). Distributed and Hierarchy
     /// host rows are private to this process, so there only this
     /// process's own borrows count, which the borrow checker sees.
     ///
