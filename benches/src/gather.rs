@@ -189,7 +189,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let mut mem = WholeMemory::allocate(world, &req)?;
     values::fill(&mut mem, a.dim, a.dtype)?;
     let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
-    let layout = RowLayout { dtype: a.dtype, cols: a.dim, offset: 0 };
+    let layout = RowLayout::new(a.dtype, a.dim, 0)?;
     let buf_row = a.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
@@ -370,10 +370,8 @@ impl DeviceRun {
         use anyhow::Context as _;
         let (dst, src) = self.copy.as_mut().expect("rank 0 holds the baseline buffers");
         if mem.location() == Location::Host {
-            let rows = mem.local_bytes();
-            let n = rows.len().min(dst.len());
             let t0 = Instant::now();
-            dst.upload(&rows[..n])?;
+            let n = mem.upload_local(dst)?;
             return Ok((t0.elapsed().as_secs_f64(), n));
         }
         let ctx = wholemem::device::raw::context(mem).context("the table has no GPU")?;

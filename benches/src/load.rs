@@ -233,7 +233,7 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let mut times = Vec::with_capacity(a.iters);
     for _ in 0..a.iters {
         // Poison the rows, so the verified last load must have written them all.
-        mem.local_bytes_mut().fill(0xA5);
+        mem.write_local(&vec![0xA5; mem.local_rows().len() * row_bytes])?;
         world.barrier()?;
         let t0 = Instant::now();
         loaded = wholemem::files::load(&mut mem, &format, &set)?;
@@ -244,7 +244,9 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
         }
     }
     let first = mem.local_rows().start;
-    let wrong = wrong_rows(mem.local_bytes(), first, a.dim, a.dtype);
+    let mut rows_read = vec![0u8; mem.local_rows().len() * row_bytes];
+    mem.read_local(&mut rows_read)?;
+    let wrong = wrong_rows(&rows_read, first, a.dim, a.dtype);
     let base_wrong = baseline.as_ref().map_or(0, |b| wrong_rows(&b.buf, 0, a.dim, a.dtype));
     let local_bytes = loaded.bytes as f64;
     let mut mine = times.clone();

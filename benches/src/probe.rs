@@ -148,7 +148,7 @@ fn try_combination(world: &Arc<dyn Communicator>, ty: MemoryType, loc: Location)
         world.barrier()?;
         let ids: Vec<i64> = (0..rows as i64).collect();
         let mut out = vec![0u8; rows * dim * 4];
-        wm_gather::gather(&mem, &RowLayout { dtype: DType::F32, cols: dim, offset: 0 }, Ids::I64(&ids), &mut out, DType::F32)?;
+        wm_gather::gather(&mem, &RowLayout::new(DType::F32, dim, 0)?, Ids::I64(&ids), &mut out, DType::F32)?;
         let mut expect = vec![0u8; dim * 4];
         let wrong = (0..rows)
             .filter(|&r| {

@@ -9,8 +9,10 @@
 //! soon as a process exits without finalizing).
 
 use std::os::fd::{BorrowedFd, OwnedFd};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use mpi::collective::SystemOperation;
 use mpi::datatype::{Partition, PartitionMut};
 use mpi::environment::Universe;
 use mpi::topology::{Color, SimpleCommunicator};
@@ -63,16 +65,75 @@ pub fn launched_by_mpi() -> bool {
     !set(wm_topology::env::WM_RANK.name) && (set("OMPI_COMM_WORLD_SIZE") || set("PMI_SIZE") || set("PMIX_RANK"))
 }
 
-fn count(n: usize) -> Result<i32> {
-    i32::try_from(n).map_err(|_| Error::InvalidArgument(format!("{n} bytes in one MPI message; MPI counts stop at {}", i32::MAX)))
+/// Most bytes one MPI call moves per rank: MPI's counts and displacements
+/// are C `int`s, so an exchange whose parts add up past 2 GiB on some rank
+/// is split into rounds ([`Rounds`]).
+const MPI_LIMIT: usize = i32::MAX as usize;
+
+/// The limit in force: [`MPI_LIMIT`], unless a test lowered it.
+static ROUND_LIMIT: AtomicUsize = AtomicUsize::new(MPI_LIMIT);
+
+/// Lowers the bytes one MPI call may move per rank (clamped to
+/// `1..=i32::MAX`), so tests can exercise the split into rounds without
+/// gigabytes of data. Every rank must set the same value before the
+/// collectives it affects.
+#[doc(hidden)]
+pub fn set_round_limit(bytes: usize) {
+    ROUND_LIMIT.store(bytes.clamp(1, MPI_LIMIT), Ordering::Relaxed);
 }
 
+fn round_limit() -> usize {
+    ROUND_LIMIT.load(Ordering::Relaxed)
+}
+
+/// How one exchange is split into MPI calls: `rounds` calls, in each of
+/// which every part moves its next `chunk` bytes (or what is left of it).
+/// Every rank computes the same plan from the same (allreduced) figures.
+///
+/// In a split plan no part moves more than `chunk = limit / ranks` bytes
+/// per round, so what one rank sends or receives in a round — at most one
+/// part per rank — stays within `limit`, and so do the displacements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Rounds {
+    rounds: usize,
+    chunk: usize,
+}
+
+impl Rounds {
+    /// The plan for parts of at most `largest` bytes, where the busiest
+    /// rank sends or receives `busiest` bytes in all, over `ranks` ranks,
+    /// with at most `limit` bytes per rank and call (but at least a byte
+    /// per rank: a limit below the rank count, which only a test sets, is
+    /// taken as the rank count).
+    fn plan(largest: usize, busiest: usize, ranks: usize, limit: usize) -> Self {
+        if busiest <= limit && largest <= limit {
+            return Self { rounds: 1, chunk: usize::MAX };
+        }
+        let chunk = (limit / ranks.max(1)).max(1);
+        Self { rounds: largest.div_ceil(chunk).max(1), chunk }
+    }
+
+    /// Where round `k`'s piece of a part of `len` bytes starts, and its
+    /// length (0 once the part is done).
+    fn part(&self, len: usize, k: usize) -> (usize, usize) {
+        let start = k.saturating_mul(self.chunk).min(len);
+        (start, (len - start).min(self.chunk))
+    }
+}
+
+/// An MPI count: below [`MPI_LIMIT`] by the plan.
+fn count(n: usize) -> i32 {
+    debug_assert!(n <= MPI_LIMIT);
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Displacements of parts laid end to end (their sum is within the limit).
 fn displs(counts: &[i32]) -> Vec<i32> {
     counts
         .iter()
         .scan(0i32, |acc, &c| {
             let d = *acc;
-            *acc += c;
+            *acc = acc.saturating_add(c);
             Some(d)
         })
         .collect()
@@ -150,19 +211,29 @@ fn real(len: usize) -> Vec<u8> {
 
 fn allgatherv(c: &SimpleCommunicator, data: &[u8]) -> Result<Vec<Vec<u8>>> {
     let n = c.size() as usize;
-    let mine = count(data.len())?;
-    let mut counts = vec![0i32; n];
-    c.all_gather_into(&mine, &mut counts[..]);
-    let d = displs(&counts);
-    let total: usize = counts.iter().map(|&x| x as usize).sum();
-    let mut buf = real(total);
+    let mut lens = vec![0u64; n];
+    c.all_gather_into(&(data.len() as u64), &mut lens[..]);
+    let lens: Vec<usize> = lens.iter().map(|&l| usize::try_from(l).unwrap_or(usize::MAX)).collect();
+    // Every rank receives every part: the total is the busiest figure.
+    let total = lens.iter().fold(0usize, |a, &l| a.saturating_add(l));
+    let plan = Rounds::plan(lens.iter().copied().max().unwrap_or(0), total, n, round_limit());
+    let mut out: Vec<Vec<u8>> = lens.iter().map(|&l| Vec::with_capacity(l)).collect();
     let empty = [0u8; 1];
-    let send = if data.is_empty() { &empty[..0] } else { data };
-    {
-        let mut part = PartitionMut::new(&mut buf[..], &counts[..], &d[..]);
-        c.all_gather_varcount_into(send, &mut part);
+    for k in 0..plan.rounds {
+        let counts: Vec<i32> = lens.iter().map(|&l| count(plan.part(l, k).1)).collect();
+        let d = displs(&counts);
+        let mut buf = real(counts.iter().map(|&x| x as usize).sum());
+        let (start, len) = plan.part(data.len(), k);
+        let send = if len == 0 { &empty[..0] } else { &data[start..start + len] };
+        {
+            let mut part = PartitionMut::new(&mut buf[..], &counts[..], &d[..]);
+            c.all_gather_varcount_into(send, &mut part);
+        }
+        for (r, o) in out.iter_mut().enumerate() {
+            o.extend_from_slice(&buf[d[r] as usize..][..counts[r] as usize]);
+        }
     }
-    Ok((0..n).map(|r| buf[d[r] as usize..][..counts[r] as usize].to_vec()).collect())
+    Ok(out)
 }
 
 impl Communicator for MpiComm {
@@ -196,8 +267,13 @@ impl Communicator for MpiComm {
         let mut len = data.len() as u64;
         p.broadcast_into(&mut len);
         data.resize(usize::try_from(len).map_err(|_| Error::InvalidArgument("broadcast too large".into()))?, 0);
-        if len > 0 {
-            p.broadcast_into(&mut data[..]);
+        // In pieces MPI's int counts can hold.
+        let limit = round_limit();
+        let mut at = 0;
+        while at < data.len() {
+            let piece = (data.len() - at).min(limit);
+            p.broadcast_into(&mut data[at..at + piece]);
+            at += piece;
         }
         Ok(())
     }
@@ -211,24 +287,42 @@ impl Communicator for MpiComm {
         if send.len() != n {
             return Err(Error::InvalidArgument(format!("alltoallv got {} send buffers for a communicator of {n} ranks", send.len())));
         }
-        let scounts = send.iter().map(|s| count(s.len())).collect::<Result<Vec<i32>>>()?;
-        let sdispls = displs(&scounts);
-        // Capacity of at least one byte keeps the pointer real (see `real`).
-        let mut flat = Vec::with_capacity(send.iter().map(|s| s.len()).sum::<usize>().max(1));
-        for s in send {
-            flat.extend_from_slice(s);
-        }
         let h = self.mpi();
-        let mut rcounts = vec![0i32; n];
+        let scounts: Vec<u64> = send.iter().map(|s| s.len() as u64).collect();
+        let mut rcounts = vec![0u64; n];
         h.0.all_to_all_into(&scounts[..], &mut rcounts[..]);
-        let rdispls = displs(&rcounts);
-        let mut buf = real(rcounts.iter().map(|&c| c as usize).sum());
-        {
-            let sp = Partition::new(&flat[..], &scounts[..], &sdispls[..]);
-            let mut rp = PartitionMut::new(&mut buf[..], &rcounts[..], &rdispls[..]);
-            h.0.all_to_all_varcount_into(&sp, &mut rp);
+        let rlens: Vec<usize> = rcounts.iter().map(|&c| usize::try_from(c).unwrap_or(usize::MAX)).collect();
+        // One plan for every rank: the largest part and the busiest rank
+        // of the whole exchange.
+        let sum = |v: &[u64]| v.iter().fold(0u64, |a, &c| a.saturating_add(c));
+        let largest = scounts.iter().chain(&rcounts).copied().max().unwrap_or(0);
+        let mine = [largest, sum(&scounts).max(sum(&rcounts))];
+        let mut all = [0u64; 2];
+        h.0.all_reduce_into(&mine[..], &mut all[..], SystemOperation::max());
+        let [largest, busiest] = all.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        let plan = Rounds::plan(largest, busiest, n, round_limit());
+        let mut out: Vec<Vec<u8>> = rlens.iter().map(|&l| Vec::with_capacity(l)).collect();
+        for k in 0..plan.rounds {
+            let sparts: Vec<(usize, usize)> = send.iter().map(|s| plan.part(s.len(), k)).collect();
+            let sc: Vec<i32> = sparts.iter().map(|&(_, l)| count(l)).collect();
+            let rc: Vec<i32> = rlens.iter().map(|&l| count(plan.part(l, k).1)).collect();
+            let (sd, rd) = (displs(&sc), displs(&rc));
+            // Capacity of at least one byte keeps the pointer real (see `real`).
+            let mut flat = Vec::with_capacity(sc.iter().map(|&c| c as usize).sum::<usize>().max(1));
+            for (s, &(start, len)) in send.iter().zip(&sparts) {
+                flat.extend_from_slice(&s[start..start + len]);
+            }
+            let mut buf = real(rc.iter().map(|&c| c as usize).sum());
+            {
+                let sp = Partition::new(&flat[..], &sc[..], &sd[..]);
+                let mut rp = PartitionMut::new(&mut buf[..], &rc[..], &rd[..]);
+                h.0.all_to_all_varcount_into(&sp, &mut rp);
+            }
+            for (r, o) in out.iter_mut().enumerate() {
+                o.extend_from_slice(&buf[rd[r] as usize..][..rc[r] as usize]);
+            }
         }
-        Ok((0..n).map(|r| buf[rdispls[r] as usize..][..rcounts[r] as usize].to_vec()).collect())
+        Ok(out)
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
@@ -282,5 +376,73 @@ impl Communicator for MpiComm {
 
     fn recv_fds(&self, src: usize, count: usize) -> Result<Vec<OwnedFd>> {
         self.inner.sock.recv_fds(src, count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a plan over a matrix of parts (`parts[s][r]` bytes from `s` to
+    /// `r`) the way `alltoallv` does, and checks every round against the
+    /// limit and the result against the parts.
+    fn simulate(parts: &[Vec<usize>], limit: usize) -> usize {
+        let n = parts.len();
+        let largest = parts.iter().flatten().copied().max().unwrap_or(0);
+        let sent = |s: usize| parts[s].iter().sum::<usize>();
+        let received = |r: usize| parts.iter().map(|p| p[r]).sum::<usize>();
+        let busiest = (0..n).map(|i| sent(i).max(received(i))).max().unwrap_or(0);
+        let plan = Rounds::plan(largest, busiest, n, limit);
+        let limit = limit.max(n);
+        let mut moved = vec![vec![0usize; n]; n];
+        for k in 0..plan.rounds {
+            for i in 0..n {
+                let out: Vec<(usize, usize)> = parts[i].iter().map(|&l| plan.part(l, k)).collect();
+                let inn: usize = (0..n).map(|s| plan.part(parts[s][i], k).1).sum();
+                let total: usize = out.iter().map(|p| p.1).sum();
+                assert!(total <= limit && inn <= limit, "round {k}: rank {i} sends {total}, receives {inn}, limit {limit}");
+                for (r, &(start, len)) in out.iter().enumerate() {
+                    // Pieces arrive in order, each where the last ended.
+                    assert_eq!(start, moved[i][r], "round {k}: part {i}→{r}");
+                    moved[i][r] += len;
+                }
+            }
+        }
+        assert_eq!(moved, parts, "every byte moved once");
+        plan.rounds
+    }
+
+    #[test]
+    fn exchanges_within_the_limit_take_one_round() {
+        assert_eq!(Rounds::plan(100, 300, 4, 1000), Rounds { rounds: 1, chunk: usize::MAX });
+        assert_eq!(simulate(&[vec![10, 20], vec![30, 0]], 60), 1);
+        assert_eq!(Rounds::plan(0, 0, 3, 1), Rounds { rounds: 1, chunk: usize::MAX });
+        assert_eq!(Rounds::plan(0, 0, 3, 1).part(0, 0), (0, 0));
+    }
+
+    #[test]
+    fn larger_exchanges_are_split_into_rounds_within_the_limit() {
+        // One rank sends far more than the limit to one peer.
+        assert_eq!(simulate(&[vec![0, 1000, 3], vec![5, 0, 0], vec![0, 0, 0]], 64), 1000usize.div_ceil(64 / 3));
+        // Every part fits, but one rank receives too much in all.
+        simulate(&[vec![50, 50, 50, 50], vec![50, 50, 50, 50], vec![0; 4], vec![0; 4]], 120);
+        // Odd sizes; a limit of a byte per rank; and a limit below the
+        // rank count, taken as one byte per rank.
+        let n = 7;
+        let parts: Vec<Vec<usize>> = (0..n).map(|s| (0..n).map(|r| (s * 31 + r * 17) % 23).collect()).collect();
+        simulate(&parts, 30);
+        simulate(&parts, 7);
+        simulate(&parts, 1);
+        // The real limit, with parts of the sizes that overflowed i32.
+        let gib = 1usize << 30;
+        let plan = Rounds::plan(3 * gib, 3 * gib, 4, MPI_LIMIT);
+        assert!(plan.rounds > 1 && plan.chunk * 4 <= MPI_LIMIT, "{plan:?}");
+        assert_eq!(plan.part(3 * gib, plan.rounds - 1).0 + plan.part(3 * gib, plan.rounds - 1).1, 3 * gib);
+    }
+
+    #[test]
+    fn displacements_stay_within_the_counts() {
+        assert_eq!(displs(&[3, 0, 5, 1]), vec![0, 3, 3, 8]);
+        assert_eq!(displs(&[]), Vec::<i32>::new());
     }
 }

@@ -68,6 +68,16 @@ pub enum Error {
         /// Its error.
         detail: String,
     },
+    /// A peer sent something the exchange cannot have produced (a row it
+    /// does not own, gradients that are not one row per id). Every rank of
+    /// the collective call reports it, naming that peer.
+    #[error("rank {rank} sent malformed data: {detail}")]
+    Malformed {
+        /// The world rank that sent it.
+        rank: usize,
+        /// What was wrong with it.
+        detail: String,
+    },
     /// Moving rows failed.
     #[error(transparent)]
     Gather(wm_gather::Error),
@@ -83,6 +93,7 @@ impl From<wm_gather::Error> for Error {
     fn from(e: wm_gather::Error) -> Self {
         match e {
             wm_gather::Error::IndexOutOfRange { index, position, rank, rows } => Self::IndexOutOfRange { index, position, rank, rows },
+            wm_gather::Error::Malformed { rank, detail } => Self::Malformed { rank, detail },
             wm_gather::Error::Memory(m) => Self::Memory(m),
             wm_gather::Error::Comm(c) => Self::Comm(c),
             other => Self::Gather(other),
@@ -96,36 +107,51 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 const OUT_OF_RANGE: u8 = 1;
 const GRADIENT_LENGTH: u8 = 2;
 const NO_OPTIMIZER: u8 = 3;
-const OTHER: u8 = 4;
 
-/// One rank's outcome of its checks, as bytes for an allgather (empty: ok).
-fn encode(mine: &Result<()>) -> Vec<u8> {
-    let words = |kind: u8, w: &[u64]| {
-        let mut m = vec![kind];
-        w.iter().for_each(|v| m.extend_from_slice(&v.to_le_bytes()));
-        m
-    };
-    match mine {
-        Ok(()) => Vec::new(),
-        Err(Error::IndexOutOfRange { index, position, rows, .. }) => words(OUT_OF_RANGE, &[*index as u64, *position as u64, *rows as u64]),
-        Err(Error::GradientLength { ids, dim, len, .. }) => words(GRADIENT_LENGTH, &[*ids as u64, *dim as u64, *len as u64]),
-        Err(Error::NoOptimizer) => vec![NO_OPTIMIZER],
-        Err(e) => [&[OTHER][..], e.to_string().as_bytes()].concat(),
+/// The errors that keep their type on the way to other ranks: the bad id,
+/// the gradient length, the missing optimizer.
+impl wholemem::agree::PeerError for Error {
+    fn peer_failed(rank: usize, detail: String) -> Self {
+        Self::PeerFailed { rank, detail }
     }
-}
 
-/// The error `rank` (a world rank) reported with [`encode`].
-fn decode(rank: usize, m: &[u8]) -> Error {
-    let word = |i: usize| m.get(1 + 8 * i..9 + 8 * i).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")));
-    match (m[0], word(0), word(1), word(2)) {
-        (OUT_OF_RANGE, Some(index), Some(position), Some(rows)) => {
-            Error::IndexOutOfRange { index: index as i64, position: position as usize, rank, rows: rows as usize }
+    fn malformed(rank: usize, detail: String) -> Self {
+        Self::Malformed { rank, detail }
+    }
+
+    fn as_malformed(&self) -> Option<(usize, &str)> {
+        match self {
+            Self::Malformed { rank, detail } => Some((*rank, detail)),
+            _ => None,
         }
-        (GRADIENT_LENGTH, Some(ids), Some(dim), Some(len)) => {
-            Error::GradientLength { rank, ids: ids as usize, dim: dim as usize, len: len as usize }
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        let words = |kind: u8, w: [usize; 3]| {
+            let mut m = vec![kind];
+            w.iter().for_each(|&v| m.extend_from_slice(&(v as u64).to_le_bytes()));
+            m
+        };
+        match self {
+            Self::IndexOutOfRange { index, position, rows, .. } => Some(words(OUT_OF_RANGE, [*index as usize, *position, *rows])),
+            Self::GradientLength { ids, dim, len, .. } => Some(words(GRADIENT_LENGTH, [*ids, *dim, *len])),
+            Self::NoOptimizer => Some(vec![NO_OPTIMIZER]),
+            _ => None,
         }
-        (NO_OPTIMIZER, ..) => Error::NoOptimizer,
-        _ => Error::PeerFailed { rank, detail: String::from_utf8_lossy(&m[1..]).into_owned() },
+    }
+
+    fn decode(rank: usize, m: &[u8]) -> Option<Self> {
+        let (&kind, rest) = m.split_first()?;
+        let word = |i: usize| usize::try_from(u64::from_le_bytes(*rest.get(8 * i..)?.first_chunk::<8>()?)).ok();
+        match (kind, rest.len()) {
+            (OUT_OF_RANGE, 24) => {
+                let index = u64::from_le_bytes(*rest.first_chunk::<8>()?) as i64;
+                Some(Self::IndexOutOfRange { index, position: word(1)?, rank, rows: word(2)? })
+            }
+            (GRADIENT_LENGTH, 24) => Some(Self::GradientLength { rank, ids: word(0)?, dim: word(1)?, len: word(2)? }),
+            (NO_OPTIMIZER, 0) => Some(Self::NoOptimizer),
+            _ => None,
+        }
     }
 }
 
@@ -134,42 +160,39 @@ fn decode(rank: usize, m: &[u8]) -> Error {
 /// any data moves and the communicator stays in step. `extra` travels with
 /// the outcome (a value that must agree); every rank's is returned.
 pub(crate) fn agree(comm: &dyn Communicator, mine: Result<()>, extra: &[u8]) -> Result<Vec<Vec<u8>>> {
-    let mut msg = (extra.len() as u64).to_le_bytes().to_vec();
-    msg.extend_from_slice(extra);
-    msg.extend_from_slice(&encode(&mine));
-    let all = comm.allgatherv(&msg)?;
-    // Each message: the length of its extra, the extra, the outcome.
-    let split = |m: &[u8]| {
-        let n = m.get(..8).map_or(0, |b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize);
-        let n = n.min(m.len().saturating_sub(8));
-        (m[8.min(m.len())..8 + n].to_vec(), m[(8 + n).min(m.len())..].to_vec())
-    };
-    let parts: Vec<(Vec<u8>, Vec<u8>)> = all.iter().map(|m| split(m)).collect();
-    if let Some((r, (_, outcome))) = parts.iter().enumerate().find(|(_, (_, o))| !o.is_empty()) {
-        if r == comm.rank() {
-            mine?;
-        }
-        return Err(decode(comm.world_ranks()[r], outcome));
-    }
-    Ok(parts.into_iter().map(|(e, _)| e).collect())
+    wholemem::agree::agree_sharing(comm, mine, wholemem::agree::Rule::Lowest, extra).map(|((), all)| all)
 }
 
 #[cfg(test)]
 mod tests {
+    use wholemem::agree::PeerError;
+
     use super::*;
+
+    /// What other ranks rebuild from `e`, sent by world rank `rank`.
+    fn trip(rank: usize, e: Error) -> Error {
+        let bytes = e.encode();
+        match bytes {
+            Some(b) => Error::decode(rank, &b).expect("a typed error decodes"),
+            None => Error::peer_failed(rank, e.to_string()),
+        }
+    }
 
     #[test]
     fn outcomes_survive_the_trip_with_the_sender_rank() {
         let e = Error::IndexOutOfRange { index: -3, position: 4, rank: 0, rows: 10 };
-        let back = decode(7, &encode(&Err(e)));
+        let back = trip(7, e);
         assert_eq!(back.to_string(), "id -3 at position 4 on rank 7 is out of range for an embedding of 10 rows");
         let e = Error::GradientLength { rank: 0, ids: 3, dim: 8, len: 23 };
-        let back = decode(2, &encode(&Err(e)));
+        let back = trip(2, e);
         assert_eq!(back.to_string(), "rank 2 passed 23 gradient values for 3 ids of dimension 8; expected 24");
-        assert!(matches!(decode(1, &encode(&Err(Error::NoOptimizer))), Error::NoOptimizer));
-        let back = decode(1, &encode(&Err(Error::InvalidArgument("learning rate NaN".into()))));
+        assert!(matches!(trip(1, Error::NoOptimizer), Error::NoOptimizer));
+        let back = trip(1, Error::InvalidArgument("learning rate NaN".into()));
         assert!(matches!(back, Error::PeerFailed { rank: 1, .. }), "{back:?}");
         assert!(back.to_string().contains("rank 1 failed: invalid argument: learning rate NaN"), "{back}");
-        assert!(encode(&Ok(())).is_empty());
+        // Bytes that are none of these encodings are not taken for one.
+        for bad in [&[][..], &[OUT_OF_RANGE, 1, 2], &[NO_OPTIMIZER, 0], &[9; 25]] {
+            assert!(Error::decode(3, bad).is_none(), "{bad:?}");
+        }
     }
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use wholemem::{Location, MemoryType, WholeTensor};
-use wm_comm::{CommExt, Communicator};
+use wm_comm::Communicator;
 use wm_gather::{DType, Element, Ids, Index, RowLayout};
 
 use crate::error::agree;
@@ -157,7 +157,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             )));
         }
         let layout = layout?;
-        let width = optimizer.map_or(0, |o| o.state_width(layout.cols));
+        let width = optimizer.map_or(0, |o| o.state_width(layout.cols()));
         let state = if width > 0 {
             let mem = table.memory();
             let counts = mem.partition().counts();
@@ -177,7 +177,7 @@ impl<T: EmbeddingElement> Embedding<T> {
 
     /// Values per row.
     pub fn dim(&self) -> usize {
-        self.layout.cols
+        self.layout.cols()
     }
 
     /// The element type of the weights.
@@ -252,7 +252,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 known: self.state_names(),
             });
         };
-        let layout = RowLayout { dtype: DType::F32, cols: slot.cols, offset: slot.offset };
+        let layout = RowLayout::new(DType::F32, slot.cols, slot.offset)?;
         wm_gather::gather(state.memory(), &layout, I::ids(ids), bytemuck::cast_slice_mut(out), DType::F32)?;
         Ok(())
     }
@@ -297,7 +297,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// [`Error::Gather`], [`Error::Comm`].
     pub fn reset_state(&mut self) -> Result<()> {
         let (Some(opt), Some(state)) = (self.optimizer, self.state.as_mut()) else { return Ok(()) };
-        let initial = opt.initial_state(self.layout.cols);
+        let initial = opt.initial_state(self.layout.cols());
         let layout = RowLayout::of(state)?;
         fill_own(state, &layout, |_, out| out.copy_from_slice(&initial))?;
         self.table.memory().comm().barrier()?;
@@ -340,7 +340,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             if let Some((position, index)) = ids.first_out_of_range(rows) {
                 return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
             }
-            if grads.len() != ids.len() * dim {
+            if ids.len().checked_mul(dim) != Some(grads.len()) {
                 return Err(Error::GradientLength { rank: me, ids: ids.len(), dim, len: grads.len() });
             }
             Ok(opt)
@@ -348,18 +348,22 @@ impl<T: EmbeddingElement> Embedding<T> {
         let checked = check();
         let opt = checked.as_ref().ok().copied();
         let all = agree(comm.as_ref(), checked.map(|_| ()), &lr.to_le_bytes())?;
-        let rate = |m: &[u8]| f32::from_le_bytes(m[..4].try_into().expect("4 bytes"));
-        if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| rate(m).to_bits() != rate(&all[0]).to_bits()) {
+        // Every rank compares the same allgathered rates, so a rate that is
+        // missing or differs is the same error everywhere.
+        let rate = |m: &[u8]| m.first_chunk::<4>().map(|b| f32::from_le_bytes(*b));
+        let show = |m: &[u8]| rate(m).map_or_else(|| "(none)".to_owned(), |r| r.to_string());
+        if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| rate(m).map(f32::to_bits) != rate(&all[0]).map(f32::to_bits)) {
             let ranks = comm.world_ranks();
             return Err(Error::InvalidArgument(format!(
                 "ranks passed different learning rates: rank {} {} and rank {} {}",
                 ranks[0],
-                rate(&all[0]),
+                show(&all[0]),
                 ranks[r],
-                rate(m)
+                show(m)
             )));
         }
-        let opt = opt.expect("every rank passed its checks");
+        // Every rank passed its checks, this one included.
+        let Some(opt) = opt else { return Err(Error::NoOptimizer) };
 
         // 1. Sum repeats here, then send each owner its rows (as its local
         //    row numbers) and their gradients. Sorted ids group by owner.
@@ -369,14 +373,34 @@ impl<T: EmbeddingElement> Embedding<T> {
         let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
         let send_ids: Vec<Vec<u64>> =
             (0..n).map(|r| uids[bounds[r]..bounds[r + 1]].iter().map(|&id| id - p.offset(r) as u64).collect()).collect();
-        let refs: Vec<&[u64]> = send_ids.iter().map(Vec::as_slice).collect();
-        let got_ids = comm.alltoallv_pod(&refs)?;
-        let refs: Vec<&[f32]> = (0..n).map(|r| &usums[bounds[r] * dim..bounds[r + 1] * dim]).collect();
-        let got_grads = comm.alltoallv_pod(&refs)?;
+        let refs: Vec<&[u8]> = send_ids.iter().map(|v| bytemuck::cast_slice(v)).collect();
+        let got_ids = comm.alltoallv(&refs)?;
+        let refs: Vec<&[u8]> = (0..n).map(|r| bytemuck::cast_slice(&usums[bounds[r] * dim..bounds[r + 1] * dim])).collect();
+        let got_grads = comm.alltoallv(&refs)?;
 
-        // 2. The owner sums what every rank sent, in rank order.
-        let (local, sums) = sum_repeats(&got_ids.concat(), &got_grads.concat(), dim);
-        assert!(local.iter().all(|&r| (r as usize) < p.count(comm.rank())), "a peer sent a row this rank does not own");
+        // 2. What each rank sent is checked — rows this rank owns, one row
+        //    of gradients per id — and every rank learns whether all was
+        //    well before any row changes. The owner sums what every rank
+        //    sent, in rank order.
+        let count = p.count(comm.rank());
+        let (mut all_ids, mut all_grads) = (Vec::new(), Vec::new());
+        let mut problem = None;
+        for (r, (id_bytes, grad_bytes)) in got_ids.iter().zip(&got_grads).enumerate() {
+            match received_gradients(id_bytes, grad_bytes, count, dim) {
+                Ok((i, g)) => {
+                    all_ids.extend(i);
+                    all_grads.extend(g);
+                }
+                Err(detail) => {
+                    problem.get_or_insert_with(|| Error::Malformed {
+                        rank: comm.world_ranks()[r],
+                        detail: format!("{detail} (to rank {me})"),
+                    });
+                }
+            }
+        }
+        agree(comm.as_ref(), problem.map_or(Ok(()), Err), &[])?;
+        let (local, sums) = sum_repeats(&all_ids, &all_grads, dim);
         let first = p.offset(comm.rank()) as i64;
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
@@ -414,6 +438,31 @@ impl<T: EmbeddingElement> Embedding<T> {
     }
 }
 
+/// One peer's part of a gradient exchange: row ids (8 bytes each) below
+/// `count`, and `dim` f32 gradients (4 bytes each) per id; what is wrong
+/// with it otherwise.
+fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std::result::Result<(Vec<u64>, Vec<f32>), String> {
+    if ids.len() % 8 != 0 {
+        return Err(format!("{} bytes of row ids, not a whole number of 8-byte ids", ids.len()));
+    }
+    let rows: Vec<u64> = ids
+        .chunks_exact(8)
+        .map(|c| {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(c);
+            u64::from_le_bytes(b)
+        })
+        .collect();
+    if let Some((i, &r)) = rows.iter().enumerate().find(|(_, r)| **r >= count as u64) {
+        return Err(format!("row id {r} at position {i}, past the {count} rows there"));
+    }
+    if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grads.len()) {
+        return Err(format!("{} bytes of gradients for {} ids of dimension {dim}", grads.len(), rows.len()));
+    }
+    let grads = grads.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    Ok((rows, grads))
+}
+
 /// Writes every row this rank owns, from `f(global row, out)` filling one
 /// row of f32 (converted to the table's type), in rounds of at most
 /// [`FILL_ROWS`] rows. Every rank does the same number of rounds (from the
@@ -423,7 +472,7 @@ fn fill_own<U: Element>(t: &mut WholeTensor<U>, layout: &RowLayout, mut f: impl 
     let p = mem.partition().clone();
     let me = mem.comm().rank();
     let rounds = p.counts().iter().map(|c| c.div_ceil(FILL_ROWS)).max().unwrap_or(0);
-    let cols = layout.cols;
+    let cols = layout.cols();
     let mine = p.range(me);
     for k in 0..rounds {
         let start = (mine.start + k * FILL_ROWS).min(mine.end);
@@ -441,6 +490,17 @@ fn fill_own<U: Element>(t: &mut WholeTensor<U>, layout: &RowLayout, mut f: impl 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_peers_gradient_part_is_checked() {
+        let ids: Vec<u8> = [1u64, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let grads: Vec<u8> = [0.5f32, 1.0, 2.0, -1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        assert_eq!(received_gradients(&ids, &grads, 5, 2).unwrap(), (vec![1, 4], vec![0.5, 1.0, 2.0, -1.0]));
+        assert!(received_gradients(&ids[..12], &grads, 5, 2).unwrap_err().contains("12 bytes of row ids"));
+        assert!(received_gradients(&ids, &grads, 4, 2).unwrap_err().contains("row id 4 at position 1, past the 4 rows"));
+        assert!(received_gradients(&ids, &grads[..12], 5, 2).unwrap_err().contains("12 bytes of gradients for 2 ids"));
+        assert!(received_gradients(&[], &[], 0, 3).is_ok());
+    }
 
     #[test]
     fn repeats_are_summed_in_input_order_and_ids_come_out_sorted() {

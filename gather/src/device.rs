@@ -107,7 +107,7 @@ enum Reach {
 impl OwnerTable {
     fn new(mem: &WholeMemory, layout: &RowLayout, reach: Reach) -> Result<Self> {
         let p = mem.partition();
-        let skip = (layout.offset * layout.dtype.size()) as u64;
+        let skip = layout.skip_bytes() as u64;
         let unreachable = |r: usize| {
             Error::Cuda(format!(
                 "rank {}'s rows are not reachable from rank {}'s GPU ({} {} memory{})",
@@ -139,7 +139,7 @@ impl OwnerTable {
 
 /// One gather kernel over a table: dense output rows of `out_dtype`.
 fn launch_gather(mem: &WholeMemory, layout: &RowLayout, reach: Reach, ids: (u64, IdType, usize), out: u64, out_dtype: DType) -> Result<()> {
-    RowConv::new(layout.dtype, out_dtype, layout.cols)?;
+    RowConv::new(layout.dtype(), out_dtype, layout.cols())?;
     if ids.2 == 0 {
         return Ok(());
     }
@@ -149,13 +149,13 @@ fn launch_gather(mem: &WholeMemory, layout: &RowLayout, reach: Reach, ids: (u64,
         first_rows: table.first_rows.addr(),
         ranks: table.ranks,
         row_stride_bytes: mem.granularity() as u64,
-        table_dtype: layout.dtype,
-        dim: layout.cols as u32,
+        table_dtype: layout.dtype(),
+        dim: layout.cols() as u32,
         ids: ids.0,
         id_type: ids.1,
         n_ids: ids.2 as u64,
         out,
-        out_stride_bytes: (layout.cols * out_dtype.size()) as u64,
+        out_stride_bytes: (layout.cols() * out_dtype.size()) as u64,
         out_dtype,
     };
     let k = kernels(mem)?;
@@ -179,7 +179,7 @@ fn launch_scatter(
     src: u64,
     src_dtype: DType,
 ) -> Result<()> {
-    RowConv::new(src_dtype, layout.dtype, layout.cols)?;
+    RowConv::new(src_dtype, layout.dtype(), layout.cols())?;
     if ids.2 == 0 {
         return Ok(());
     }
@@ -191,13 +191,13 @@ fn launch_scatter(
         first_rows: table.first_rows.addr(),
         ranks: table.ranks,
         row_stride_bytes: mem.granularity() as u64,
-        table_dtype: layout.dtype,
-        dim: layout.cols as u32,
+        table_dtype: layout.dtype(),
+        dim: layout.cols() as u32,
         ids: ids.0,
         id_type: ids.1,
         n_ids: ids.2 as u64,
         src,
-        src_stride_bytes: (layout.cols * src_dtype.size()) as u64,
+        src_stride_bytes: (layout.cols() * src_dtype.size()) as u64,
         src_dtype,
         keep: mask.addr(),
     };
@@ -233,9 +233,15 @@ pub(crate) fn last_occurrences(rows: &[usize]) -> Vec<u8> {
 /// another table; [`Error::Conversion`]; [`Error::Cuda`] when the GPU cannot
 /// reach the rows or a launch fails; the exchange's errors.
 pub fn gather_device(mem: &WholeMemory, layout: &RowLayout, ids: &DeviceIds, out: &mut DeviceBuffer, out_dtype: DType) -> Result<()> {
-    layout_fits(mem, layout)?;
+    layout.check_fits(mem.granularity())?;
     ids.check(mem)?;
-    let want = ids.len * layout.cols * out_dtype.size();
+    let Some(want) = layout.cols().checked_mul(out_dtype.size()).and_then(|row| ids.len.checked_mul(row)) else {
+        return Err(Error::InvalidArgument(format!(
+            "{} rows of {} {out_dtype} elements are more than usize::MAX bytes",
+            ids.len,
+            layout.cols()
+        )));
+    };
     if out.len() < want {
         return Err(Error::InvalidArgument(format!("the device output has {} bytes; {} rows need {want}", out.len(), ids.len)));
     }
@@ -270,13 +276,13 @@ fn gather_nccl(
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
     let p = mem.partition();
-    let rb = layout.cols * out_dtype.size();
+    let rb = layout.cols() * out_dtype.size();
     let fits = if ids.len >= i32::MAX as usize {
         Err(Error::InvalidArgument(format!("{} ids in one device exchange; at most {}", ids.len, i32::MAX - 1)))
     } else {
-        RowConv::new(layout.dtype, out_dtype, layout.cols).map(drop).map_err(Error::from)
+        RowConv::new(layout.dtype(), out_dtype, layout.cols()).map(drop).map_err(Error::from)
     };
-    crate::exchange::agree(comm.as_ref(), fits)?;
+    crate::agree(comm.as_ref(), fits)?;
     let k = kernels(mem)?;
     let s = stream(mem)?;
 
@@ -358,7 +364,7 @@ fn gather_nccl(
         ranks: 1,
         row_stride_bytes: rb as u64,
         table_dtype: out_dtype,
-        dim: layout.cols as u32,
+        dim: layout.cols() as u32,
         ids: positions.addr(),
         id_type: IdType::I32,
         n_ids: ids.len as u64,
@@ -372,20 +378,6 @@ fn gather_nccl(
     // many rows; `out` holds at least as many (checked by the caller).
     unsafe { k.scatter(&s, &args) }.map_err(|e| Error::Cuda(e.to_string()))?;
     sync(mem)
-}
-
-fn layout_fits(mem: &WholeMemory, layout: &RowLayout) -> Result<()> {
-    let end = (layout.offset + layout.cols) * layout.dtype.size();
-    if layout.cols == 0 || end > mem.granularity() {
-        return Err(Error::InvalidArgument(format!(
-            "{} {} elements from element {} do not fit in a row of {} bytes",
-            layout.cols,
-            layout.dtype,
-            layout.offset,
-            mem.granularity()
-        )));
-    }
-    Ok(())
 }
 
 enum OwnedIds {

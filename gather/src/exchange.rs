@@ -1,59 +1,42 @@
 //! The collective paths: distributed and hierarchy memory, where a rank maps
 //! only its own rows and other rows travel through the communicator.
+//!
+//! What a peer sends is input: every part is checked before it is used — a
+//! length that is not what the exchange implies, a row id the receiver does
+//! not own (or, in the hierarchy, was not routed to it) — and a bad part is
+//! dropped and recorded as [`Error::Malformed`] naming its sender. The
+//! exchange still runs to its end on every rank, and one agreement at the
+//! end makes the first such error every rank's, so the ranks stay in step
+//! and the next call works.
 
 use std::sync::Arc;
 
 use wholemem::WholeMemory;
-use wm_comm::{CommExt, Communicator};
+use wm_comm::Communicator;
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
-use crate::{Error, Ids, Result, RowLayout, threads};
+use crate::{Error, Ids, Result, RowLayout, RowSpan, agree, threads};
 
-/// Fails on every rank if any rank's checks failed: the first failing rank's
-/// error, with an out-of-range id kept as such (it names the id and rank).
-pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    let msg: Vec<u8> = match &mine {
-        Ok(_) => Vec::new(),
-        Err(Error::IndexOutOfRange { index, position, rows, .. }) => {
-            let mut m = vec![1u8];
-            for v in [*index as u64, *position as u64, *rows as u64] {
-                m.extend_from_slice(&v.to_le_bytes());
-            }
-            m
-        }
-        Err(e) => [&[2u8][..], e.to_string().as_bytes()].concat(),
-    };
-    let all = comm.allgatherv(&msg)?;
-    let Some((r, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) else { return mine };
-    if r == comm.rank() {
-        return mine;
-    }
-    let rank = comm.world_ranks()[r];
-    if m[0] == 1 && m.len() == 25 {
-        let field = |i: usize| u64::from_le_bytes(m[1 + 8 * i..9 + 8 * i].try_into().expect("8 bytes"));
-        return Err(Error::IndexOutOfRange { index: field(0) as i64, position: field(1) as usize, rank, rows: field(2) as usize });
-    }
-    Err(Error::PeerFailed { rank, detail: String::from_utf8_lossy(&m[1..]).into_owned() })
-}
-
-/// This rank's own rows.
+/// This rank's own rows (host memory).
 struct LocalRows {
     base: SendPtr,
-    granularity: usize,
-    skip: usize,
+    span: RowSpan,
 }
 
 impl LocalRows {
-    fn new(mem: &WholeMemory, layout: &RowLayout) -> Self {
-        let base = mem.rank_ptr(mem.comm().rank()).expect("a rank maps its own rows");
-        Self { base: SendPtr(base), granularity: mem.granularity(), skip: layout.offset * layout.dtype.size() }
+    fn new(mem: &WholeMemory, layout: &RowLayout) -> Result<Self> {
+        let me = mem.comm().rank();
+        let base = mem
+            .rank_ptr(me)
+            .ok_or_else(|| Error::InvalidArgument(format!("rank {} does not map its own rows of this table", mem.comm().world_rank())))?;
+        Ok(Self { base: SendPtr(base), span: RowSpan::new(mem, layout) })
     }
 }
 
 impl RowAddr for LocalRows {
     #[inline]
     fn addr(&self, local_row: usize) -> *mut u8 {
-        self.base.0.wrapping_add(local_row * self.granularity + self.skip)
+        self.base.0.wrapping_add(self.span.at(local_row))
     }
 }
 
@@ -65,6 +48,35 @@ impl RowAddr for BufferRows {
     fn addr(&self, i: usize) -> *mut u8 {
         self.0.0.wrapping_add(i * self.1)
     }
+}
+
+/// The error for a part that member `r` of `comm` sent malformed.
+fn malformed(comm: &dyn Communicator, r: usize, detail: String) -> Error {
+    Error::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {})", comm.world_rank()) }
+}
+
+/// Row ids as a peer sent them (8 bytes each, little-endian), each checked
+/// to be below `bound`; what is wrong with them otherwise.
+fn decode_ids(bytes: &[u8], bound: usize) -> std::result::Result<Vec<usize>, String> {
+    if bytes.len() % 8 != 0 {
+        return Err(format!("{} bytes of row ids, not a whole number of 8-byte ids", bytes.len()));
+    }
+    let mut ids = Vec::with_capacity(bytes.len() / 8);
+    for (i, c) in bytes.chunks_exact(8).enumerate() {
+        let mut b = [0u8; 8];
+        b.copy_from_slice(c);
+        let id = u64::from_le_bytes(b);
+        match usize::try_from(id) {
+            Ok(x) if x < bound => ids.push(x),
+            _ => return Err(format!("row id {id} at position {i}, past the {bound} rows there")),
+        }
+    }
+    Ok(ids)
+}
+
+/// Bytes of `n` rows of `row_bytes`, or `None` past `usize::MAX`.
+fn rows_bytes(n: usize, row_bytes: usize) -> Option<usize> {
+    n.checked_mul(row_bytes)
 }
 
 /// Positions of `keys` grouped by key (a counting sort): `order[starts[k]..
@@ -133,7 +145,11 @@ fn read_local(
     out: &mut [u8],
 ) -> Result<()> {
     let n = mem.local_rows().len();
-    assert!(rows.iter().all(|&r| r < n), "a row this rank does not own");
+    if let Some(bad) = rows.iter().find(|&&r| r >= n) {
+        // Every caller checked the rows it got from peers; this stays a
+        // check because the copy below trusts it.
+        return Err(Error::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank())));
+    }
     #[cfg(feature = "cuda")]
     if mem.location() == wholemem::Location::Device {
         let Some(positions) = positions else { return crate::device::gather_local(mem, layout, conv, rows, out) };
@@ -144,18 +160,19 @@ fn read_local(
         return Ok(());
     }
     debug_assert!(out.len() >= positions.map_or(rows.len(), |p| p.iter().max().map_or(0, |m| m + 1)) * conv.dst_bytes());
-    // SAFETY: every row is below this rank's row count (asserted: a peer's
-    // request is not trusted blindly); positions are distinct and `out` is
-    // sized for them (callers' invariant, checked in debug builds).
-    unsafe { kernel::gather_rows(&LocalRows::new(mem, layout), rows, positions, conv, out, threads(mem)) };
+    let src = LocalRows::new(mem, layout)?;
+    // SAFETY: every row is below this rank's row count (checked above), and
+    // the layout fits in a row (checked at the call's entry); positions are
+    // distinct and `out` is sized for them (callers' invariant, checked in
+    // debug builds).
+    unsafe { kernel::gather_rows(&src, rows, positions, conv, out, threads(mem)) };
     Ok(())
 }
 
 /// Copies this rank's rows `local` (converted) into a buffer.
-fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[u64]) -> Result<Vec<u8>> {
-    let rows: Vec<usize> = local.iter().map(|&r| r as usize).collect();
-    let mut buf = scratch(rows.len() * conv.dst_bytes());
-    read_local(mem, layout, conv, &rows, None, &mut buf)?;
+fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[usize]) -> Result<Vec<u8>> {
+    let mut buf = scratch(local.len() * conv.dst_bytes());
+    read_local(mem, layout, conv, local, None, &mut buf)?;
     Ok(buf)
 }
 
@@ -166,59 +183,119 @@ fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
     }
 }
 
+/// The first byte of a part of the row-id exchange: row ids follow.
+const IDS: u8 = 0;
+/// The first byte of a part of the row-id exchange: the sender failed its
+/// checks, and its outcome follows ([`wholemem::agree::outcome_bytes`]).
+const FAILED: u8 = 1;
+
+/// The first exchange of a distributed gather or scatter, which also
+/// carries every rank's outcome of its checks (`checked`), so no separate
+/// agreement is needed before it.
+///
 /// Tells each owner which of its rows this rank names: to rank `r` the
 /// local row numbers of `rows[i]` for every `i` in `positions(r)`, written
-/// straight into the exchange. Returns the rows every rank named here, and
-/// a malformed part's error — kept for after the caller's next exchange,
-/// so every rank stays in step.
+/// straight into the exchange. Returns the rows every rank named here —
+/// each checked to be below `count`, this rank's row count — and a
+/// malformed part's error (the part itself is dropped), kept for the
+/// agreement at the end so every rank stays in step; and the checks'
+/// outcome decided as [`agree`] does: when any rank failed, every rank
+/// returns the lowest failing rank's error right after this exchange.
+#[allow(clippy::type_complexity)]
 fn exchange_row_ids<'a>(
     comm: &dyn Communicator,
     p: &wholemem::Partition,
     rows: &[usize],
     positions: impl Fn(usize) -> &'a [usize],
-) -> Result<(Vec<Vec<usize>>, Option<Error>)> {
+    count: usize,
+    checked: Result<RowConv>,
+) -> Result<(Vec<Vec<usize>>, Option<Error>, Result<RowConv>)> {
     let n = comm.size();
-    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * 8).collect();
+    let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
+    let sizes: Vec<usize> = (0..n).map(|r| 1 + failure.as_ref().map_or(positions(r).len() * 8, Vec::len)).collect();
     let mut named: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
     let mut problem = None;
     comm.alltoallv_in_place(
         &sizes,
-        &mut |r, buf| {
-            for (slot, &i) in buf.chunks_exact_mut(8).zip(positions(r)) {
-                slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+        &mut |r, buf| match &failure {
+            Some(f) => {
+                buf[0] = FAILED;
+                buf[1..].copy_from_slice(f);
+            }
+            None => {
+                buf[0] = IDS;
+                for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(positions(r)) {
+                    slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
+                }
             }
         },
         &mut |r, bytes| {
-            if bytes.len() % 8 != 0 {
-                problem.get_or_insert(Error::PeerFailed {
-                    rank: comm.world_ranks()[r],
-                    detail: format!("it sent {} bytes of row ids", bytes.len()),
-                });
-            }
-            named[r] = bytes.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")) as usize).collect();
+            let detail = match bytes.split_first() {
+                Some((&IDS, ids)) => match decode_ids(ids, count) {
+                    Ok(ids) => {
+                        named[r] = ids;
+                        return;
+                    }
+                    Err(detail) => detail,
+                },
+                Some((&FAILED, outcome)) => {
+                    outcomes[r] = Some(outcome.to_vec());
+                    return;
+                }
+                Some((kind, _)) => format!("a part of the row-id exchange of unknown kind {kind}"),
+                None => "an empty part of the row-id exchange".to_owned(),
+            };
+            problem.get_or_insert_with(|| malformed(comm, r, detail));
         },
     )?;
-    Ok((named, problem))
+    // Every rank got every rank's part: the same decision everywhere.
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
+    let decided = wholemem::agree::decide(comm, checked, wholemem::agree::Rule::Lowest, &parts);
+    Ok((named, problem, decided))
 }
 
-pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+/// The ids as row indices when this rank's checks passed (so every id is in
+/// range), none otherwise.
+fn checked_rows<T>(checked: &Result<T>, ids: Ids<'_>) -> Vec<usize> {
+    if checked.is_ok() { ids.to_rows() } else { Vec::new() }
+}
+
+pub(crate) fn gather_distributed(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
     let p = mem.partition();
-    let rows = ids.to_rows();
+    let rows = checked_rows(&checked, ids);
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let (order, starts) = bucket(&owners, n);
     let wanted = |r: usize| &order[starts[r]..starts[r + 1]];
-    let db = conv.dst_bytes();
 
     // 1. Each owner learns which of its rows each rank wants (own rows are
-    //    not sent).
-    let (asked, problem) = exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) })?;
+    //    not sent), and every rank whether every rank passed its checks.
+    let count = mem.local_rows().len();
+    let (mut asked, mut problem, conv) =
+        exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) }, count, checked)?;
+    let conv = conv?;
+    let db = conv.dst_bytes();
 
     // 2. Owners copy the rows asked of them straight into the exchange;
     //    each arriving part goes to its places in `out`, and this rank's
     //    own rows are copied straight into place.
-    let sizes: Vec<usize> = asked.iter().map(|a| a.len() * db).collect();
+    let mut sizes = Vec::with_capacity(n);
+    for (r, a) in asked.iter_mut().enumerate() {
+        sizes.push(rows_bytes(a.len(), db).unwrap_or_else(|| {
+            problem.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("a request for {} rows of {db} bytes", a.len())));
+            a.clear();
+            0
+        }));
+    }
     let mut failed: Option<Error> = None;
     let mut misfit: Option<Error> = None;
     comm.alltoallv_in_place(
@@ -236,43 +313,62 @@ pub(crate) fn gather_distributed(mem: &WholeMemory, layout: &RowLayout, conv: Ro
                 if let Err(e) = read_local(mem, layout, conv, &local, Some(wanted(me)), out) {
                     misfit.get_or_insert(e);
                 }
-            } else if bytes.len() == wanted(r).len() * db {
+            } else if Some(bytes.len()) == rows_bytes(wanted(r).len(), db) {
                 place(out, bytes, wanted(r), db);
             } else {
-                misfit.get_or_insert(Error::PeerFailed {
-                    rank: comm.world_ranks()[r],
-                    detail: format!("it sent {} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()),
+                misfit.get_or_insert_with(|| {
+                    malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()))
                 });
             }
         },
     )?;
-    // Host copies cannot fail; a device copy can, on one rank only, and
-    // then the rows it sent are not to be trusted by anyone.
-    let served = failed.map_or(Ok(()), Err);
-    if mem.location() == wholemem::Location::Device {
-        agree(comm.as_ref(), served)?;
-    } else {
-        served?;
+    // A device copy can fail on one rank, and a malformed part reaches one
+    // rank: either way every rank learns it.
+    agree(comm.as_ref(), failed.or(problem).or(misfit).map_or(Ok(()), Err))
+}
+
+/// A communicator of a table.
+type Comm = Arc<dyn Communicator>;
+
+/// The local and cross communicators of a hierarchy table.
+fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Comm, &Comm)> {
+    match (mem.local_comm(), mem.cross_comm()) {
+        (Some(l), Some(c)) => Ok((l, c)),
+        _ => Err(Error::InvalidArgument(format!("a {} table has no local and cross communicators", mem.memory_type()))),
     }
-    problem.or(misfit).map_or(Ok(()), Err)
 }
 
-fn hierarchy_comms(mem: &WholeMemory) -> (&Arc<dyn Communicator>, &Arc<dyn Communicator>) {
-    (mem.local_comm().expect("hierarchy memory has a local communicator"), mem.cross_comm().expect("and a cross communicator"))
+/// `alltoallv` of row ids as 8-byte words.
+fn alltoallv_ids(comm: &dyn Communicator, send: &[Vec<u64>]) -> Result<Vec<Vec<u8>>> {
+    let bytes: Vec<&[u8]> = send.iter().map(|v| bytemuck::cast_slice(v)).collect();
+    Ok(comm.alltoallv(&bytes)?)
 }
 
-pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
+pub(crate) fn gather_hierarchy(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+) -> Result<()> {
     let comm = mem.comm();
-    let (local, cross) = hierarchy_comms(mem);
+    // Every rank of a hierarchy table has both communicators (from
+    // allocation), so this fails everywhere or nowhere.
+    let (local, cross) = hierarchy_comms(mem)?;
     if cross.size() == 1 {
         // One node: nothing crosses nodes, so there is nothing to de-duplicate.
-        return gather_distributed(mem, layout, conv, ids, out);
+        return gather_distributed(mem, layout, checked, ids, out);
     }
+    // The first exchange is within the node, so the checks' outcomes need
+    // an agreement of their own here.
+    let conv = agree(comm.as_ref(), checked)?;
     let p = mem.partition();
     let placement = wm_topology::NodeLayout::of(comm.nodes());
     let (node_of, local_rank_of) = (&placement.node, &placement.local);
     let db = conv.dst_bytes();
     let rows = ids.to_rows();
+    let lme = local.rank();
+    let mut problem: Option<Error> = None;
 
     // 1. Within the node: each id goes to the local rank with its owner's
     //    local rank (that rank's cross communicator reaches the owner).
@@ -280,8 +376,24 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
     let (order, starts) = bucket(&via, local.size());
     let to_local: Vec<Vec<u64>> =
         (0..local.size()).map(|q| order[starts[q]..starts[q + 1]].iter().map(|&i| rows[i] as u64).collect()).collect();
-    let refs: Vec<&[u64]> = to_local.iter().map(Vec::as_slice).collect();
-    let from_local = local.alltoallv_pod(&refs)?;
+    let got = alltoallv_ids(local.as_ref(), &to_local)?;
+    // Each local peer's ids: rows of the table routed here (the owner's
+    // local rank is this rank's). A bad part is dropped.
+    let from_local: Vec<Vec<u64>> = got
+        .iter()
+        .enumerate()
+        .map(|(q, bytes)| {
+            let checked = decode_ids(bytes, p.rows()).and_then(|ids| match ids.iter().position(|&id| local_rank_of[p.owner(id)] != lme) {
+                Some(i) => Err(format!("row id {} at position {i}, which another local rank serves", ids[i])),
+                None => Ok(ids.into_iter().map(|id| id as u64).collect()),
+            });
+            checked.unwrap_or_else(|detail| {
+                problem.get_or_insert_with(|| malformed(local.as_ref(), q, format!("in the node's exchange, {detail}")));
+                Vec::new()
+            })
+        })
+        .collect();
+    local.recycle(got);
 
     // 2. De-duplicate what the node asked of this rank.
     let mut unique: Vec<u64> = from_local.concat();
@@ -305,27 +417,50 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
                 .collect()
         })
         .collect();
-    // This rank's own unique ids stay out of the exchange.
+    // This rank's own unique ids stay out of the exchange: checked in step
+    // 1 to be routed here, they are this rank's rows.
     let cme = cross.rank();
     let own = std::mem::take(&mut to_cross[cme]);
-    let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
-    let asked = cross.alltoallv_pod(&refs)?;
-    let replies: Vec<Vec<u8>> = asked.iter().map(|want| serve(mem, layout, conv, want)).collect::<Result<_>>()?;
+    let got = alltoallv_ids(cross.as_ref(), &to_cross)?;
+    let count = mem.local_rows().len();
+    let mut replies: Vec<Vec<u8>> = Vec::with_capacity(got.len());
+    for (c, bytes) in got.iter().enumerate() {
+        let want = decode_ids(bytes, count).unwrap_or_else(|detail| {
+            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, detail));
+            Vec::new()
+        });
+        match serve(mem, layout, conv, &want) {
+            Ok(r) => replies.push(r),
+            Err(e) => {
+                problem.get_or_insert(e);
+                replies.push(Vec::new());
+            }
+        }
+    }
+    cross.recycle(got);
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = cross.alltoallv(&refs)?;
     give_back(replies);
     let mut unique_rows = scratch(unique.len() * db);
     let own_rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
-    assert!(own_rows.iter().all(|&r| r < mem.local_rows().len()), "unique ids bucketed to this rank are its own");
-    read_local(mem, layout, conv, &own_rows, Some(&uorder[ustarts[cme]..ustarts[cme + 1]]), &mut unique_rows)?;
+    if let Err(e) = read_local(mem, layout, conv, &own_rows, Some(&uorder[ustarts[cme]..ustarts[cme + 1]]), &mut unique_rows) {
+        problem.get_or_insert(e);
+    }
     for c in (0..cross.size()).filter(|&c| c != cme) {
-        place(&mut unique_rows, &got[c], &uorder[ustarts[c]..ustarts[c + 1]], db);
+        let asked = &uorder[ustarts[c]..ustarts[c + 1]];
+        if Some(got[c].len()) == rows_bytes(asked.len(), db) {
+            place(&mut unique_rows, &got[c], asked, db);
+        } else {
+            problem.get_or_insert_with(|| {
+                malformed(cross.as_ref(), c, format!("{} bytes for {} rows of {db} bytes", got[c].len(), asked.len()))
+            });
+        }
     }
     cross.recycle(got);
 
     // 4. Back within the node: each local rank gets its rows in the order it
     //    asked for them; this rank's own requests go straight to `out`.
-    let lme = local.rank();
+    let unique_row = |id: &u64| unique.binary_search(id).ok().map(|u| &unique_rows[u * db..][..db]);
     let answers: Vec<Vec<u8>> = from_local
         .iter()
         .enumerate()
@@ -335,56 +470,79 @@ pub(crate) fn gather_hierarchy(mem: &WholeMemory, layout: &RowLayout, conv: RowC
             }
             let mut buf = scratch(asked.len() * db);
             for (k, id) in asked.iter().enumerate() {
-                let u = unique.binary_search(id).expect("every asked id is in the unique set");
-                buf[k * db..][..db].copy_from_slice(&unique_rows[u * db..][..db]);
+                // Every id asked is in `unique`, which was built from them.
+                if let Some(row) = unique_row(id) {
+                    buf[k * db..][..db].copy_from_slice(row);
+                }
             }
             buf
         })
         .collect();
     for (k, id) in from_local[lme].iter().enumerate() {
-        let u = unique.binary_search(id).expect("every asked id is in the unique set");
-        let p = order[starts[lme] + k];
-        out[p * db..][..db].copy_from_slice(&unique_rows[u * db..][..db]);
+        if let Some(row) = unique_row(id) {
+            let p = order[starts[lme] + k];
+            out[p * db..][..db].copy_from_slice(row);
+        }
     }
     let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
     let back = local.alltoallv(&refs)?;
     give_back(answers);
     for q in (0..local.size()).filter(|&q| q != lme) {
-        place(out, &back[q], &order[starts[q]..starts[q + 1]], db);
+        let asked = &order[starts[q]..starts[q + 1]];
+        if Some(back[q].len()) == rows_bytes(asked.len(), db) {
+            place(out, &back[q], asked, db);
+        } else {
+            problem.get_or_insert_with(|| {
+                malformed(local.as_ref(), q, format!("{} bytes for {} rows of {db} bytes", back[q].len(), asked.len()))
+            });
+        }
     }
     local.recycle(back);
     give_back(vec![unique_rows]);
-    Ok(())
+    agree(comm.as_ref(), problem.map_or(Ok(()), Err))
 }
 
 /// Scatter for distributed and hierarchy memory: ids and rows (converted to
 /// the table's type by the sender) travel to their owners, which write them
 /// in rank order, each rank's in its order — so the last occurrence of the
 /// highest rank wins.
-pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, src: &[u8]) -> Result<()> {
+pub(crate) fn scatter_distributed(
+    mem: &mut WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    src: &[u8],
+) -> Result<()> {
     let comm = mem.comm().clone();
     let n = comm.size();
     let p = mem.partition().clone();
-    let rows = ids.to_rows();
+    let rows = checked_rows(&checked, ids);
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let (order, starts) = bucket(&owners, n);
     let positions = |r: usize| &order[starts[r]..starts[r + 1]];
-    let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
 
-    // 1. Owners learn which of their rows arrive.
-    let (incoming, problem) = exchange_row_ids(comm.as_ref(), &p, &rows, positions)?;
+    // 1. Owners learn which of their rows arrive (each checked to be one
+    //    of theirs), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    assert!(incoming.iter().flatten().all(|&r| r < count), "a peer sent a row this rank does not own");
+    let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, positions, count, checked)?;
+    let conv = conv?;
+    let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
 
     // 2. The rows, converted to the table's type by their senders straight
     //    into the exchange; owners write each part as it is handed over, in
     //    rank order.
     let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * tb).collect();
     let input = BufferRows(SendPtr(src.as_ptr().cast_mut()), sb);
-    let (granularity, skip) = (mem.granularity(), layout.offset * layout.dtype.size());
     let device = mem.location() == wholemem::Location::Device;
     let (mut device_rows, mut device_data) = (Vec::new(), Vec::new());
-    let local = if device { &mut [][..] } else { mem.local_bytes_mut() };
+    let table = if device {
+        None
+    } else {
+        LocalRows::new(mem, layout).map(Some).unwrap_or_else(|e| {
+            problem.get_or_insert(e);
+            None
+        })
+    };
     let mut misfit: Option<Error> = None;
     comm.alltoallv_in_place(
         &sizes,
@@ -396,31 +554,38 @@ pub(crate) fn scatter_distributed(mem: &mut WholeMemory, layout: &RowLayout, con
         },
         &mut |r, bytes| {
             let idx = &incoming[r];
-            if bytes.len() != idx.len() * tb {
-                misfit.get_or_insert(Error::PeerFailed {
-                    rank: comm.world_ranks()[r],
-                    detail: format!("it sent {} bytes for {} rows of {tb} bytes", bytes.len(), idx.len()),
+            if Some(bytes.len()) != rows_bytes(idx.len(), tb) {
+                misfit.get_or_insert_with(|| {
+                    malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {tb} bytes", bytes.len(), idx.len()))
                 });
             } else if device {
                 device_rows.extend_from_slice(idx);
                 device_data.extend_from_slice(bytes);
-            } else {
+            } else if let Some(table) = &table {
                 for (k, &row) in idx.iter().enumerate() {
-                    local[row * granularity + skip..][..tb].copy_from_slice(&bytes[k * tb..][..tb]);
+                    // SAFETY: `row` is below this rank's row count (checked
+                    // on receipt) and the layout fits in a row (checked at
+                    // the call's entry), so `tb` bytes at its address lie in
+                    // this rank's rows; `bytes` holds `idx.len()` rows of
+                    // `tb` bytes (checked above). Distributed and hierarchy
+                    // host rows are this process's private memory, and
+                    // `&mut WholeMemory` keeps its other users away.
+                    unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(k * tb), table.addr(row), tb) };
                 }
             }
         },
     )?;
-    if let Some(e) = problem.or(misfit) {
-        return Err(e);
-    }
+    let outcome = problem.or(misfit).map_or(Ok(()), Err);
     #[cfg(feature = "cuda")]
-    if device {
+    let outcome = outcome.and_then(|()| {
+        if !device {
+            return Ok(());
+        }
         // In rank order, each peer's rows in its order: the same "last one
         // wins" as the host writes. The senders converted the rows already.
-        let same = RowConv::new(layout.dtype, layout.dtype, layout.cols)?;
-        return crate::device::scatter_local(mem, layout, same, &device_rows, &device_data);
-    }
+        let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
+        crate::device::scatter_local(mem, layout, same, &device_rows, &device_data)
+    });
     let _ = (device_rows, device_data);
-    Ok(())
+    agree(comm.as_ref(), outcome)
 }

@@ -258,6 +258,11 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
 /// Copies input row `i` into table row `rows[i]` for every `i`, converting;
 /// when a row appears more than once the last occurrence wins. Split over
 /// `threads` by row (a row is always written by one thread, in order).
+/// With `locks`, each row is written under its row lock.
+///
+/// # Errors
+/// A row lock that could not be had (a holder that kept it for the whole
+/// timeout): that thread stops there, the others finish.
 ///
 /// # Safety
 /// Every `dst.addr(rows[i])` is writable for `conv.dst_bytes()`; `src` holds
@@ -270,31 +275,45 @@ pub(crate) unsafe fn scatter_rows(
     src: &[u8],
     threads: usize,
     locks: Option<&wholemem::RowLocks>,
-) {
+) -> Result<(), wholemem::Error> {
     let sb = conv.src_bytes();
     debug_assert_eq!(src.len(), rows.len() * sb);
     let input = SendPtr(src.as_ptr().cast_mut());
-    let run = move |t: usize, nt: usize| {
+    let run = move |t: usize, nt: usize| -> Result<(), wholemem::Error> {
         for (i, &r) in rows.iter().enumerate() {
             if r % nt == t {
-                // Other ranks may write the same row now: one at a time.
-                let _row = locks.map(|l| l.lock(r));
+                // Other ranks may write the same row now: one at a time
+                // (tried first without waiting: the cheap path).
+                let _row = match locks {
+                    Some(l) => Some(match l.try_lock(r) {
+                        Some(g) => g,
+                        None => l.lock(r)?,
+                    }),
+                    None => None,
+                };
                 // SAFETY: the caller's contract; rows with r % nt == t are
                 // written only by thread t, in input order.
                 unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };
             }
         }
+        Ok(())
     };
     let threads = threads.clamp(1, rows.len().div_ceil(2048).max(1));
     if threads == 1 {
-        run(0, 1);
-        return;
+        return run(0, 1);
     }
     std::thread::scope(|s| {
-        for t in 0..threads {
-            s.spawn(move || run(t, threads));
+        let handles: Vec<_> = (0..threads).map(|t| s.spawn(move || run(t, threads))).collect();
+        // Every thread is joined; the first error wins.
+        let mut first = Ok(());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            if first.is_ok() {
+                first = r;
+            }
         }
-    });
+        first
+    })
 }
 
 #[cfg(test)]
@@ -356,7 +375,7 @@ mod tests {
         // Scatter: repeated ids, the last occurrence wins.
         let src: Vec<u32> = (0..ids.len() * cols).map(|i| 1_000_000 + i as u32).collect();
         // SAFETY: as above, the table is only reached through `slab` meanwhile.
-        unsafe { scatter_rows(&slab, &ids, conv, bytemuck::cast_slice(&src), 4, None) };
+        unsafe { scatter_rows(&slab, &ids, conv, bytemuck::cast_slice(&src), 4, None) }.unwrap();
         let mut last = vec![usize::MAX; rows];
         for (i, &id) in ids.iter().enumerate() {
             last[id] = i;

@@ -61,6 +61,17 @@ pub enum Error {
         /// Its error.
         detail: String,
     },
+    /// A peer sent something the exchange cannot have produced: a part of
+    /// the wrong length, a row it does not own. Every rank of the
+    /// collective call reports it, naming that peer; the rows the call was
+    /// to write may be partly written.
+    #[error("rank {rank} sent malformed data: {detail}")]
+    Malformed {
+        /// The world rank that sent it.
+        rank: usize,
+        /// What was wrong with it.
+        detail: String,
+    },
     /// The memory layer refused.
     #[error(transparent)]
     Memory(#[from] wholemem::Error),
@@ -75,6 +86,57 @@ pub enum Error {
 
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+const OUT_OF_RANGE: u8 = 1;
+
+impl wholemem::agree::PeerError for Error {
+    fn peer_failed(rank: usize, detail: String) -> Self {
+        Self::PeerFailed { rank, detail }
+    }
+
+    fn malformed(rank: usize, detail: String) -> Self {
+        Self::Malformed { rank, detail }
+    }
+
+    fn as_malformed(&self) -> Option<(usize, &str)> {
+        match self {
+            Self::Malformed { rank, detail } => Some((*rank, detail)),
+            _ => None,
+        }
+    }
+
+    /// An out-of-range id keeps its type: every rank names the id, its
+    /// position and the rank that passed it.
+    fn encode(&self) -> Option<Vec<u8>> {
+        let Self::IndexOutOfRange { index, position, rows, .. } = self else { return None };
+        let mut m = vec![OUT_OF_RANGE];
+        for v in [*index as u64, *position as u64, *rows as u64] {
+            m.extend_from_slice(&v.to_le_bytes());
+        }
+        Some(m)
+    }
+
+    fn decode(rank: usize, bytes: &[u8]) -> Option<Self> {
+        let (&tag, words) = bytes.split_first()?;
+        if tag != OUT_OF_RANGE || words.len() != 24 {
+            return None;
+        }
+        let word = |i: usize| Some(u64::from_le_bytes(*words.get(8 * i..)?.first_chunk::<8>()?));
+        Some(Self::IndexOutOfRange {
+            index: word(0)? as i64,
+            position: usize::try_from(word(1)?).ok()?,
+            rank,
+            rows: usize::try_from(word(2)?).ok()?,
+        })
+    }
+}
+
+/// Fails on every rank if any rank's checks (or its part of an exchange)
+/// failed: the lowest failing rank's error, an out-of-range id and a
+/// malformed peer kept as such. Collective.
+pub(crate) fn agree<T>(comm: &dyn wm_comm::Communicator, mine: Result<T>) -> Result<T> {
+    wholemem::agree::agree(comm, mine, wholemem::agree::Rule::Lowest)
+}
 
 /// Global row ids, 32- or 64-bit.
 #[derive(Debug, Clone, Copy)]
@@ -137,17 +199,35 @@ impl Index for i64 {
 
 /// Which part of each table row is read or written: `cols` elements of
 /// `dtype` starting `offset` elements into the row.
+///
+/// Built only by [`RowLayout::new`] (or [`RowLayout::of`]), which checks
+/// that the byte offsets it implies fit in a `usize`; every gather and
+/// scatter then checks that they fit in the table's rows. The byte
+/// arithmetic of a row lives here and nowhere else.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RowLayout {
-    /// The table's element type.
-    pub dtype: DType,
-    /// Elements per row moved.
-    pub cols: usize,
-    /// Elements from the row's start to the first one moved.
-    pub offset: usize,
+    dtype: DType,
+    cols: usize,
+    offset: usize,
 }
 
 impl RowLayout {
+    /// `cols` elements of `dtype` from element `offset` of each row.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the values for `cols == 0`, or
+    /// when the end of the elements moved, `(offset + cols) × size` bytes,
+    /// is past `usize::MAX`.
+    pub fn new(dtype: DType, cols: usize, offset: usize) -> Result<Self> {
+        if cols == 0 {
+            return Err(Error::InvalidArgument(format!("a row layout of 0 {dtype} elements (from element {offset}) moves nothing")));
+        }
+        if offset.checked_add(cols).and_then(|end| end.checked_mul(dtype.size())).is_none() {
+            return Err(Error::InvalidArgument(format!("{cols} {dtype} elements from element {offset} end past usize::MAX bytes")));
+        }
+        Ok(Self { dtype, cols, offset })
+    }
+
     /// The layout of a whole 1-D or 2-D tensor with contiguous rows.
     ///
     /// # Errors
@@ -166,21 +246,71 @@ impl RowLayout {
                 )));
             }
         };
-        Ok(Self { dtype: T::DTYPE, cols, offset: d.storage_offset() })
+        Self::new(T::DTYPE, cols, d.storage_offset())
     }
 
-    fn check(&self, mem: &wholemem::WholeMemory) -> Result<()> {
-        let end = (self.offset + self.cols) * self.dtype.size();
-        if self.cols == 0 || end > mem.granularity() {
+    /// The table's element type.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Elements per row moved.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Elements from the row's start to the first one moved.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// Bytes from a row's start to the first byte moved.
+    pub fn skip_bytes(&self) -> usize {
+        // Checked in `new`: (offset + cols) × size fits.
+        self.offset * self.dtype.size()
+    }
+
+    /// Bytes moved per row, in the table's element type.
+    pub fn bytes(&self) -> usize {
+        self.cols * self.dtype.size()
+    }
+
+    /// Checks that the elements moved lie inside rows of `row_bytes` bytes.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the layout and the row size.
+    pub fn check_fits(&self, row_bytes: usize) -> Result<()> {
+        if self.skip_bytes() + self.bytes() > row_bytes {
             return Err(Error::InvalidArgument(format!(
-                "{} {} elements from element {} do not fit in a row of {} bytes",
-                self.cols,
-                self.dtype,
-                self.offset,
-                mem.granularity()
+                "{} {} elements from element {} do not fit in a row of {row_bytes} bytes",
+                self.cols, self.dtype, self.offset
             )));
         }
         Ok(())
+    }
+}
+
+/// Where the elements a layout moves sit in a run of rows: rows `stride`
+/// bytes apart, the elements `skip` bytes into each. The one place a row's
+/// address is computed for the CPU paths.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RowSpan {
+    stride: usize,
+    skip: usize,
+}
+
+impl RowSpan {
+    /// The rows of `mem` under `layout` (checked to fit by the caller).
+    pub(crate) fn new(mem: &wholemem::WholeMemory, layout: &RowLayout) -> Self {
+        Self { stride: mem.granularity(), skip: layout.skip_bytes() }
+    }
+
+    /// Bytes from the first row's start to the elements of row `index`
+    /// (an index checked against the rows, so the product fits: it is
+    /// below the table's size).
+    #[inline(always)]
+    pub(crate) fn at(&self, index: usize) -> usize {
+        index * self.stride + self.skip
     }
 }
 
@@ -209,14 +339,9 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
             }
             mapped::gather(mem, layout, conv, ids, out)
         }
-        wholemem::MemoryType::Distributed => {
-            let conv = exchange::agree(mem.comm().as_ref(), problem)?;
-            exchange::gather_distributed(mem, layout, conv, ids, out)
-        }
-        wholemem::MemoryType::Hierarchy => {
-            let conv = exchange::agree(mem.comm().as_ref(), problem)?;
-            exchange::gather_hierarchy(mem, layout, conv, ids, out)
-        }
+        // The checks' outcomes travel with the first exchange.
+        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out),
+        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out),
     }
 }
 
@@ -238,8 +363,7 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
             mapped::scatter(mem, layout, conv, ids, src)
         }
         wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
-            let conv = exchange::agree(mem.comm().as_ref(), problem)?;
-            exchange::scatter_distributed(mem, layout, conv, ids, src)
+            exchange::scatter_distributed(mem, layout, problem, ids, src)
         }
     }
 }
@@ -270,19 +394,75 @@ fn check_call(
     buf_dtype: DType,
     what: &str,
 ) -> Result<kernel::RowConv> {
-    layout.check(mem)?;
+    layout.check_fits(mem.granularity())?;
     if let Some((position, index)) = ids.first_out_of_range(mem.rows()) {
         return Err(Error::IndexOutOfRange { index, position, rank: mem.comm().world_rank(), rows: mem.rows() });
     }
     // Scatter converts the other way; the rule is symmetric.
-    let conv = kernel::RowConv::new(layout.dtype, buf_dtype, layout.cols)?;
-    let want = ids.len() * conv.dst_bytes();
+    let conv = kernel::RowConv::new(layout.dtype(), buf_dtype, layout.cols())?;
+    let Some(want) = layout.cols().checked_mul(buf_dtype.size()).and_then(|row| ids.len().checked_mul(row)) else {
+        return Err(Error::InvalidArgument(format!(
+            "{} ids of {} {buf_dtype} elements are more than usize::MAX bytes",
+            ids.len(),
+            layout.cols()
+        )));
+    };
     if buf_len != want {
         return Err(Error::InvalidArgument(format!(
             "the {what} buffer has {buf_len} bytes; {} ids of {} {buf_dtype} elements need {want}",
             ids.len(),
-            layout.cols
+            layout.cols()
         )));
     }
     Ok(conv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The checks are explicit (`checked_*`), not overflow panics of a
+    /// debug build: a release build refuses the same layouts.
+    #[test]
+    fn row_layouts_whose_bytes_do_not_fit_a_usize_are_errors() {
+        let cases = [
+            (DType::F32, 4, usize::MAX - 2, "offset + cols past usize::MAX"),
+            (DType::F32, 4, usize::MAX / 4, "(offset + cols) × 4 past usize::MAX"),
+            (DType::F64, usize::MAX / 8 + 1, 0, "cols × 8 past usize::MAX"),
+            (DType::I8, usize::MAX, 1, "one byte too many"),
+        ];
+        for (dtype, cols, offset, why) in cases {
+            let e = RowLayout::new(dtype, cols, offset).unwrap_err();
+            assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(&offset.to_string()) && m.contains("usize::MAX")), "{why}: {e}");
+        }
+        let e = RowLayout::new(DType::F32, 0, 3).unwrap_err();
+        assert!(e.to_string().contains("0 f32 elements"), "{e}");
+    }
+
+    #[test]
+    fn row_layouts_that_fit_a_usize_but_not_the_row_are_refused_by_the_row_check() {
+        // The largest offset whose end still fits: representable, but no
+        // table has rows that long.
+        let l = RowLayout::new(DType::F32, 2, usize::MAX / 4 - 2).unwrap();
+        assert_eq!(l.skip_bytes(), (usize::MAX / 4 - 2) * 4);
+        let e = l.check_fits(4096).unwrap_err();
+        assert!(e.to_string().contains("do not fit in a row of 4096 bytes"), "{e}");
+        // An exact fit passes; one element more does not.
+        let l = RowLayout::new(DType::F16, 3, 5).unwrap();
+        assert_eq!((l.skip_bytes(), l.bytes()), (10, 6));
+        l.check_fits(16).unwrap();
+        assert!(l.check_fits(15).is_err());
+    }
+
+    #[test]
+    fn out_of_range_ids_keep_their_type_across_ranks_and_garbage_does_not_pass_for_one() {
+        use wholemem::agree::PeerError;
+        let e = Error::IndexOutOfRange { index: -7, position: 3, rank: 0, rows: 10 };
+        let back = Error::decode(5, &e.encode().unwrap()).unwrap();
+        assert!(matches!(back, Error::IndexOutOfRange { index: -7, position: 3, rank: 5, rows: 10 }), "{back:?}");
+        for bad in [&[][..], &[OUT_OF_RANGE], &[OUT_OF_RANGE, 0, 0], &[2; 25]] {
+            assert!(Error::decode(1, bad).is_none(), "{bad:?}");
+        }
+        assert!(Error::InvalidArgument("x".into()).encode().is_none());
+    }
 }

@@ -4,28 +4,37 @@
 use wholemem::WholeMemory;
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
-use crate::{Ids, Result, RowLayout, threads};
+use crate::{Error, Ids, Result, RowLayout, RowSpan, threads};
 
 /// Addresses of table rows through the mapping.
 pub(crate) struct MappedRows {
     continuous: Option<SendPtr>,
     bases: Vec<SendPtr>,
     offsets: Vec<usize>,
-    granularity: usize,
-    skip: usize,
+    span: RowSpan,
 }
 
 impl MappedRows {
-    pub(crate) fn new(mem: &WholeMemory, layout: &RowLayout) -> Self {
+    pub(crate) fn new(mem: &WholeMemory, layout: &RowLayout) -> Result<Self> {
         let p = mem.partition();
         let world = p.world();
-        Self {
+        let bases = (0..world)
+            .map(|r| {
+                mem.rank_ptr(r).map(SendPtr).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "rank {} does not map rank {}'s rows",
+                        mem.comm().world_rank(),
+                        mem.comm().world_ranks()[r]
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
             continuous: mem.continuous_base().map(SendPtr),
-            bases: (0..world).map(|r| SendPtr(mem.rank_ptr(r).expect("mapped types map every rank"))).collect(),
+            bases,
             offsets: (0..=world).map(|r| p.offset(r)).collect(),
-            granularity: mem.granularity(),
-            skip: layout.offset * layout.dtype.size(),
-        }
+            span: RowSpan::new(mem, layout),
+        })
     }
 }
 
@@ -33,16 +42,16 @@ impl RowAddr for MappedRows {
     #[inline]
     fn addr(&self, row: usize) -> *mut u8 {
         if let Some(base) = self.continuous {
-            return base.0.wrapping_add(row * self.granularity + self.skip);
+            return base.0.wrapping_add(self.span.at(row));
         }
         let owner = self.offsets.partition_point(|&o| o <= row) - 1;
-        self.bases[owner].0.wrapping_add((row - self.offsets[owner]) * self.granularity + self.skip)
+        self.bases[owner].0.wrapping_add(self.span.at(row - self.offsets[owner]))
     }
 }
 
 pub(crate) fn gather(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, out: &mut [u8]) -> Result<()> {
     let rows = ids.to_rows();
-    let src = MappedRows::new(mem, layout);
+    let src = MappedRows::new(mem, layout)?;
     // In huge pages the TLB covers the table (1024 entries for 2 GiB):
     // nothing to reuse, and the sort only costs.
     let small_pages = mem.huge_page_bytes() < mem.mapped_bytes() / 2;
@@ -83,10 +92,10 @@ fn in_table_order(rows: &[usize], table_bytes: usize) -> Option<(Vec<usize>, Vec
 
 pub(crate) fn scatter(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, src: &[u8]) -> Result<()> {
     let rows = ids.to_rows();
-    let dst = MappedRows::new(mem, layout);
+    let dst = MappedRows::new(mem, layout)?;
     // SAFETY: as for gather; `&mut WholeMemory` keeps this process's other
-    // users away while the rows are written.
-    unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem), mem.row_locks()) };
+    // users away while the rows are written, the row locks other ranks.
+    unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem), mem.row_locks()) }?;
     Ok(())
 }
 

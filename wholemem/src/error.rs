@@ -33,6 +33,24 @@ pub enum Error {
         /// Its error.
         detail: String,
     },
+    /// A peer sent something that cannot be what the protocol says: a
+    /// descriptor of the wrong size or without its seals, a message that
+    /// does not parse. Every rank of the collective call reports it.
+    #[error("rank {rank} sent malformed data: {detail}")]
+    Malformed {
+        /// The world rank that sent it.
+        rank: usize,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A wait that another process did not end within `WM_TIMEOUT_S`.
+    #[error("{what} timed out after {secs:.1} s (set WM_TIMEOUT_S to change the limit)")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The timeout, in seconds.
+        secs: f64,
+    },
     /// Talking to the other ranks failed.
     #[error(transparent)]
     Comm(#[from] wm_comm::Error),
@@ -193,6 +211,23 @@ impl Error {
 
     pub(crate) fn shards(path: impl Into<PathBuf>, problem: ShardProblem) -> Self {
         Self::Shards { path: path.into(), problem }
+    }
+}
+
+impl crate::agree::PeerError for Error {
+    fn peer_failed(rank: usize, detail: String) -> Self {
+        Self::PeerFailed { rank, detail }
+    }
+
+    fn malformed(rank: usize, detail: String) -> Self {
+        Self::Malformed { rank, detail }
+    }
+
+    fn as_malformed(&self) -> Option<(usize, &str)> {
+        match self {
+            Self::Malformed { rank, detail } => Some((*rank, detail)),
+            _ => None,
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! table.
 
 use std::ops::Range;
+use std::os::fd::OwnedFd;
 use std::sync::Arc;
 
 use wm_comm::{CommExt, Communicator};
@@ -12,6 +13,8 @@ use crate::host::{self, HostStorage};
 use crate::partition::Partition;
 use crate::types::{Location, MemoryType};
 use crate::{Error, Result};
+
+mod rows;
 
 /// What a collective allocation asks for. Every rank must pass the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,10 +79,17 @@ impl AllocRequest {
 ///
 /// # Concurrency across processes
 /// The memory is shared with other processes, which Rust's borrow rules
-/// cannot see. The slices handed out by [`local_bytes`](Self::local_bytes)
-/// and [`local_bytes_mut`](Self::local_bytes_mut) are sound as long as no
-/// other rank writes the same rows meanwhile; separate writes from reads
-/// with a collective ([`Communicator::barrier`]), as with any PGAS memory.
+/// cannot see. So the safe accessors copy: [`read_rows`](Self::read_rows),
+/// [`write_rows`](Self::write_rows), [`read_local`](Self::read_local),
+/// [`write_local`](Self::write_local) (and gather and scatter) move bytes
+/// through raw pointers and never hold a reference into shared memory; a
+/// row another rank writes at the same time may be copied half-written,
+/// never unsoundly. The in-place slices
+/// ([`local_bytes`](Self::local_bytes),
+/// [`local_bytes_mut`](Self::local_bytes_mut)) are `unsafe`: their caller
+/// promises that no other process writes the rows while they live.
+/// Separate writes from reads with a collective
+/// ([`Communicator::barrier`]), as with any PGAS memory.
 #[derive(Debug)]
 pub struct WholeMemory {
     comm: Arc<dyn Communicator>,
@@ -142,23 +152,10 @@ unsafe impl Send for RowPtr {}
 unsafe impl Sync for RowPtr {}
 
 /// Fails on every rank if it failed on any: each rank passes its own
-/// outcome, and all learn the first failure by rank.
+/// outcome, and all return the lowest failing rank's error
+/// ([`Rule::Lowest`](crate::agree::Rule::Lowest)).
 pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    let msg = match &mine {
-        Ok(_) => Vec::new(),
-        Err(e) => {
-            let s = e.to_string();
-            if s.is_empty() { b"failed".to_vec() } else { s.into_bytes() }
-        }
-    };
-    let all = comm.allgatherv(&msg)?;
-    if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        if r == comm.rank() {
-            return mine;
-        }
-        return Err(Error::PeerFailed { rank: comm.world_ranks()[r], detail: String::from_utf8_lossy(m).into_owned() });
-    }
-    mine
+    crate::agree::agree(comm, mine, crate::agree::Rule::Lowest)
 }
 
 impl WholeMemory {
@@ -199,32 +196,44 @@ impl WholeMemory {
         if req.loc == Location::Device {
             return Self::allocate_device(comm, req, partition, hierarchy);
         }
-        let (fds, lock_fd) = match req.ty {
+        let exchanged = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
-                    let locks = if me == 0 {
-                        Some(
-                            host::map::memfd("wholemem-locks", host::locks::BYTES, false)
-                                .map_err(|e| Error::os("creating the row-lock table", e))?,
-                        )
-                    } else {
-                        None
-                    };
-                    Ok((portion.expect("mapped types create a portion"), locks))
+                    let locks =
+                        if me == 0 { Some(host::locks::create().map_err(|e| Error::os("creating the row-lock table", e))?) } else { None };
+                    let portion = portion.ok_or_else(|| Error::InvalidArgument(format!("{} memory has no shared portions", req.ty)))?;
+                    // Where the kernel has no pidfds, a stand-in: this rank's
+                    // death then cannot be seen by the row locks' waiters,
+                    // which wait for the timeout instead.
+                    let pidfd = host::locks::own_pidfd()
+                        .or_else(|_| std::fs::File::open("/dev/null").map(OwnedFd::from))
+                        .map_err(|e| Error::os("opening a pidfd of this process", e))?;
+                    Ok((portion, locks, pidfd))
                 });
-                let (mine, locks) = agree(comm.as_ref(), created)?;
-                let exchanged = host::exchange_portions(comm.as_ref(), mine, locks, true)?;
-                let (fds, lock_fd) = agree(comm.as_ref(), exchanged)?;
-                (fds, lock_fd)
+                let (mine, locks, pidfd) = agree(comm.as_ref(), created)?;
+                // Every descriptor that arrives is checked against the size
+                // this rank computes for it from the (agreed) request.
+                let sizes = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).map_or(0, |(b, _)| b);
+                let extras = host::HostExtras { pidfd, locks, sizes: &sizes };
+                let exchanged = host::exchange_portions(comm.as_ref(), mine, Some(extras))?;
+                Some(agree(comm.as_ref(), exchanged)?)
             }
-            MemoryType::Distributed | MemoryType::Hierarchy => (Vec::new(), None),
+            MemoryType::Distributed | MemoryType::Hierarchy => None,
+        };
+        let (fds, pidfds, lock_fd) = match exchanged {
+            Some(host::Exchanged { fds, pidfds, locks }) => (fds, pidfds, locks),
+            None => (Vec::new(), Vec::new(), None),
         };
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
-            let locks = lock_fd
-                .map(|fd| host::map::Region::shared(std::os::fd::AsFd::as_fd(&fd), host::locks::BYTES))
-                .transpose()
-                .map_err(|e| Error::os("mapping the row-lock table", e))?;
-            Ok((storage, locks.map(RowLocks::new)))
+            let locks = match lock_fd {
+                Some(fd) => {
+                    let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+                    let locks = RowLocks::open(std::os::fd::AsFd::as_fd(&fd), me, pidfds, timeout);
+                    Some(locks.map_err(|e| Error::os("mapping the row-lock table", e))?)
+                }
+                None => None,
+            };
+            Ok((storage, locks))
         });
         let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
         drop(fds);
@@ -532,151 +541,6 @@ impl WholeMemory {
             _ => None,
         }
     }
-
-    /// The first byte of `row`, if this rank maps it.
-    ///
-    /// # Errors
-    /// [`Error::IndexOutOfRange`] for a row past the end.
-    pub fn row_ptr(&self, row: usize) -> Result<Option<*mut u8>> {
-        if row >= self.rows() {
-            return Err(Error::IndexOutOfRange { index: row as i64, rows: self.rows() });
-        }
-        let owner = self.partition.owner(row);
-        Ok(self.rank_ptr(owner).map(|p| p.wrapping_add((row - self.partition.offset(owner)) * self.granularity)))
-    }
-
-    /// This rank's rows.
-    ///
-    /// # Panics
-    /// For device memory, which has no host view: use
-    /// [`read_rows`](Self::read_rows) and [`write_rows`](Self::write_rows).
-    pub fn local_bytes(&self) -> &[u8] {
-        let len = self.local_rows().len() * self.granularity;
-        let p = self.host_ptr_of_own_rows();
-        // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
-        // bytes (dangling only when len == 0) and alive as long as `self`.
-        // Cross-process writers are excluded by the documented contract.
-        unsafe { std::slice::from_raw_parts(p, len) }
-    }
-
-    /// This rank's rows, writable.
-    ///
-    /// # Panics
-    /// For device memory, as [`local_bytes`](Self::local_bytes).
-    pub fn local_bytes_mut(&mut self) -> &mut [u8] {
-        let len = self.local_rows().len() * self.granularity;
-        let p = self.host_ptr_of_own_rows();
-        // SAFETY: as for `local_bytes`; `&mut self` excludes other users in
-        // this process.
-        unsafe { std::slice::from_raw_parts_mut(p, len) }
-    }
-
-    fn host_ptr_of_own_rows(&self) -> *mut u8 {
-        assert!(self.loc == Location::Host, "device memory has no host view: use read_rows/write_rows or the device gather");
-        self.rank_ptr(self.comm.rank()).expect("a rank maps its own host rows")
-    }
-
-    /// Copies whole rows starting at `first` into `out` (a multiple of the
-    /// row size), through the mapping (for device memory, by a copy from
-    /// the GPU).
-    ///
-    /// # Errors
-    /// [`Error::IndexOutOfRange`] past the end; [`Error::Unsupported`] when a
-    /// row is not mapped on this rank.
-    pub fn read_rows(&self, first: usize, out: &mut [u8]) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if self.loc == Location::Device {
-            return self.device_rows(first, out.len(), |gpu, dev, i, len| {
-                let g = self.granularity;
-                // SAFETY: `dev` addresses `len` bytes of rows this rank maps.
-                unsafe { crate::device::memory::copy::to_host(gpu, &mut out[i * g..i * g + len], dev) }
-            });
-        }
-        self.each_row(first, out.len(), |src, i, g| {
-            // SAFETY: `src` points at a mapped row of `g` bytes; `out` is a
-            // distinct private buffer.
-            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr().add(i * g), g) }
-        })
-    }
-
-    /// Copies `src` (whole rows) into the table starting at row `first`.
-    ///
-    /// # Errors
-    /// As [`read_rows`](Self::read_rows).
-    pub fn write_rows(&mut self, first: usize, src: &[u8]) -> Result<()> {
-        #[cfg(feature = "cuda")]
-        if self.loc == Location::Device {
-            return self.device_rows(first, src.len(), |gpu, dev, i, len| {
-                let g = self.granularity;
-                // SAFETY: `dev` addresses `len` bytes of rows this rank maps.
-                unsafe { crate::device::memory::copy::to_device(gpu, dev, &src[i * g..i * g + len]) }
-            });
-        }
-        let locks = self.row_locks.as_ref();
-        self.each_row(first, src.len(), |dst, i, g| {
-            let _row = locks.map(|l| l.lock(first + i));
-            // SAFETY: `dst` points at a mapped row of `g` bytes; `src` is a
-            // distinct private buffer.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr().add(i * g), dst, g) }
-        })
-    }
-
-    /// Checks a run of whole rows and returns how many.
-    fn row_run(&self, first: usize, bytes: usize) -> Result<usize> {
-        let g = self.granularity;
-        if bytes % g != 0 {
-            return Err(Error::InvalidArgument(format!("{bytes} bytes is not a whole number of {g}-byte rows")));
-        }
-        let n = bytes / g;
-        if first.checked_add(n).is_none_or(|end| end > self.rows()) {
-            return Err(Error::IndexOutOfRange { index: (first + n).saturating_sub(1) as i64, rows: self.rows() });
-        }
-        Ok(n)
-    }
-
-    fn unmapped(&self, row: usize) -> Error {
-        Error::Unsupported {
-            what: format!("reaching row {row} from rank {}", self.comm.world_rank()),
-            reason: format!(
-                "it belongs to rank {} and {} memory maps only a rank's own rows",
-                self.comm.world_ranks()[self.partition.owner(row)],
-                self.ty
-            ),
-        }
-    }
-
-    fn each_row(&self, first: usize, bytes: usize, mut f: impl FnMut(*mut u8, usize, usize)) -> Result<()> {
-        let n = self.row_run(first, bytes)?;
-        for i in 0..n {
-            let Some(p) = self.row_ptr(first + i)? else { return Err(self.unmapped(first + i)) };
-            f(p, i, self.granularity);
-        }
-        Ok(())
-    }
-
-    /// Calls `f(gpu, device address, first row index in the run, bytes)` for
-    /// each stretch of the rows that one rank owns.
-    #[cfg(feature = "cuda")]
-    fn device_rows(
-        &self,
-        first: usize,
-        bytes: usize,
-        mut f: impl FnMut(&crate::device::driver::Gpu, u64, usize, usize) -> std::result::Result<(), crate::device::driver::CuError>,
-    ) -> Result<()> {
-        let n = self.row_run(first, bytes)?;
-        let gpu = self.gpu().expect("device memory has a GPU");
-        let mut i = 0;
-        while i < n {
-            let row = first + i;
-            let owner = self.partition.owner(row);
-            let Some(base) = self.device_ptr(owner) else { return Err(self.unmapped(row)) };
-            let run = (self.partition.offset(owner) + self.partition.count(owner)).min(first + n) - row;
-            let at = base + ((row - self.partition.offset(owner)) * self.granularity) as u64;
-            f(gpu, at, i, run * self.granularity)?;
-            i += run;
-        }
-        Ok(())
-    }
 }
 
 fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
@@ -685,6 +549,15 @@ fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
     }
     if req.total == 0 {
         return Err(Error::InvalidArgument("total size 0: a table needs at least one row".into()));
+    }
+    // No mapping can be larger, and the layout's page rounding stays far
+    // from overflowing below this.
+    if req.total > isize::MAX as usize {
+        return Err(Error::InvalidArgument(format!(
+            "total size {}: larger than any address space (at most isize::MAX = {} bytes)",
+            req.total,
+            isize::MAX
+        )));
     }
     if req.total % req.granularity != 0 {
         return Err(Error::InvalidArgument(format!(

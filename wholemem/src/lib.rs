@@ -10,10 +10,9 @@
 //! use wholemem::{Location, MemoryType, WholeTensor};
 //! let world = wm_comm::init()?;
 //! let mut t = WholeTensor::<f32>::matrix(&world, MemoryType::Chunked, Location::Host, 1000, 128, None)?;
-//! let first = t.local_rows().start;
-//! for (i, row) in t.local_mut().chunks_mut(128).enumerate() {
-//!     row.fill((first + i) as f32);
-//! }
+//! let mine = t.local_rows();
+//! let rows: Vec<f32> = mine.clone().flat_map(|r| [r as f32; 128]).collect();
+//! t.write_local(&rows)?; // this rank's rows, copied in
 //! world.barrier()?;
 //! let mut row = vec![0f32; 128];
 //! t.read_row(999, &mut row)?; // any row: chunked memory maps them all
@@ -21,6 +20,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+pub mod agree;
 mod capability;
 #[cfg(feature = "cuda")]
 pub mod device;

@@ -15,17 +15,21 @@ impl Partition {
     pub fn even(rows: usize, world: usize) -> Self {
         assert!(world > 0, "a partition needs at least one rank");
         let per = rows.div_ceil(world);
-        Self { offsets: (0..=world).map(|r| (r * per).min(rows)).collect() }
+        Self { offsets: (0..=world).map(|r| r.saturating_mul(per).min(rows)).collect() }
     }
 
     /// A partition from rows per rank.
+    ///
+    /// # Panics
+    /// For no ranks, or counts that sum past `usize::MAX` (in every build:
+    /// the sum is checked, never wrapped).
     pub fn from_counts(counts: &[usize]) -> Self {
         assert!(!counts.is_empty(), "a partition needs at least one rank");
         let mut offsets = Vec::with_capacity(counts.len() + 1);
         offsets.push(0);
         let mut acc = 0usize;
-        for c in counts {
-            acc += c;
+        for &c in counts {
+            acc = acc.checked_add(c).unwrap_or_else(|| panic!("the partition {counts:?} sums past usize::MAX rows"));
             offsets.push(acc);
         }
         Self { offsets }
@@ -80,6 +84,14 @@ mod tests {
         assert_eq!(p.counts(), vec![2, 2, 1, 0]);
         let p = Partition::even(1, 3);
         assert_eq!(p.counts(), vec![1, 0, 0]);
+    }
+
+    #[test]
+    fn huge_row_counts_do_not_wrap() {
+        let p = Partition::even(usize::MAX - 1, 3);
+        assert_eq!(p.rows(), usize::MAX - 1);
+        assert!((0..3).all(|r| p.offset(r) <= p.offset(r + 1)));
+        assert!(std::panic::catch_unwind(|| Partition::from_counts(&[usize::MAX, 1])).is_err());
     }
 
     #[test]

@@ -38,6 +38,15 @@ impl TensorDesc {
         if sizes.len() != strides.len() {
             return Err(Error::InvalidArgument(format!("{} sizes but {} strides", sizes.len(), strides.len())));
         }
+        // The span of one row, checked: the accessors below may then
+        // compute it plainly.
+        let extent =
+            sizes[1..].iter().zip(&strides[1..]).try_fold(1usize, |a, (&s, &st)| s.saturating_sub(1).checked_mul(st)?.checked_add(a));
+        if extent.is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "one row of sizes {sizes:?} and strides {strides:?} spans more than usize::MAX elements"
+            )));
+        }
         let d = Self { sizes: sizes.to_vec(), strides: strides.to_vec(), storage_offset };
         if sizes[1..].iter().all(|&s| s > 0) && d.row_extent() > d.row_stride() {
             return Err(Error::InvalidArgument(format!(
@@ -129,8 +138,12 @@ impl<T: Pod> WholeTensor<T> {
         if desc.storage_offset != 0 {
             return Err(Error::InvalidArgument(format!("a new tensor starts at offset 0, not {}", desc.storage_offset)));
         }
-        let granularity = desc.row_stride() * elem;
-        let req = AllocRequest { ty, loc, total: desc.rows() * granularity, granularity, partition: partition.map(<[usize]>::to_vec) };
+        let (rows, stride) = (desc.rows(), desc.row_stride());
+        let sizes = stride.checked_mul(elem).and_then(|g| Some((g, rows.checked_mul(g)?)));
+        let Some((granularity, total)) = sizes else {
+            return Err(Error::InvalidArgument(format!("{rows} rows of {stride} elements of {elem} bytes are more than usize::MAX bytes")));
+        };
+        let req = AllocRequest { ty, loc, total, granularity, partition: partition.map(<[usize]>::to_vec) };
         let mem = WholeMemory::allocate(comm, &req)?;
         Ok(Self { mem, desc, _t: PhantomData })
     }
@@ -180,14 +193,50 @@ impl<T: Pod> WholeTensor<T> {
         self.mem.local_rows()
     }
 
-    /// This rank's rows, `row_stride` elements each.
-    pub fn local(&self) -> &[T] {
-        bytemuck::cast_slice(self.mem.local_bytes())
+    /// This rank's rows, `row_stride` elements each, borrowed in place.
+    /// Prefer [`read_local`](Self::read_local), which copies.
+    ///
+    /// # Safety
+    /// As [`WholeMemory::local_bytes`]: no process writes these rows while
+    /// the slice lives.
+    ///
+    /// # Panics
+    /// For device memory.
+    pub unsafe fn local(&self) -> &[T] {
+        // SAFETY: forwarded from the caller.
+        bytemuck::cast_slice(unsafe { self.mem.local_bytes() })
     }
 
-    /// This rank's rows, writable.
-    pub fn local_mut(&mut self) -> &mut [T] {
-        bytemuck::cast_slice_mut(self.mem.local_bytes_mut())
+    /// This rank's rows, writable in place. Prefer
+    /// [`write_local`](Self::write_local), which copies.
+    ///
+    /// # Safety
+    /// As [`WholeMemory::local_bytes_mut`]: no other process reads or
+    /// writes these rows while the slice lives.
+    ///
+    /// # Panics
+    /// For device memory.
+    pub unsafe fn local_mut(&mut self) -> &mut [T] {
+        // SAFETY: forwarded from the caller.
+        bytemuck::cast_slice_mut(unsafe { self.mem.local_bytes_mut() })
+    }
+
+    /// Copies this rank's rows (`local_rows().len() × row_stride`
+    /// elements) into `out`. Safe for every memory type and location.
+    ///
+    /// # Errors
+    /// As [`WholeMemory::read_local`].
+    pub fn read_local(&self, out: &mut [T]) -> Result<()> {
+        self.mem.read_local(bytemuck::cast_slice_mut(out))
+    }
+
+    /// Copies `src` (`local_rows().len() × row_stride` elements) over this
+    /// rank's rows. Safe for every memory type and location.
+    ///
+    /// # Errors
+    /// As [`WholeMemory::write_local`].
+    pub fn write_local(&mut self, src: &[T]) -> Result<()> {
+        self.mem.write_local(bytemuck::cast_slice(src))
     }
 
     /// Copies global row `row` (`row_stride` elements) into `out`.
@@ -241,5 +290,8 @@ mod tests {
         assert_eq!(d.row_extent(), 6);
         assert!(TensorDesc::new(&[1; 9], &[1; 9], 0).unwrap_err().to_string().contains("not 9"));
         assert!(TensorDesc::new(&[2, 2], &[2], 0).is_err());
+        // A row span past usize::MAX is an error, not a wrapped value.
+        let e = TensorDesc::new(&[2, 3, usize::MAX], &[usize::MAX, usize::MAX, 1], 0).unwrap_err();
+        assert!(e.to_string().contains("more than usize::MAX elements"), "{e}");
     }
 }

@@ -421,7 +421,7 @@ fn round_trip(world: &Comm, dir: &Path, loc: Location) -> Result<()> {
     ensure!(matches!(err, wholemem::Error::Unsupported { .. }) && err.to_string().contains("numpy has no bf16"), "{err}");
     let raw = dir.join("bf16.raw");
     t.store(&StoreTarget::RawFile(raw.clone()))?;
-    t.local_mut().fill(half::bf16::ZERO);
+    t.write_local(&vec![half::bf16::ZERO; t.local_rows().len() * t.row_stride()])?;
     t.load(&ShardSet::raw_files([&raw]))?;
     check_local(&t, "bf16 raw round trip", me)?;
     t.free()?;
@@ -655,7 +655,7 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
         for (k, case) in cases.iter().enumerate() {
             let sub = dir.join(format!("{ty}-bad-{k}"));
             on_rank0(world, || (case.setup)(&sub).with_context(|| format!("setting up {:?}", case.name)))?;
-            t.local_mut().fill(-1.0);
+            t.write_local(&vec![-1.0; t.local_rows().len() * t.row_stride()])?;
             let err =
                 t.load(&(case.set)(&sub, me)).err().with_context(|| format!("{ty} {:?}: the load must fail on rank {me}", case.name))?;
             let s = err.to_string();

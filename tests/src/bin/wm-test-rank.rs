@@ -342,7 +342,9 @@ fn fill_read(world: &Comm, loc: Location) -> Result<()> {
                     ensure!(buf == marker, "{}: rank {me} does not see rank 0's write to row {row}: {buf:x?}", ctx());
                     if t.memory().partition().owner(row) == me && loc == Location::Host {
                         let off = (row - t.local_rows().start) * cols;
-                        ensure!(t.local()[off..off + cols] == marker[..], "{}: the owner's rows miss the write", ctx());
+                        let mut own = vec![0u32; t.local_rows().len() * cols];
+                        t.read_local(&mut own)?;
+                        ensure!(own[off..off + cols] == marker[..], "{}: the owner's rows miss the write", ctx());
                     }
                 } else if world.size() > 1 {
                     let foreign = t.memory().partition().range((me + 1) % world.size());
@@ -374,11 +376,15 @@ fn two_nodes(world: &Comm) -> Result<()> {
         ensure!(query(world.as_ref(), ty, Location::Host).is_supported(), "{ty} must be supported across nodes");
         let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 1001, 7, None)?;
         let first = t.local_rows().start;
-        for (i, row) in t.local_mut().chunks_mut(7).enumerate() {
+        let mut own = vec![0u32; t.local_rows().len() * 7];
+        for (i, row) in own.chunks_mut(7).enumerate() {
             row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
         }
+        t.write_local(&own)?;
         world.barrier()?;
-        for (i, row) in t.local().chunks(7).enumerate() {
+        own.fill(0);
+        t.read_local(&mut own)?;
+        for (i, row) in own.chunks(7).enumerate() {
             ensure!(row.iter().enumerate().all(|(c, &v)| v == value(first + i, c)), "{ty}: local row {}", first + i);
         }
         if ty == MemoryType::Hierarchy {
@@ -416,9 +422,11 @@ fn expect_err<T>(what: &str, r: wholemem::Result<T>, needle: &str) -> Result<()>
 fn allocate_and_check(world: &Comm, ty: MemoryType) -> Result<()> {
     let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 333, 3, None)?;
     let first = t.local_rows().start;
-    for (i, row) in t.local_mut().chunks_mut(3).enumerate() {
+    let mut own = vec![0u32; t.local_rows().len() * 3];
+    for (i, row) in own.chunks_mut(3).enumerate() {
         row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
     }
+    t.write_local(&own)?;
     world.barrier()?;
     let mut buf = [0u32; 3];
     t.read_row(332, &mut buf).or_else(|e| if ty.is_mapped() { Err(e) } else { Ok(()) })?;
@@ -441,6 +449,18 @@ fn bad_input(world: &Comm) -> Result<()> {
         )?;
         allocate_and_check(world, ty)?;
         expect_err("granularity 0", WholeMemory::allocate(world, &req(ty, 100, 0, None)), "granularity 0")?;
+        // Sizes whose arithmetic would overflow are refused, not wrapped.
+        let huge = usize::MAX / 64 * 64;
+        expect_err(
+            "a table past the address space",
+            WholeMemory::allocate(world, &req(ty, huge, 64, None)),
+            "larger than any address space",
+        )?;
+        expect_err(
+            "rows × row size past usize::MAX",
+            WholeTensor::<f64>::matrix(world, ty, Location::Host, usize::MAX / 2, 3, None),
+            "more than usize::MAX bytes",
+        )?;
         let part = if me == n - 1 { vec![10; n] } else { vec![9; n] };
         let pr = req(ty, 10 * n * 8, 8, Some(part));
         if n > 1 {

@@ -217,8 +217,8 @@ pub(crate) fn allocate(
                 Ok((Some(mem), fd))
             })();
             let (own, fd) = agree(comm, created)?;
-            let exchanged = host::exchange_portions(comm, fd, None, false)?;
-            let (fds, _) = agree(comm, exchanged)?;
+            let exchanged = host::exchange_portions(comm, fd, None)?;
+            let fds = agree(comm, exchanged)?.fds;
             let span = split(&offs, total, p.world(), unit);
             let mapped = (|| -> Result<(Vec<Mapping>, AddressRange)> {
                 let range = cu(AddressRange::reserve(gpu, span, unit))?;

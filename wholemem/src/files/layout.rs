@@ -72,9 +72,10 @@ impl Layout {
         &self.row_shape
     }
 
-    /// Bytes per row.
+    /// Bytes per row (`u64::MAX` for a row shape whose size does not fit:
+    /// files of no rows may declare any shape, and no table matches it).
     pub fn row_bytes(&self) -> u64 {
-        self.elem.size() as u64 * self.row_shape.iter().product::<u64>()
+        self.row_shape.iter().try_fold(self.elem.size() as u64, |a, &d| a.checked_mul(d)).unwrap_or(u64::MAX)
     }
 
     /// The pieces of files that hold global rows `rows`, in order: a binary

@@ -75,9 +75,15 @@ impl RowFormat {
         Self { elem, shape: vec![cols as u64] }
     }
 
-    /// Bytes per row.
+    /// Bytes per row; `usize::MAX` for a shape whose size does not fit in
+    /// a `usize` (no table has rows that large, so every check against a
+    /// table refuses it).
     pub fn row_bytes(&self) -> usize {
-        self.elem.size() * self.shape.iter().product::<u64>() as usize
+        self.shape
+            .iter()
+            .try_fold(self.elem.size() as u64, |a, &d| a.checked_mul(d))
+            .and_then(|b| usize::try_from(b).ok())
+            .unwrap_or(usize::MAX)
     }
 }
 
@@ -306,19 +312,10 @@ impl<T: Element> WholeTensor<T> {
 }
 
 /// Fails on every rank if it failed on any. A failing rank returns its own
-/// error; the others learn the first failing rank's.
+/// error (the file it could not read, say); the others learn the first
+/// failing rank's ([`Rule::OwnFirst`](crate::agree::Rule::OwnFirst)).
 fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    let msg = match &mine {
-        Ok(_) => Vec::new(),
-        Err(e) => format!("{e}").into_bytes(),
-    };
-    let msg = if mine.is_err() && msg.is_empty() { b"failed".to_vec() } else { msg };
-    let all = comm.allgatherv(&msg)?;
-    let value = mine?;
-    match all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        Some((r, m)) => Err(Error::PeerFailed { rank: comm.world_ranks()[r], detail: String::from_utf8_lossy(m).into_owned() }),
-        None => Ok(value),
-    }
+    crate::agree::agree(comm, mine, crate::agree::Rule::OwnFirst)
 }
 
 /// Every rank compares every rank's layout with rank 0's; a difference is
@@ -371,7 +368,7 @@ impl Staging {
 fn local_destination<'a>(mem: &'a mut WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a mut [u8]> {
     Ok(match staging {
         Some(s) => &mut s.buf,
-        None => mem.local_bytes_mut(),
+        None => mem.local_bytes_for_io(),
     })
 }
 
@@ -391,7 +388,7 @@ fn local_source<'a>(mem: &'a WholeMemory, staging: &'a mut Option<Staging>) -> R
             mem.read_rows(mem.local_rows().start, &mut s.buf)?;
             &s.buf
         }
-        None => mem.local_bytes(),
+        None => mem.local_bytes_for_output(),
     })
 }
 

@@ -446,6 +446,83 @@ mod tests {
         assert!(problem(&with_dict(1, "{'descr': '<f4, 'fortran_order': False, 'shape': (2,)}")).contains("where ',' or '}' was expected"));
     }
 
+    mod arbitrary_input {
+        use proptest::prelude::*;
+
+        use super::super::*;
+        use super::with_dict;
+
+        /// Header text made of the pieces a dict is made of, so that the
+        /// parser gets deep into it, not only to the magic.
+        fn dictish() -> impl Strategy<Value = String> {
+            let piece = prop_oneof![
+                Just("{".to_owned()),
+                Just("}".to_owned()),
+                Just("'descr'".to_owned()),
+                Just("'shape'".to_owned()),
+                Just("'fortran_order'".to_owned()),
+                Just(":".to_owned()),
+                Just(",".to_owned()),
+                Just("(".to_owned()),
+                Just(")".to_owned()),
+                Just("'<f4'".to_owned()),
+                Just("True".to_owned()),
+                Just("False".to_owned()),
+                Just("L".to_owned()),
+                Just("\"".to_owned()),
+                Just("[".to_owned()),
+                "[0-9]{1,25}",
+                "[ \n\t]{0,3}",
+                any::<char>().prop_map(String::from),
+            ];
+            prop::collection::vec(piece, 0..40).prop_map(|v| v.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(2000))]
+
+            /// Any bytes at all: an error or a header, never a panic.
+            #[test]
+            fn arbitrary_bytes_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+                let _ = Header::parse(&bytes);
+            }
+
+            /// A valid prefix with any length field and any bytes after it.
+            #[test]
+            fn any_header_after_the_magic_never_panics(
+                version in prop_oneof![Just((1u8, 0u8)), Just((2, 0)), Just((3, 0)), any::<(u8, u8)>()],
+                len in any::<u32>(),
+                body in prop::collection::vec(any::<u8>(), 0..200),
+            ) {
+                let mut b = MAGIC.to_vec();
+                b.extend_from_slice(&[version.0, version.1]);
+                b.extend_from_slice(&len.to_le_bytes());
+                b.extend_from_slice(&body);
+                let _ = Header::parse(&b);
+            }
+
+            /// Dict-like text in a well-formed frame: parsed or refused,
+            /// and what parses (with a plain descr, which is all the writer
+            /// is for) writes back to the same header.
+            #[test]
+            fn dictish_headers_never_panic(text in dictish(), major in 1u8..=3) {
+                if let Ok(p) = Header::parse(&with_dict(major, &text)) {
+                    let _ = p.header.element_type();
+                    if p.header.descr.bytes().all(|b| b.is_ascii_graphic() && b != b'\'' && b != b'"') {
+                        let again = Header::parse(&p.header.to_bytes());
+                        prop_assert_eq!(again.map(|q| q.header), Ok(p.header.clone()));
+                    }
+                }
+            }
+
+            /// Any descr string: a type or an error.
+            #[test]
+            fn any_descr_never_panics(d in ".{0,6}") {
+                let _ = element_type(&d);
+            }
+        }
+    }
+
     #[test]
     fn element_types_are_little_endian_table_types() {
         let ok = [

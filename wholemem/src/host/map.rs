@@ -31,24 +31,35 @@ fn huge_pages_wanted() -> bool {
     !matches!(wm_topology::env::WM_HUGE_PAGES.get().as_deref().map(str::trim), Some("off" | "0" | "no" | "false"))
 }
 
-/// An anonymous shared-memory file of `size` bytes (zero-filled). It has no
-/// name in any file system, so nothing is left behind when the last process
-/// holding it exits, however it exits.
+/// The seals every shared-memory file of a table carries before it leaves
+/// this process: its size can never change again, and no seal can be added
+/// (so not `F_SEAL_WRITE` or `F_SEAL_FUTURE_WRITE` either, which would stop
+/// the writable mappings the table needs).
+pub const SEALS: i32 = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+
+/// An anonymous shared-memory file of `size` bytes (zero-filled), sealed
+/// with [`SEALS`]. It has no name in any file system, so nothing is left
+/// behind when the last process holding it exits, however it exits; and
+/// since nobody can shrink it, a process that mapped it never faults on a
+/// page that is gone (SIGBUS).
 ///
 /// With `huge`, the whole huge pages at its start are asked for as huge pages
 /// ([`back_with_huge_pages`]); the rest, or all of it where the kernel
-/// declines, gets ordinary pages.
+/// declines, gets ordinary pages. The seals come last: they do not stop
+/// `MADV_COLLAPSE`, which leaves the size alone, but sealing after it keeps
+/// the two independent.
 pub fn memfd(name: &str, size: usize, huge: bool) -> io::Result<OwnedFd> {
     let cname = CString::new(name).map_err(io::Error::other)?;
+    let len = libc::off_t::try_from(size).map_err(|_| io::Error::other(format!("a shared-memory file of {size} bytes")))?;
     // SAFETY: `cname` is a valid NUL-terminated string for the call.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
+    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: memfd_create returned a fresh descriptor this process owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     // SAFETY: `fd` is open; ftruncate only sets its size.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), size as libc::off_t) } != 0 {
+    if unsafe { libc::ftruncate(fd.as_raw_fd(), len) } != 0 {
         return Err(io::Error::last_os_error());
     }
     if huge && huge_pages_wanted() {
@@ -58,13 +69,47 @@ pub fn memfd(name: &str, size: usize, huge: bool) -> io::Result<OwnedFd> {
     // node, and so a lack of memory is an error here rather than a SIGBUS
     // at first touch).
     // SAFETY: `fd` is open; fallocate only allocates its pages.
-    if size > 0 && unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, size as libc::off_t) } != 0 {
+    if size > 0 && unsafe { libc::fallocate(fd.as_raw_fd(), 0, 0, len) } != 0 {
         let e = io::Error::last_os_error();
         if e.raw_os_error() != Some(libc::EOPNOTSUPP) {
             return Err(e);
         }
     }
+    // SAFETY: `fd` is open; F_ADD_SEALS only restricts later changes to it.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
     Ok(fd)
+}
+
+/// Checks a shared-memory file that a peer sent before anything maps it: it
+/// carries [`SEALS`] (so it cannot shrink under the mapping) and holds
+/// exactly `len` bytes. The error says what is wrong, for an error naming
+/// the peer.
+pub fn check_received(fd: BorrowedFd<'_>, len: usize) -> Result<(), String> {
+    // SAFETY: `fd` is open; F_GET_SEALS only reads its seals.
+    let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+    if seals < 0 {
+        return Err(format!("a descriptor that is not a sealable shared-memory file ({})", io::Error::last_os_error()));
+    }
+    if seals & SEALS != SEALS {
+        return Err(format!(
+            "a shared-memory file without its seals (seals {seals:#x}, wanted {SEALS:#x}: shrink, grow and seal): its size could change under the mapping"
+        ));
+    }
+    // SAFETY: an all-zero `stat` is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: `fd` is open and `st` is a writable stat buffer.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return Err(format!("a descriptor whose size cannot be read ({})", io::Error::last_os_error()));
+    }
+    if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+        return Err("a descriptor that is not a regular shared-memory file".to_owned());
+    }
+    if u64::try_from(st.st_size).ok() != Some(len as u64) {
+        return Err(format!("a shared-memory file of {} bytes where the table's layout needs {len}", st.st_size));
+    }
+    Ok(())
 }
 
 /// Backs the first `size / H` whole huge pages of a fresh shared-memory file
@@ -286,6 +331,21 @@ impl Region {
     }
 }
 
+/// A shared-memory file of `len` bytes made the way a careless peer would:
+/// without seals (for tests of the receiving checks).
+#[cfg(test)]
+pub(crate) fn unsealed_memfd(len: usize) -> OwnedFd {
+    let name = CString::new("wholemem-test-unsealed").expect("no NUL");
+    // SAFETY: a valid name for the call.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    assert!(fd >= 0, "memfd_create: {}", io::Error::last_os_error());
+    // SAFETY: a fresh descriptor this process owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: `fd` is open; ftruncate only sets its size.
+    assert_eq!(unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) }, 0, "ftruncate");
+    fd
+}
+
 impl Drop for Region {
     fn drop(&mut self) {
         // SAFETY: `ptr..ptr+len` was mapped by this Region (including any
@@ -298,6 +358,52 @@ impl Drop for Region {
 mod tests {
     use super::*;
     use std::os::fd::AsFd;
+
+    fn resize(fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
+        // SAFETY: `fd` is open; ftruncate only sets its size.
+        if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn table_memfds_are_sealed_and_checked_on_receipt() {
+        let page = page_size();
+        let fd = memfd("wholemem-test-sealed", 2 * page, false).unwrap();
+        check_received(fd.as_fd(), 2 * page).unwrap();
+        // The seals refuse both directions of a resize.
+        for len in [page, 3 * page, 0] {
+            let e = resize(fd.as_fd(), len).unwrap_err();
+            assert_eq!(e.raw_os_error(), Some(libc::EPERM), "resizing to {len}: {e}");
+        }
+        // A sealed file of another size than the layout's is refused.
+        let e = check_received(fd.as_fd(), 4 * page).unwrap_err();
+        assert!(e.contains(&format!("{} bytes where the table's layout needs {}", 2 * page, 4 * page)), "{e}");
+
+        // A file a careless (or hostile) peer made without seals: refused,
+        // whatever its size.
+        let raw = unsealed_memfd(page);
+        let e = check_received(raw.as_fd(), page).unwrap_err();
+        assert!(e.contains("without its seals"), "{e}");
+        // And something that is not shared memory at all.
+        let file = std::fs::File::open("/dev/null").unwrap();
+        let e = check_received(file.as_fd(), 0).unwrap_err();
+        assert!(e.contains("not a sealable shared-memory file"), "{e}");
+    }
+
+    #[test]
+    fn huge_page_memfds_are_sealed_too() {
+        let huge = huge_page_size();
+        let fd = memfd("wholemem-test-huge", 2 * huge, true).unwrap();
+        check_received(fd.as_fd(), 2 * huge).unwrap();
+        let r = Region::shared(fd.as_fd(), 2 * huge).unwrap();
+        // SAFETY: the mapping is 2 huge pages long and used only here.
+        unsafe {
+            r.ptr().add(huge + 3).write(9);
+            assert_eq!(r.ptr().add(huge + 3).read(), 9);
+        }
+    }
 
     #[test]
     fn placed_memfds_are_side_by_side_and_shared() {

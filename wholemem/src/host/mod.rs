@@ -71,59 +71,102 @@ pub(crate) fn continuous_split(byte_offsets: &[usize], total: usize, r: usize) -
     }
 }
 
-/// The memfd this rank contributes, sized for the layout.
-pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Result<Option<OwnedFd>> {
-    let (bytes, huge) = match ty {
+/// Bytes of rank `rank`'s memfd in a mapped layout, and whether it is
+/// built from huge pages; `None` for types without shared portions. The
+/// creator sizes its memfd by it and every receiver checks against it.
+pub(crate) fn portion_bytes(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Option<(usize, bool)> {
+    match ty {
         MemoryType::Continuous => {
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
             let bytes = continuous_split(&offs, total, rank + 1) - continuous_split(&offs, total, rank);
-            (bytes, continuous_unit(total, p.world()) > page_size())
+            Some((bytes, continuous_unit(total, p.world()) > page_size()))
         }
         MemoryType::Chunked => {
             let bytes = p.count(rank) * granularity;
-            (bytes, bytes >= huge_layout_min())
+            Some((bytes, bytes >= huge_layout_min()))
         }
-        MemoryType::Distributed | MemoryType::Hierarchy => return Ok(None),
-    };
+        MemoryType::Distributed | MemoryType::Hierarchy => None,
+    }
+}
+
+/// The memfd this rank contributes, sized for the layout and sealed.
+pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Result<Option<OwnedFd>> {
+    let Some((bytes, huge)) = portion_bytes(ty, p, granularity, total, rank) else { return Ok(None) };
     map::memfd(&format!("wholemem-r{rank}"), bytes, huge)
         .map(Some)
         .map_err(|e| Error::os(format!("creating a shared portion of {bytes} bytes"), e))
+}
+
+/// A memfd that world rank `from` sent, checked before anything maps it:
+/// sealed against resizing and exactly `len` bytes. A short or resizable
+/// file would fault (SIGBUS) at first touch of its missing pages; here it
+/// is an error naming the sender.
+pub(crate) fn received(fd: OwnedFd, len: usize, from: usize, what: &str) -> Result<OwnedFd> {
+    match map::check_received(fd.as_fd(), len) {
+        Ok(()) => Ok(fd),
+        Err(detail) => Err(Error::Malformed { rank: from, detail: format!("as its {what}, {detail}") }),
+    }
+}
+
+/// What host tables send beside each rank's portion, and how what arrives
+/// is checked.
+pub(crate) struct HostExtras<'a> {
+    /// This rank's pidfd (or a stand-in where the kernel has none): how the
+    /// node's ranks tell that it died holding a row lock.
+    pub(crate) pidfd: OwnedFd,
+    /// The row-lock table: rank 0's to hand out, `None` elsewhere.
+    pub(crate) locks: Option<OwnedFd>,
+    /// The bytes of rank `r`'s portion, as the layout gives them.
+    pub(crate) sizes: &'a dyn Fn(usize) -> usize,
+}
+
+/// What every rank of the node handed this one.
+#[derive(Debug)]
+pub(crate) struct Exchanged {
+    /// Every rank's portion, indexed by rank (this rank's own a duplicate).
+    pub(crate) fds: Vec<OwnedFd>,
+    /// Every rank's pidfd (host tables; `None` for this rank, and for a
+    /// rank that sent a stand-in).
+    pub(crate) pidfds: Vec<Option<OwnedFd>>,
+    /// The row-lock table (host tables).
+    pub(crate) locks: Option<OwnedFd>,
 }
 
 /// Hands this rank's memfd to every other rank of `comm` (all on one node)
 /// and returns everyone's, indexed by rank.
 ///
 /// Pairwise rounds (send to `me + k`, receive from `me - k`) keep one
-/// descriptor per rank in flight. A local failure (out of descriptors) does
-/// not stop the rounds — an empty frame stands in for the descriptor — so
+/// message per rank in flight. A local failure (out of descriptors) does
+/// not stop the rounds — an empty frame stands in for the descriptors — so
 /// every rank finishes the exchange and the caller can agree on the inner
 /// result. The outer error is a lost peer or a timeout, which ends it early.
 ///
-/// With `with_locks` (the same on every rank), rank 0 also hands out the
-/// table's row-lock memfd (`locks`), riding with its portion; it comes back
-/// as the second element. Device memory has no lock table.
-#[allow(clippy::type_complexity)]
-pub(crate) fn exchange_portions(
-    comm: &dyn Communicator,
-    mine: OwnedFd,
-    locks: Option<OwnedFd>,
-    with_locks: bool,
-) -> Result<Result<(Vec<OwnedFd>, Option<OwnedFd>)>> {
+/// With `host` (host tables, the same on every rank), each rank also sends
+/// its pidfd, rank 0 the row-lock table, and every descriptor that arrives
+/// is checked ([`received`]): rank `r`'s portion must be a sealed memfd of
+/// `sizes(r)` bytes, the lock table one of [`locks::BYTES`]; a pidfd that is
+/// not one counts as a rank whose death cannot be seen. Device memory passes
+/// `None`: its descriptors are the driver's, checked by the import.
+pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, host: Option<HostExtras<'_>>) -> Result<Result<Exchanged>> {
     let fatal = |e: wm_comm::Error| match e {
-        e @ (wm_comm::Error::PeerLost { .. } | wm_comm::Error::Timeout { .. }) => Err(Error::Comm(e)),
+        e @ (wm_comm::Error::PeerLost { .. } | wm_comm::Error::Protocol { .. } | wm_comm::Error::Timeout { .. }) => Err(Error::Comm(e)),
         e => Ok(Error::Comm(e)),
     };
     let (me, n) = (comm.rank(), comm.size());
     let mut first_err: Option<Error> = None;
     let mut all: Vec<Option<OwnedFd>> = (0..n).map(|_| None).collect();
+    let mut pidfds: Vec<Option<OwnedFd>> = (0..n).map(|_| None).collect();
     match mine.try_clone() {
         Ok(fd) => all[me] = Some(fd),
         Err(e) => first_err = Some(Error::os("duplicating a descriptor", e)),
     }
     let mut lock_fd = None;
     let mut outgoing = vec![mine.as_fd()];
-    if let Some(l) = &locks {
-        outgoing.push(l.as_fd());
+    if let Some(h) = &host {
+        outgoing.push(h.pidfd.as_fd());
+        if let Some(l) = &h.locks {
+            outgoing.push(l.as_fd());
+        }
     }
     for k in 1..n {
         let (to, from) = ((me + k) % n, (me + n - k) % n);
@@ -132,12 +175,30 @@ pub(crate) fn exchange_portions(
             first_err.get_or_insert(e);
             comm.send_fds(to, &[])?;
         }
-        match comm.recv_fds(from, if from == 0 && with_locks { 2 } else { 1 }) {
-            Ok(mut fds) => {
-                if from == 0 && with_locks {
-                    lock_fd = fds.pop();
+        let sender = comm.world_ranks()[from];
+        let count = 1 + usize::from(host.is_some()) + usize::from(host.is_some() && from == 0);
+        match comm.recv_fds(from, count) {
+            Ok(fds) => {
+                let mut fds = fds.into_iter();
+                let (portion, pidfd, locks) = (fds.next(), fds.next(), fds.next());
+                let checked = match &host {
+                    None => Ok(portion),
+                    Some(h) => portion.map(|fd| received(fd, (h.sizes)(from), sender, "table portion")).transpose(),
+                };
+                match checked {
+                    Ok(fd) => all[from] = fd,
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
                 }
-                all[from] = fds.pop();
+                pidfds[from] = pidfd.filter(|fd| locks::is_pidfd(fd.as_fd()));
+                match locks.map(|fd| received(fd, locks::BYTES, sender, "row-lock table")).transpose() {
+                    Ok(Some(fd)) => lock_fd = Some(fd),
+                    Ok(None) => {}
+                    Err(e) => {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
             Err(e) => {
                 let e = fatal(e)?;
@@ -145,12 +206,22 @@ pub(crate) fn exchange_portions(
             }
         }
     }
-    let lock_fd = lock_fd.or(locks);
-    Ok(match (first_err, lock_fd) {
-        (Some(e), _) => Err(e),
-        (None, None) if with_locks => Err(Error::InvalidArgument("rank 0 sent no row-lock table".into())),
-        (None, l) => Ok((all.into_iter().map(|f| f.expect("every rank's descriptor arrived")).collect(), l)),
-    })
+    let is_host = host.is_some();
+    let lock_fd = lock_fd.or_else(|| host.and_then(|h| h.locks));
+    if let Some(e) = first_err {
+        return Ok(Err(e));
+    }
+    if is_host && lock_fd.is_none() {
+        return Ok(Err(Error::Malformed { rank: comm.world_ranks()[0], detail: "no row-lock table with its portion".into() }));
+    }
+    let mut fds = Vec::with_capacity(n);
+    for (r, fd) in all.into_iter().enumerate() {
+        match fd {
+            Some(fd) => fds.push(fd),
+            None => return Ok(Err(Error::Malformed { rank: comm.world_ranks()[r], detail: "no descriptor for its portion".into() })),
+        }
+    }
+    Ok(Ok(Exchanged { fds, pidfds, locks: lock_fd }))
 }
 
 /// Maps what this rank needs.
@@ -253,6 +324,27 @@ mod tests {
                 assert!(at <= first && first - at < huge, "rank {r}: split {at}, first byte {first}");
             }
         }
+    }
+
+    #[test]
+    fn a_short_or_resizable_portion_is_an_error_naming_its_sender() {
+        let page = page_size();
+        let p = Partition::from_counts(&[3, 5]);
+        let g = page;
+        let (want, _) = portion_bytes(MemoryType::Chunked, &p, g, 8 * g, 1).unwrap();
+        assert_eq!(want, 5 * page);
+        // What a rank creates passes the receiver's check.
+        let good = create_portion(MemoryType::Chunked, &p, g, 8 * g, 1).unwrap().unwrap();
+        received(good, want, 7, "table portion").unwrap();
+        // A sealed portion one page short: the size check refuses it.
+        let short = map::memfd("wholemem-test-short", want - page, false).unwrap();
+        let e = received(short, want, 7, "table portion").unwrap_err();
+        assert!(matches!(&e, Error::Malformed { rank: 7, detail } if detail.contains("table portion")), "{e}");
+        assert!(e.to_string().starts_with("rank 7 sent malformed data"), "{e}");
+        // An unsealed one of the right size: it could shrink under the
+        // mapping later, so it is refused too.
+        let e = received(map::unsealed_memfd(want), want, 3, "row-lock table").unwrap_err();
+        assert!(matches!(&e, Error::Malformed { rank: 3, detail } if detail.contains("without its seals")), "{e}");
     }
 
     #[test]

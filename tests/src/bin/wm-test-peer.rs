@@ -1,0 +1,423 @@
+//! One rank of a scenario where a peer misbehaves. Started by the harness
+//! (`tests/tests/hostile_peer.rs`): `wm-test-peer SCENARIO [ARGS…]`.
+//!
+//! - `malformed IMPOSTOR`: distributed gather and scatter, where rank
+//!   IMPOSTOR follows the exchange's sequence of collectives on the table's
+//!   own communicator but sends parts the exchange cannot have produced
+//!   (the wrong length, a row the receiver does not own). Every other rank
+//!   must fail with `Malformed` naming it — no panic, no hang — and the next
+//!   call, on a fresh table, must work on every rank.
+//! - `malformed-hierarchy IMPOSTOR`: the same for the hierarchy gather's
+//!   node-local step (an id routed to the wrong local rank).
+//! - `malformed-gradients IMPOSTOR`: the same for an embedding's gradient
+//!   exchange.
+//! - `mpi-rounds` (feature `mpi`, under `mpirun`): the MPI backend's
+//!   collectives with the bytes per MPI call lowered to a few dozen, so that
+//!   every exchange is split into rounds as one past 2 GiB is; the results
+//!   must not change, a distributed gather included.
+//! - `lock-holder dies|stuck DIR`: rank 1 holds a row lock of a mapped table
+//!   and dies (SIGKILL) or stays stuck; rank 0 must take the lock over from
+//!   the dead holder (told that the row may be torn), or fail with a
+//!   timeout error while the holder lives — never hang.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail, ensure};
+use wholemem::agree::{Rule, agree, agree_sharing};
+use wholemem::{Location, MemoryType, WholeTensor};
+use wm_comm::Communicator;
+use wm_embedding::{Embedding, Optimizer};
+
+type Comm = Arc<dyn Communicator>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().cloned().unwrap_or_default();
+    let result = wm_comm::init().context("bootstrap").and_then(|world| {
+        let rest = &args[1.min(args.len())..];
+        let arg = |i: usize| rest.get(i).with_context(|| format!("argument {} of {scenario}", i + 1));
+        match scenario.as_str() {
+            "malformed" => malformed(&world, arg(0)?.parse()?),
+            "malformed-hierarchy" => malformed_hierarchy(&world, arg(0)?.parse()?),
+            "malformed-gradients" => malformed_gradients(&world, arg(0)?.parse()?),
+            "lock-holder" => lock_holder(&world, arg(0)?, arg(1)?),
+            #[cfg(feature = "mpi")]
+            "mpi-rounds" => mpi_rounds(&world),
+            other => bail!("unknown scenario {other:?}"),
+        }
+    });
+    if let Err(e) = result {
+        eprintln!("FAILED: {e:#}");
+        std::process::exit(1);
+    }
+    println!("ok");
+}
+
+fn value(row: usize, col: usize) -> f32 {
+    row as f32 * 10.0 + col as f32
+}
+
+const COLS: usize = 4;
+/// Bytes of one f32 row.
+const ROW: usize = COLS * 4;
+
+/// A table of `ty` with `rows` rows of `value`s.
+fn table(world: &Comm, ty: MemoryType, rows: usize) -> Result<WholeTensor<f32>> {
+    let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, COLS, None)?;
+    let own: Vec<f32> = t.local_rows().flat_map(|r| (0..COLS).map(move |c| value(r, c))).collect();
+    t.write_local(&own)?;
+    world.barrier()?;
+    Ok(t)
+}
+
+/// Gathers every row of `t` and checks the values: the call after a
+/// malformed one works.
+fn gather_works(t: &WholeTensor<f32>) -> Result<()> {
+    let ids: Vec<i64> = (0..t.rows() as i64).collect();
+    let mut out = vec![0f32; t.rows() * COLS];
+    wm_gather::gather_into(t, &ids, &mut out)?;
+    for (r, row) in out.chunks(COLS).enumerate() {
+        ensure!(row.iter().enumerate().all(|(c, &v)| v == value(r, c)), "row {r} reads {row:?} after a malformed call");
+    }
+    Ok(())
+}
+
+/// What every rank must report: `Malformed` naming `culprit`, with `needle`
+/// in the detail (on honest ranks; the impostor only checks the blame).
+fn blames(what: &str, e: &wm_gather::Error, culprit: usize, needle: Option<&str>) -> Result<()> {
+    let wm_gather::Error::Malformed { rank, detail } = e else { bail!("{what}: not a malformed-peer error: {e}") };
+    ensure!(*rank == culprit, "{what}: the error blames rank {rank}, not rank {culprit}: {e}");
+    if let Some(n) = needle {
+        ensure!(detail.contains(n), "{what}: {e:?} does not say {n:?}");
+    }
+    println!("{what}: {e}");
+    Ok(())
+}
+
+/// How the impostor breaks the distributed exchange.
+#[derive(Debug, Clone, Copy)]
+enum Break {
+    /// A part of the row-id exchange without even its kind byte.
+    Empty,
+    /// 12 bytes of row ids: not a whole number of ids.
+    ShortIds,
+    /// A row id past the receiver's rows.
+    ForeignId,
+    /// A reply three bytes longer than the rows asked for.
+    LongReply,
+}
+
+/// A part of the row-id exchange: the kind byte (0: row ids follow), then
+/// 8-byte little-endian ids (the checks' outcomes ride in this exchange).
+fn id_part(ids: &[u64]) -> Vec<u8> {
+    let mut part = vec![0u8];
+    ids.iter().for_each(|id| part.extend_from_slice(&id.to_le_bytes()));
+    part
+}
+
+/// The impostor's side of one distributed gather: the same collectives
+/// as `wm_gather::gather`, on the table's communicator, with broken parts.
+fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
+    let mem = t.memory();
+    let comm = mem.comm().as_ref();
+    let (n, me) = (comm.size(), comm.rank());
+    // 1. Row ids (and, in the kind byte, "my checks passed").
+    let ids: Vec<Vec<u8>> = (0..n)
+        .map(|r| match how {
+            _ if r == me => id_part(&[]),
+            Break::Empty => Vec::new(),
+            Break::ShortIds => [&[0u8][..], &[0; 12]].concat(),
+            Break::ForeignId => id_part(&[mem.partition().count(r) as u64 + 5]),
+            Break::LongReply => id_part(&[]),
+        })
+        .collect();
+    let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
+    let mut asked = vec![0usize; n];
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut |r, b| asked[r] = b.len().saturating_sub(1) / 8)?;
+    // 2. Rows: as many as asked (zeros), or three bytes more.
+    let extra = if matches!(how, Break::LongReply) { 3 } else { 0 };
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { asked[r] * ROW + extra }).collect();
+    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut |_, _| {})?;
+    // 3. The outcome: all well, says the impostor.
+    agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
+}
+
+/// The impostor's side of one distributed scatter (to honest rank `r`:
+/// one row id past its rows with its row, or two good ids with a row part
+/// five bytes too long).
+fn fake_scatter(t: &WholeTensor<f32>, foreign: bool) -> wm_gather::Result<()> {
+    let mem = t.memory();
+    let comm = mem.comm().as_ref();
+    let (n, me) = (comm.size(), comm.rank());
+    let ids: Vec<Vec<u64>> = (0..n)
+        .map(|r| match foreign {
+            _ if r == me => Vec::new(),
+            true => vec![mem.partition().count(r) as u64],
+            false => vec![0, 1],
+        })
+        .collect();
+    let parts: Vec<Vec<u8>> = ids.iter().map(|i| id_part(i)).collect();
+    let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut |_, _| {})?;
+    let sizes: Vec<usize> = ids.iter().map(|i| i.len() * ROW + if foreign || i.is_empty() { 0 } else { 5 }).collect();
+    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut |_, _| {})?;
+    agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
+}
+
+fn malformed(world: &Comm, impostor: usize) -> Result<()> {
+    let me = world.rank();
+    ensure!(impostor < world.size() && world.size() >= 2, "an impostor among at least 2 ranks");
+    let rows = 10 * world.size();
+    let gathers = [
+        (Break::Empty, "an empty part of the row-id exchange"),
+        (Break::ShortIds, "12 bytes of row ids"),
+        (Break::ForeignId, "position 0, past the 10 rows there"),
+        (Break::LongReply, "163 bytes for 10 rows of 16 bytes"),
+    ];
+    for (how, needle) in gathers {
+        let what = format!("gather with {how:?} from rank {impostor}");
+        let t = table(world, MemoryType::Distributed, rows)?;
+        let e = if me == impostor {
+            fake_gather(&t, how).err()
+        } else {
+            let ids: Vec<i64> = (0..rows as i64).collect();
+            let mut out = vec![0f32; rows * COLS];
+            wm_gather::gather_into(&t, &ids, &mut out).err()
+        };
+        let e = e.with_context(|| format!("{what}: rank {me} must fail"))?;
+        blames(&what, &e, impostor, (me != impostor).then_some(needle))?;
+        t.free()?;
+        // A fresh table on the same communicator works on every rank.
+        let t = table(world, MemoryType::Distributed, rows)?;
+        gather_works(&t).with_context(|| format!("the gather after {what}"))?;
+        t.free()?;
+    }
+    for (foreign, needle) in [(true, "row id 10 at position 0, past the 10 rows there"), (false, "37 bytes for 2 rows")] {
+        let what = format!("scatter with {} from rank {impostor}", if foreign { "a foreign row" } else { "a long row part" });
+        let mut t = table(world, MemoryType::Distributed, rows)?;
+        let e = if me == impostor {
+            fake_scatter(&t, foreign).err()
+        } else {
+            let ids: Vec<i64> = (0..rows as i64).collect();
+            let src = vec![-1f32; rows * COLS];
+            wm_gather::scatter_from(&mut t, &ids, &src).err()
+        };
+        let e = e.with_context(|| format!("{what}: rank {me} must fail"))?;
+        blames(&what, &e, impostor, (me != impostor).then_some(needle))?;
+        t.free()?;
+        let t = table(world, MemoryType::Distributed, rows)?;
+        gather_works(&t).with_context(|| format!("the gather after {what}"))?;
+        t.free()?;
+    }
+    Ok(())
+}
+
+/// The impostor's side of a hierarchy gather on two nodes: in the node's
+/// exchange it asks its local peer for a row that another local rank
+/// serves; then it follows the sequence, answering with zeros.
+fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
+    let mem = t.memory();
+    let (local, cross) = (mem.local_comm().expect("hierarchy"), mem.cross_comm().expect("hierarchy"));
+    let world = mem.comm().as_ref();
+    agree::<(), wm_gather::Error>(world, Ok(()), Rule::Lowest)?;
+    // A row this rank itself owns: its owner's local rank is this rank's,
+    // not the peer's it is sent to.
+    let own = mem.local_rows().start as u64;
+    let send: Vec<Vec<u8>> = (0..local.size()).map(|q| if q == local.rank() { Vec::new() } else { own.to_le_bytes().to_vec() }).collect();
+    let refs: Vec<&[u8]> = send.iter().map(Vec::as_slice).collect();
+    let asked_here: Vec<usize> = local.alltoallv(&refs)?.iter().map(|b| b.len() / 8).collect();
+    let empty: Vec<&[u8]> = vec![&[]; cross.size()];
+    let asked_across: Vec<usize> = cross.alltoallv(&empty)?.iter().map(|b| b.len() / 8).collect();
+    let rows: Vec<Vec<u8>> = asked_across.iter().map(|&k| vec![0; k * ROW]).collect();
+    cross.alltoallv(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    let rows: Vec<Vec<u8>> =
+        asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { Vec::new() } else { vec![0; k * ROW] }).collect();
+    local.alltoallv(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    agree::<(), wm_gather::Error>(world, Ok(()), Rule::Lowest)
+}
+
+fn malformed_hierarchy(world: &Comm, impostor: usize) -> Result<()> {
+    let me = world.rank();
+    let rows = 10 * world.size();
+    let what = format!("hierarchy gather with a misrouted id from rank {impostor}");
+    let t = table(world, MemoryType::Hierarchy, rows)?;
+    ensure!(t.memory().cross_comm().is_some_and(|c| c.size() > 1), "the scenario needs two nodes");
+    let e = if me == impostor {
+        fake_hierarchy_gather(&t).err()
+    } else {
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        let mut out = vec![0f32; rows * COLS];
+        wm_gather::gather_into(&t, &ids, &mut out).err()
+    };
+    let e = e.with_context(|| format!("{what}: rank {me} must fail"))?;
+    // Only the impostor's local peer saw the part; every rank reports it.
+    let saw = world.local().world_ranks().contains(&impostor) && me != impostor;
+    blames(&what, &e, impostor, saw.then_some("which another local rank serves"))?;
+    t.free()?;
+    let t = table(world, MemoryType::Hierarchy, rows)?;
+    gather_works(&t).with_context(|| format!("the gather after {what}"))?;
+    t.free()?;
+    Ok(())
+}
+
+/// The impostor's side of `apply_gradients`: to each peer either a row id
+/// past its rows, or one id with two rows of gradients.
+fn fake_gradients(emb: &Embedding<f32>, foreign: bool, lr: f32) -> wm_embedding::Result<()> {
+    let comm = emb.comm().as_ref();
+    let (n, me) = (comm.size(), comm.rank());
+    let p = emb.table().memory().partition();
+    agree_sharing::<(), wm_embedding::Error>(comm, Ok(()), Rule::Lowest, &lr.to_le_bytes())?;
+    let ids: Vec<Vec<u8>> = (0..n)
+        .map(|r| if r == me { Vec::new() } else { (if foreign { p.count(r) as u64 + 1 } else { 0 }).to_le_bytes().to_vec() })
+        .collect();
+    comm.alltoallv(&ids.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    let grads: Vec<Vec<u8>> = (0..n).map(|r| if r == me { Vec::new() } else { vec![0; if foreign { ROW } else { 2 * ROW }] }).collect();
+    comm.alltoallv(&grads.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    agree::<(), wm_embedding::Error>(comm, Ok(()), Rule::Lowest)
+}
+
+fn malformed_gradients(world: &Comm, impostor: usize) -> Result<()> {
+    let me = world.rank();
+    let rows = 10 * world.size();
+    let lr = 0.5f32;
+    for (foreign, needle) in
+        [(true, "row id 11 at position 0, past the 10 rows there"), (false, "32 bytes of gradients for 1 ids of dimension 4")]
+    {
+        let what = format!("gradients with {} from rank {impostor}", if foreign { "a foreign row" } else { "two rows for one id" });
+        let mut emb = Embedding::<f32>::allocate(world, MemoryType::Distributed, Location::Host, rows, COLS, None, Some(Optimizer::sgd()))?;
+        let e = if me == impostor {
+            fake_gradients(&emb, foreign, lr).err()
+        } else {
+            let ids: Vec<i64> = (0..rows as i64).collect();
+            emb.apply_gradients(&ids, &vec![1.0; rows * COLS], lr).err()
+        };
+        let e = e.with_context(|| format!("{what}: rank {me} must fail"))?;
+        let wm_embedding::Error::Malformed { rank, detail } = &e else { bail!("{what}: not a malformed-peer error: {e}") };
+        ensure!(*rank == impostor, "{what}: blames rank {rank}: {e}");
+        ensure!(me == impostor || detail.contains(needle), "{what}: {e:?} does not say {needle:?}");
+        println!("{what}: {e}");
+        // Nothing was applied anywhere: every rank stopped before updating.
+        let mut w = vec![1f32; rows * COLS];
+        emb.gather(&(0..rows as i64).collect::<Vec<_>>(), &mut w)?;
+        ensure!(w.iter().all(|&v| v == 0.0), "{what}: a row changed although the call failed");
+        // The next call works: one step of SGD on row `me` from every rank.
+        emb.apply_gradients(&[me as i64], &[1.0; COLS], lr)?;
+        emb.gather(&(0..rows as i64).collect::<Vec<_>>(), &mut w)?;
+        for (r, row) in w.chunks(COLS).enumerate() {
+            let want = if r < world.size() { -lr } else { 0.0 };
+            ensure!(row.iter().all(|&v| v == want), "{what}: row {r} is {row:?} after the next step, expected {want}");
+        }
+        emb.free()?;
+    }
+    Ok(())
+}
+
+/// `lock-holder dies|stuck DIR` on 2 ranks.
+fn lock_holder(world: &Comm, how: &str, dir: &str) -> Result<()> {
+    ensure!(world.size() == 2, "lock-holder runs on 2 ranks");
+    let me = world.rank();
+    let mut t = table(world, MemoryType::Continuous, 64)?;
+    let row = 5;
+    let released = std::path::Path::new(dir).join("timed-out");
+    let past_barrier = std::path::Path::new(dir).join("past-barrier");
+    let wait_for = |f: &std::path::Path| {
+        while !f.exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    if me == 1 {
+        let locks = t.memory().row_locks().context("a continuous table has row locks")?;
+        let guard = locks.lock(row)?;
+        world.barrier()?;
+        if how == "dies" {
+            // Once rank 0 is out of the barrier (a death during it would
+            // be a lost peer there), die holding the lock.
+            wait_for(&past_barrier);
+            // SAFETY: raising a signal at this process has no memory effects.
+            unsafe { libc::raise(libc::SIGKILL) };
+            bail!("still alive after SIGKILL");
+        }
+        // Stuck: hold the lock until rank 0 has timed out waiting for it.
+        wait_for(&released);
+        drop(guard);
+        world.barrier()?;
+        world.barrier()?;
+        return t.free().map_err(Into::into);
+    }
+    world.barrier()?;
+    std::fs::write(&past_barrier, b"")?;
+    let locks = t.memory().row_locks().context("a continuous table has row locks")?;
+    match how {
+        "dies" => {
+            // The holder dies: the kernel hands the lock over.
+            let g = locks.lock(row)?;
+            ensure!(g.owner_died(), "the lock of a dead holder must say so");
+            drop(g);
+            ensure!(!locks.lock(row)?.owner_died(), "recovered once, the lock is plain again");
+            // And writes through the mapping take it as usual.
+            t.write_row(row, &[7.0; COLS])?;
+            let mut back = [0f32; COLS];
+            t.read_row(row, &mut back)?;
+            ensure!(back == [7.0; COLS], "row {row} reads {back:?}");
+            println!("rank 0 took the lock of row {row} from its dead holder");
+            // The communicator knows rank 1 is gone: no collective free.
+            drop(t);
+            Ok(())
+        }
+        "stuck" => {
+            let e = locks.lock(row).err().context("a held lock must time out")?;
+            ensure!(matches!(e, wholemem::Error::Timeout { .. }), "not a timeout: {e}");
+            ensure!(e.to_string().contains(&format!("row {row}")), "{e}");
+            // A write of the row times out too, as an error of the call.
+            let e = t.write_row(row, &[7.0; COLS]).err().context("a write under a held lock must time out")?;
+            ensure!(matches!(e, wholemem::Error::Timeout { .. }), "not a timeout: {e}");
+            println!("rank 0: {e}");
+            std::fs::write(&released, b"")?;
+            world.barrier()?;
+            t.write_row(row, &[7.0; COLS])?;
+            world.barrier()?;
+            t.free().map_err(Into::into)
+        }
+        other => bail!("lock-holder dies|stuck, not {other:?}"),
+    }
+}
+
+/// Bytes rank `from` sends rank `to` in test exchanges: both named in every
+/// byte's value, so a misplaced piece cannot pass.
+#[cfg(feature = "mpi")]
+fn bytes_for(from: usize, to: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (from * 31 + to * 7 + i * 13 % 251) as u8).collect()
+}
+
+#[cfg(feature = "mpi")]
+fn mpi_rounds(world: &Comm) -> Result<()> {
+    ensure!(world.backend() == "mpi", "mpi-rounds runs under mpirun with the MPI backend, not {}", world.backend());
+    let (me, n) = (world.rank(), world.size());
+    // A few bytes per rank and call: every exchange below takes many rounds.
+    let limit = 8 * n + 3;
+    wm_comm::mpi_backend::set_round_limit(limit);
+    let checked = (|| -> Result<()> {
+        let len = |from: usize, to: usize| (from * 37 + to * 11) % 90 + if to == 0 { 300 } else { 0 };
+        let send: Vec<Vec<u8>> = (0..n).map(|to| bytes_for(me, to, len(me, to))).collect();
+        let got = world.alltoallv(&send.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+        for (from, g) in got.iter().enumerate() {
+            ensure!(*g == bytes_for(from, me, len(from, me)), "alltoallv: the part from rank {from} differs");
+        }
+        let all = world.allgatherv(&bytes_for(me, 99, 150 + me * 41))?;
+        for (from, g) in all.iter().enumerate() {
+            ensure!(*g == bytes_for(from, 99, 150 + from * 41), "allgatherv: rank {from}'s part differs");
+        }
+        let mut b = if me == n - 1 { bytes_for(n - 1, 7, 1000) } else { Vec::new() };
+        world.broadcast(n - 1, &mut b)?;
+        ensure!(b == bytes_for(n - 1, 7, 1000), "broadcast differs");
+        // A distributed gather goes through the same calls.
+        let t = table(world, MemoryType::Distributed, 25 * n)?;
+        gather_works(&t)?;
+        t.free()?;
+        println!("rank {me}: alltoallv, allgatherv, broadcast and a gather in rounds of at most {limit} bytes per rank");
+        Ok(())
+    })();
+    wm_comm::mpi_backend::set_round_limit(usize::MAX);
+    checked
+}
