@@ -79,6 +79,10 @@ pub struct MoveArgs {
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Split the timed calls into their phases (ids, owner copy, rows, placing, ...) on every rank and print the time
+    /// of each per call, min/median/max over the ranks (JSON: `profile`).
+    #[arg(long)]
+    pub(crate) profile: bool,
 }
 
 /// Pages of the baseline's private table.
@@ -205,6 +209,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let mut wrong = 0u64;
     let mut scattered: Vec<i64> = Vec::new();
     for b in 0..a.warmup + a.iters {
+        if a.profile && b == a.warmup {
+            wm_gather::profile::record();
+        }
         let ids = batch_ids(a, rows, me, b);
         let narrow: Vec<i32> = if a.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
         let id_arg = || if a.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
@@ -278,6 +285,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             wrong += u64::from(back[i * row_bytes..][..row_bytes] != stored[..]);
         }
     }
+    let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &wm_gather::profile::take())?) } else { None };
     let bytes = (a.iters * a.batch * buf_row) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
     let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
@@ -304,6 +312,10 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
                 "huge_pages": huge_pages, "baseline_huge_pages": baseline_huge,
             });
+            let mut j = j;
+            if let Some(p) = &phases {
+                j["profile"] = p.json();
+            }
             report::json_line(&j);
         } else {
             println!(
@@ -330,6 +342,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 baseline_huge * 100.0
             );
             report::print_verified(wrong_total);
+            if let Some(p) = &phases {
+                p.print();
+            }
         }
     }
     Ok(if verified { 0 } else { 3 })

@@ -76,3 +76,50 @@ mod tests {
         assert_eq!(Spread::of(&[4.0, 1.0, 2.0, 3.0]), Spread { min: 1.0, median: 2.5, max: 4.0 });
     }
 }
+
+/// Every rank's profile of its timed calls ([`wm_gather::profile`]), per
+/// phase: milliseconds per call, min/median/max over the ranks.
+#[derive(Debug, Clone)]
+pub struct Phases {
+    /// Calls each rank recorded.
+    pub calls: u64,
+    /// Phase name and its spread over the ranks, in the order phases ran.
+    pub phases: Vec<(String, Spread)>,
+}
+
+impl Phases {
+    /// Gathers every rank's profile (collective).
+    ///
+    /// # Errors
+    /// A lost peer, or a rank whose profile does not parse.
+    pub fn gather(world: &dyn wm_comm::Communicator, mine: &wm_gather::profile::Profile) -> anyhow::Result<Self> {
+        let calls = mine.calls.max(1) as f64;
+        let encoded: Vec<(String, f64)> = mine.phases.iter().map(|(n, d)| ((*n).to_owned(), d.as_secs_f64() * 1e3 / calls)).collect();
+        let all = world.allgatherv(&serde_json::to_vec(&encoded)?)?;
+        let ranks: Vec<Vec<(String, f64)>> = all.iter().map(|b| serde_json::from_slice(b)).collect::<Result<_, _>>()?;
+        let phases = encoded
+            .iter()
+            .map(|(name, _)| {
+                let per_rank: Vec<f64> =
+                    ranks.iter().map(|r| r.iter().find(|(n, _)| n == name).map_or(0.0, |(_, ms)| *ms)).collect();
+                (name.clone(), Spread::of(&per_rank))
+            })
+            .collect();
+        Ok(Self { calls: mine.calls, phases })
+    }
+
+    /// The JSON form: `{"calls": n, "ms_per_call": {phase: {min, median, max}}}`.
+    pub fn json(&self) -> serde_json::Value {
+        let map: serde_json::Map<String, serde_json::Value> =
+            self.phases.iter().map(|(n, s)| (n.clone(), serde_json::json!(s))).collect();
+        serde_json::json!({ "calls": self.calls, "ms_per_call": map })
+    }
+
+    /// Prints one line per phase.
+    pub fn print(&self) {
+        println!("  profile         ms per call over {} calls, min / median / max over the ranks", self.calls);
+        for (name, s) in &self.phases {
+            println!("    {name:<14}{:>8.3} {:>8.3} {:>8.3}", s.min, s.median, s.max);
+        }
+    }
+}

@@ -67,14 +67,20 @@ pub trait Communicator: Send + Sync + fmt::Debug {
 
     /// [`alltoallv`](Self::alltoallv) without intermediate buffers:
     /// `sizes[r]` bytes go to rank `r`, written in place by `fill(r, buf)`;
-    /// what each rank sent here is handed to `take(r, bytes)`, in rank
-    /// order, this rank's own part included. `take`'s bytes live only for
-    /// that call.
+    /// `meanwhile()` runs once while the parts travel; then what each rank
+    /// sent here is handed to `take(r, bytes)`, in rank order, this rank's
+    /// own part included. `take`'s bytes live only for that call.
+    ///
+    /// `meanwhile` is for work that needs nothing from the exchange — a
+    /// gather copies this rank's own rows there — so it overlaps the
+    /// transfer; it must not use any communicator of this process.
     ///
     /// The socket backend has `fill` write payloads of 16 KiB or more for
     /// ranks on this node straight into shared memory, where the receiver's
-    /// `take` reads them: one copy each side and no trip through the socket.
-    /// Other backends (and the default) fill buffers and use `alltoallv`.
+    /// `take` reads them: one copy each side and no trip through the socket;
+    /// it runs `meanwhile` once its first writes are in the sockets. Other
+    /// backends (and the default) fill buffers, run `meanwhile`, and use
+    /// `alltoallv`.
     ///
     /// # Errors
     /// As [`alltoallv`](Self::alltoallv).
@@ -82,6 +88,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         &self,
         sizes: &[usize],
         fill: &mut dyn FnMut(usize, &mut [u8]),
+        meanwhile: &mut dyn FnMut(),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         check_sizes(sizes, self.size())?;
@@ -94,6 +101,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
                 b
             })
             .collect();
+        meanwhile();
         let refs: Vec<&[u8]> = bufs.iter().map(Vec::as_slice).collect();
         let got = self.alltoallv(&refs)?;
         for (r, g) in got.iter().enumerate() {

@@ -14,7 +14,10 @@ use std::sync::Arc;
 use wholemem::WholeMemory;
 use wm_comm::Communicator;
 
+use std::time::Duration;
+
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
+use crate::profile::{Clock, timed};
 use crate::{Error, Ids, Result, RowLayout, RowSpan, agree, threads};
 
 /// This rank's own rows (host memory).
@@ -230,6 +233,7 @@ fn exchange_row_ids<'a>(
                 }
             }
         },
+        &mut || {},
         &mut |r, bytes| {
             let detail = match bytes.split_first() {
                 Some((&IDS, ids)) => match decode_ids(ids, count) {
@@ -268,6 +272,7 @@ pub(crate) fn gather_distributed(
     checked: Result<RowConv>,
     ids: Ids<'_>,
     out: &mut [u8],
+    mut clock: Clock,
 ) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
@@ -282,6 +287,7 @@ pub(crate) fn gather_distributed(
     let count = mem.local_rows().len();
     let (mut asked, mut problem, conv) =
         exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) }, count, checked)?;
+    clock.lap("ids");
     let conv = conv?;
     let db = conv.dst_bytes();
 
@@ -298,33 +304,49 @@ pub(crate) fn gather_distributed(
     }
     let mut failed: Option<Error> = None;
     let mut misfit: Option<Error> = None;
+    let (on, mut copying, mut own, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    // Written first by `meanwhile` (own rows), then by `take` (the others').
+    let out = std::cell::RefCell::new(out);
+    let mut own_failed: Option<Error> = None;
     comm.alltoallv_in_place(
         &sizes,
         &mut |r, buf| {
             if r != me
-                && let Err(e) = read_local(mem, layout, conv, &asked[r], None, buf)
+                && let Err(e) = timed(on, &mut copying, || read_local(mem, layout, conv, &asked[r], None, buf))
             {
                 failed.get_or_insert(e);
             }
         },
-        &mut |r, bytes| {
-            if r == me {
+        // This rank's own rows go straight to their places while the
+        // others' travel.
+        &mut || {
+            timed(on, &mut own, || {
                 let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
-                if let Err(e) = read_local(mem, layout, conv, &local, Some(wanted(me)), out) {
-                    misfit.get_or_insert(e);
+                if let Err(e) = read_local(mem, layout, conv, &local, Some(wanted(me)), &mut out.borrow_mut()) {
+                    own_failed.get_or_insert(e);
                 }
-            } else if Some(bytes.len()) == rows_bytes(wanted(r).len(), db) {
-                place(out, bytes, wanted(r), db);
-            } else {
-                misfit.get_or_insert_with(|| {
-                    malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()))
-                });
-            }
+            })
+        },
+        &mut |r, bytes| {
+            timed(on, &mut placing, || {
+                if r == me {
+                    // Its part is empty: own rows are not sent.
+                } else if Some(bytes.len()) == rows_bytes(wanted(r).len(), db) {
+                    place(&mut out.borrow_mut(), bytes, wanted(r), db);
+                } else {
+                    misfit.get_or_insert_with(|| {
+                        malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()))
+                    });
+                }
+            })
         },
     )?;
+    clock.lap_split("rows", &[("owner copy", copying), ("own rows", own), ("place", placing)]);
     // A device copy can fail on one rank, and a malformed part reaches one
     // rank: either way every rank learns it.
-    agree(comm.as_ref(), failed.or(problem).or(misfit).map_or(Ok(()), Err))
+    let done = agree(comm.as_ref(), failed.or(own_failed).or(problem).or(misfit).map_or(Ok(()), Err));
+    clock.lap("agree");
+    done
 }
 
 /// A communicator of a table.
@@ -350,6 +372,7 @@ pub(crate) fn gather_hierarchy(
     checked: Result<RowConv>,
     ids: Ids<'_>,
     out: &mut [u8],
+    mut clock: Clock,
 ) -> Result<()> {
     let comm = mem.comm();
     // Every rank of a hierarchy table has both communicators (from
@@ -357,11 +380,12 @@ pub(crate) fn gather_hierarchy(
     let (local, cross) = hierarchy_comms(mem)?;
     if cross.size() == 1 {
         // One node: nothing crosses nodes, so there is nothing to de-duplicate.
-        return gather_distributed(mem, layout, checked, ids, out);
+        return gather_distributed(mem, layout, checked, ids, out, clock);
     }
     // The first exchange is within the node, so the checks' outcomes need
     // an agreement of their own here.
     let conv = agree(comm.as_ref(), checked)?;
+    clock.lap("agree checks");
     let p = mem.partition();
     let placement = wm_topology::NodeLayout::of(comm.nodes());
     let (node_of, local_rank_of) = (&placement.node, &placement.local);
@@ -394,11 +418,13 @@ pub(crate) fn gather_hierarchy(
         })
         .collect();
     local.recycle(got);
+    clock.lap("node ids");
 
     // 2. De-duplicate what the node asked of this rank.
     let mut unique: Vec<u64> = from_local.concat();
     unique.sort_unstable();
     unique.dedup();
+    clock.lap("dedup");
 
     // 3. Across nodes, unique ids only: the owner is this cross
     //    communicator's member on the owner's node.
@@ -422,6 +448,7 @@ pub(crate) fn gather_hierarchy(
     let cme = cross.rank();
     let own = std::mem::take(&mut to_cross[cme]);
     let got = alltoallv_ids(cross.as_ref(), &to_cross)?;
+    clock.lap("cross ids");
     let count = mem.local_rows().len();
     let mut replies: Vec<Vec<u8>> = Vec::with_capacity(got.len());
     for (c, bytes) in got.iter().enumerate() {
@@ -438,9 +465,11 @@ pub(crate) fn gather_hierarchy(
         }
     }
     cross.recycle(got);
+    clock.lap("owner copy");
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let got = cross.alltoallv(&refs)?;
     give_back(replies);
+    clock.lap("cross rows");
     let mut unique_rows = scratch(unique.len() * db);
     let own_rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
     if let Err(e) = read_local(mem, layout, conv, &own_rows, Some(&uorder[ustarts[cme]..ustarts[cme + 1]]), &mut unique_rows) {
@@ -457,6 +486,7 @@ pub(crate) fn gather_hierarchy(
         }
     }
     cross.recycle(got);
+    clock.lap("place");
 
     // 4. Back within the node: each local rank gets its rows in the order it
     //    asked for them; this rank's own requests go straight to `out`.
@@ -499,7 +529,10 @@ pub(crate) fn gather_hierarchy(
     }
     local.recycle(back);
     give_back(vec![unique_rows]);
-    agree(comm.as_ref(), problem.map_or(Ok(()), Err))
+    clock.lap("fan out");
+    let done = agree(comm.as_ref(), problem.map_or(Ok(()), Err));
+    clock.lap("agree");
+    done
 }
 
 /// Scatter for distributed and hierarchy memory: ids and rows (converted to
@@ -512,6 +545,7 @@ pub(crate) fn scatter_distributed(
     checked: Result<RowConv>,
     ids: Ids<'_>,
     src: &[u8],
+    mut clock: Clock,
 ) -> Result<()> {
     let comm = mem.comm().clone();
     let n = comm.size();
@@ -525,6 +559,7 @@ pub(crate) fn scatter_distributed(
     //    of theirs), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
     let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, positions, count, checked)?;
+    clock.lap("ids");
     let conv = conv?;
     let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
 
@@ -544,15 +579,18 @@ pub(crate) fn scatter_distributed(
         })
     };
     let mut misfit: Option<Error> = None;
+    let (on, mut packing, mut writing) = (clock.on(), Duration::ZERO, Duration::ZERO);
     comm.alltoallv_in_place(
         &sizes,
         &mut |r, buf| {
             // SAFETY: every position is below ids.len(), and `src` holds
             // that many rows of `sb` bytes (checked); `buf` is sized for
             // them by `sizes`.
-            unsafe { kernel::gather_rows(&input, positions(r), None, conv, buf, 1) };
+            timed(on, &mut packing, || unsafe { kernel::gather_rows(&input, positions(r), None, conv, buf, 1) });
         },
+        &mut || {},
         &mut |r, bytes| {
+            let t = on.then(std::time::Instant::now);
             let idx = &incoming[r];
             if Some(bytes.len()) != rows_bytes(idx.len(), tb) {
                 misfit.get_or_insert_with(|| {
@@ -573,8 +611,12 @@ pub(crate) fn scatter_distributed(
                     unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr().add(k * tb), table.addr(row), tb) };
                 }
             }
+            if let Some(t) = t {
+                writing += t.elapsed();
+            }
         },
     )?;
+    clock.lap_split("rows", &[("pack", packing), ("write", writing)]);
     let outcome = problem.or(misfit).map_or(Ok(()), Err);
     #[cfg(feature = "cuda")]
     let outcome = outcome.and_then(|()| {
@@ -587,5 +629,7 @@ pub(crate) fn scatter_distributed(
         crate::device::scatter_local(mem, layout, same, &device_rows, &device_data)
     });
     let _ = (device_rows, device_data);
-    agree(comm.as_ref(), outcome)
+    let done = agree(comm.as_ref(), outcome);
+    clock.lap("agree");
+    done
 }

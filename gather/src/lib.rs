@@ -28,6 +28,7 @@ mod exchange;
 mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
+pub mod profile;
 
 pub use wholemem::{ConversionError, DType, Element};
 
@@ -329,7 +330,9 @@ pub fn threads(mem: &wholemem::WholeMemory) -> usize {
 /// collective call); [`Error::InvalidArgument`] for a wrongly sized buffer;
 /// [`Error::Conversion`]; [`Error::Comm`] for a lost peer or a timeout.
 pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
+    let mut clock = profile::Clock::start();
     let problem = check_call(mem, layout, ids, out.len(), out_dtype, "output");
+    clock.lap("checks");
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => {
             let conv = problem?;
@@ -337,11 +340,13 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
             if mem.location() == wholemem::Location::Device {
                 return device::gather_mapped(mem, layout, conv, ids, out);
             }
-            mapped::gather(mem, layout, conv, ids, out)
+            let done = mapped::gather(mem, layout, conv, ids, out);
+            clock.lap("copy");
+            done
         }
         // The checks' outcomes travel with the first exchange.
-        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out),
-        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out),
+        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out, clock),
+        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out, clock),
     }
 }
 
@@ -352,7 +357,9 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
 /// # Errors
 /// As [`gather`].
 pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
+    let mut clock = profile::Clock::start();
     let problem = check_call(mem, layout, ids, src.len(), src_dtype, "input").map(|c| c.reversed());
+    clock.lap("checks");
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => {
             let conv = problem?;
@@ -360,10 +367,12 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
             if mem.location() == wholemem::Location::Device {
                 return device::scatter_mapped(mem, layout, conv, ids, src);
             }
-            mapped::scatter(mem, layout, conv, ids, src)
+            let done = mapped::scatter(mem, layout, conv, ids, src);
+            clock.lap("copy");
+            done
         }
         wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
-            exchange::scatter_distributed(mem, layout, problem, ids, src)
+            exchange::scatter_distributed(mem, layout, problem, ids, src, clock)
         }
     }
 }

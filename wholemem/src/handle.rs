@@ -471,15 +471,17 @@ impl WholeMemory {
 
     /// Threads this rank uses to copy its rows (gather, scatter, file
     /// loading): `WM_THREADS` if set, else the machine's cores divided by
-    /// the ranks on this node.
+    /// the ranks on this machine — ranks with this rank's host name, which
+    /// share its cores even when `WM_NODE_ID` poses them as other nodes.
     pub fn copy_threads(&self) -> usize {
         if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
             return n.max(1);
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let comm = &self.comm;
-        let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
-        (cores / local.max(1)).max(1)
+        let nodes = self.comm.nodes();
+        let host = nodes[self.comm.rank()].hostname();
+        let here = nodes.iter().filter(|n| n.hostname() == host).count();
+        (cores / here.max(1)).max(1)
     }
 
     /// Bytes of the table this process maps with huge pages (host memory;

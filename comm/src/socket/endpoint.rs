@@ -158,6 +158,14 @@ impl Endpoint {
 
     /// Sends `out`, then waits for `want`; returns the wanted frames in order.
     pub fn transact(&self, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
+        self.transact_with(op, out, want, &mut || {})
+    }
+
+    /// [`Endpoint::transact`], calling `meanwhile` once after the first
+    /// writes: work that does not depend on the frames overlaps their
+    /// transfer. It runs with the endpoint locked, so it must not use any
+    /// communicator of this process.
+    pub fn transact_with(&self, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted], meanwhile: &mut dyn FnMut()) -> Result<Vec<Msg>> {
         let mut st = self.lock();
         if let Some(b) = &st.broken {
             return Err(Error::PeerLost { rank: b.rank, op, detail: b.detail.clone() });
@@ -180,7 +188,7 @@ impl Endpoint {
             self.abandon(&mut st, self.world_rank, &detail);
             return Err(Error::InvalidArgument(detail));
         }
-        let res = self.run(&mut st, op, out, want);
+        let res = self.run(&mut st, op, out, want, meanwhile);
         if let Err(e) = &res {
             if let Error::Mismatch { detail, .. } = e {
                 let ids: Vec<u64> = want.iter().map(|w| w.comm).collect();
@@ -191,7 +199,8 @@ impl Endpoint {
         res
     }
 
-    fn run(&self, st: &mut State, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
+    fn run(&self, st: &mut State, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted], meanwhile: &mut dyn FnMut()) -> Result<Vec<Msg>> {
+        let mut meanwhile = Some(meanwhile);
         let headers: Vec<[u8; HEADER_LEN]> = out.iter().map(|o| o.hdr.encode()).collect();
         let mut written = vec![0usize; out.len()];
         let mut got: Vec<Option<Msg>> = (0..want.len()).map(|_| None).collect();
@@ -222,6 +231,11 @@ impl Endpoint {
             let mut progress = false;
             for (i, o) in out.iter().enumerate() {
                 progress |= self.write_some(st, o, &headers[i], &mut written[i], op)?;
+            }
+            // The kernel holds what fitted in the sockets: the caller's own
+            // work goes on while it moves.
+            if let Some(m) = meanwhile.take() {
+                m();
             }
             let sends_done = out.iter().zip(&written).all(|(o, &w)| w == HEADER_LEN + o.payload.len());
             if sends_done && got.iter().zip(&settled).all(|(g, s)| g.is_some() || *s) {

@@ -395,6 +395,7 @@ impl Communicator for SocketComm {
         &self,
         sizes: &[usize],
         fill: &mut dyn FnMut(usize, &mut [u8]),
+        meanwhile: &mut dyn FnMut(),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         crate::communicator::check_sizes(sizes, self.size())?;
@@ -440,7 +441,7 @@ impl Communicator for SocketComm {
             .collect();
         let want: Vec<Wanted> =
             (0..n).filter(|&r| r != me).map(|r| Wanted { from: i.members[r], kind: Kind::Data, comm: i.id, op, seq: Some(seq) }).collect();
-        let msgs = i.ep.transact(op.name(), &out, &want)?;
+        let msgs = i.ep.transact_with(op.name(), &out, &want, meanwhile)?;
         drop(out);
         let mut msgs = msgs.into_iter();
         let mut received = Vec::with_capacity(n);

@@ -134,11 +134,11 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
         .collect();
     let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
     let mut asked = vec![0usize; n];
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut |r, b| asked[r] = b.len().saturating_sub(1) / 8)?;
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut || {}, &mut |r, b| asked[r] = b.len().saturating_sub(1) / 8)?;
     // 2. Rows: as many as asked (zeros), or three bytes more.
     let extra = if matches!(how, Break::LongReply) { 3 } else { 0 };
     let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { asked[r] * ROW + extra }).collect();
-    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut |_, _| {})?;
+    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
     // 3. The outcome: all well, says the impostor.
     agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
 }
@@ -159,9 +159,9 @@ fn fake_scatter(t: &WholeTensor<f32>, foreign: bool) -> wm_gather::Result<()> {
         .collect();
     let parts: Vec<Vec<u8>> = ids.iter().map(|i| id_part(i)).collect();
     let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut |_, _| {})?;
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut || {}, &mut |_, _| {})?;
     let sizes: Vec<usize> = ids.iter().map(|i| i.len() * ROW + if foreign || i.is_empty() { 0 } else { 5 }).collect();
-    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut |_, _| {})?;
+    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
     agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
 }
 

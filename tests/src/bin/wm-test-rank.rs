@@ -82,18 +82,21 @@ fn in_place(comm: &Comm) -> Result<()> {
         };
         let sizes: Vec<usize> = (0..n).map(|to| size(me, to)).collect();
         let (mut misfilled, mut wrong): (Option<String>, Option<String>) = (None, None);
-        let mut order = Vec::new();
+        // The order of the callbacks: every fill, one meanwhile, every take.
+        let events = std::cell::RefCell::new(Vec::new());
         comm.alltoallv_in_place(
             &sizes,
             &mut |to, buf| {
+                events.borrow_mut().push(format!("fill {to}"));
                 if buf.len() == size(me, to) {
                     buf.copy_from_slice(&bytes_for(me + round, to, buf.len()));
                 } else {
                     misfilled.get_or_insert(format!("fill for rank {to} got {} bytes, not {}", buf.len(), size(me, to)));
                 }
             },
+            &mut || events.borrow_mut().push("meanwhile".to_owned()),
             &mut |from, got| {
-                order.push(from);
+                events.borrow_mut().push(format!("take {from}"));
                 if got != bytes_for(from + round, me, size(from, me)).as_slice() {
                     wrong.get_or_insert(format!("round {round}: wrong {} bytes from rank {from}", got.len()));
                 }
@@ -102,13 +105,17 @@ fn in_place(comm: &Comm) -> Result<()> {
         if let Some(w) = misfilled.or(wrong) {
             bail!("alltoallv_in_place: {w}");
         }
-        ensure!(order == (0..n).collect::<Vec<_>>(), "alltoallv_in_place handed parts over in the order {order:?}");
+        let events = events.into_inner();
+        let fills = events.iter().take_while(|e| e.starts_with("fill")).count();
+        ensure!(fills == n && events.get(n).map(String::as_str) == Some("meanwhile"), "callbacks ran in the order {events:?}");
+        let takes: Vec<String> = (0..n).map(|r| format!("take {r}")).collect();
+        ensure!(events[n + 1..] == takes[..], "alltoallv_in_place handed parts over in the order {events:?}");
         if round % 3 == 1 {
             let got = comm.alltoallv(&vec![&[me as u8; 5][..]; n])?;
             ensure!(got.iter().enumerate().all(|(r, g)| g == &[r as u8; 5]), "alltoallv between in-place rounds: {got:?}");
         }
     }
-    let err = comm.alltoallv_in_place(&vec![0; n + 1], &mut |_, _| {}, &mut |_, _| {}).expect_err("wrong number of sizes");
+    let err = comm.alltoallv_in_place(&vec![0; n + 1], &mut |_, _| {}, &mut || {}, &mut |_, _| {}).expect_err("wrong number of sizes");
     ensure!(err.to_string().contains(&format!("{} sizes", n + 1)), "the error does not name the count: {err}");
     Ok(())
 }

@@ -1,0 +1,153 @@
+//! Where the time of gathers and scatters goes, phase by phase.
+//!
+//! Off by default and free when off (one thread-local flag read per call).
+//! [`record`] starts recording on the calling thread; every gather and
+//! scatter it makes then adds the time of each phase to a running total,
+//! which [`take`] returns (and stops recording). `wm-bench gather --profile`
+//! prints it per rank.
+//!
+//! The phases of a distributed call, in order: `checks` (ids and buffers),
+//! `ids` (the row-id exchange, which also carries every rank's check
+//! outcome), `owner copy` (owners copying — and converting — the rows asked
+//! of them into the exchange), `rows` (moving the rows: the exchange minus
+//! the owner copy and placing), `place` (rows into their places in the
+//! output, own rows included) and `agree` (every rank learning whether any
+//! part was malformed). A hierarchy call across nodes has `checks`, `node
+//! ids`, `dedup`, `cross ids`, `owner copy`, `cross rows`, `fan out` and
+//! `agree`. Mapped tables have `checks` and `copy`.
+
+use std::cell::{Cell, RefCell};
+use std::time::{Duration, Instant};
+
+/// Time per phase, summed over the calls made while recording.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Profile {
+    /// Calls recorded.
+    pub calls: u64,
+    /// Each phase's name and total time, in the order phases first ran.
+    pub phases: Vec<(&'static str, Duration)>,
+}
+
+impl Profile {
+    fn add(&mut self, phase: &'static str, d: Duration) {
+        match self.phases.iter_mut().find(|(p, _)| *p == phase) {
+            Some((_, t)) => *t += d,
+            None => self.phases.push((phase, d)),
+        }
+    }
+
+    /// The total of one phase (zero when it never ran).
+    pub fn get(&self, phase: &str) -> Duration {
+        self.phases.iter().find(|(p, _)| *p == phase).map_or(Duration::ZERO, |(_, d)| *d)
+    }
+
+    /// The sum of every phase.
+    pub fn total(&self) -> Duration {
+        self.phases.iter().map(|(_, d)| *d).sum()
+    }
+}
+
+thread_local! {
+    static ON: Cell<bool> = const { Cell::new(false) };
+    static CURRENT: RefCell<Profile> = RefCell::new(Profile::default());
+}
+
+/// Starts recording this thread's gathers and scatters (from zero).
+pub fn record() {
+    CURRENT.with(|c| *c.borrow_mut() = Profile::default());
+    ON.with(|o| o.set(true));
+}
+
+/// Stops recording and returns what was recorded since [`record`].
+pub fn take() -> Profile {
+    ON.with(|o| o.set(false));
+    CURRENT.with(|c| std::mem::take(&mut *c.borrow_mut()))
+}
+
+/// Times the phases of one call: each [`Clock::lap`] ends a phase.
+pub(crate) struct Clock {
+    last: Option<Instant>,
+}
+
+impl Clock {
+    /// A clock for one call; it records nothing unless [`record`] is on.
+    pub fn start() -> Self {
+        let on = ON.with(Cell::get);
+        if on {
+            CURRENT.with(|c| c.borrow_mut().calls += 1);
+        }
+        Self { last: on.then(Instant::now) }
+    }
+
+    /// Whether this call is being recorded.
+    pub fn on(&self) -> bool {
+        self.last.is_some()
+    }
+
+    /// Ends the current phase, naming it.
+    pub fn lap(&mut self, phase: &'static str) {
+        if let Some(last) = self.last {
+            let now = Instant::now();
+            CURRENT.with(|c| c.borrow_mut().add(phase, now - last));
+            self.last = Some(now);
+        }
+    }
+
+    /// Ends the current phase, splitting out of it the time `parts` already
+    /// measured inside it (e.g. the owner copy inside an exchange); the rest
+    /// goes to `phase`.
+    pub fn lap_split(&mut self, phase: &'static str, parts: &[(&'static str, Duration)]) {
+        if let Some(last) = self.last {
+            let now = Instant::now();
+            let inner: Duration = parts.iter().map(|(_, d)| *d).sum();
+            CURRENT.with(|c| {
+                let mut c = c.borrow_mut();
+                c.add(phase, (now - last).saturating_sub(inner));
+                for (p, d) in parts {
+                    c.add(p, *d);
+                }
+            });
+            self.last = Some(now);
+        }
+    }
+}
+
+/// Times a closure's body when `on`, adding to `total`.
+#[inline]
+pub(crate) fn timed<T>(on: bool, total: &mut Duration, f: impl FnOnce() -> T) -> T {
+    if !on {
+        return f();
+    }
+    let t = Instant::now();
+    let r = f();
+    *total += t.elapsed();
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn phases_add_up_in_order_and_only_while_recording() {
+        let mut off = Clock::start();
+        off.lap("checks");
+        assert!(!off.on());
+        record();
+        for _ in 0..2 {
+            let mut c = Clock::start();
+            std::thread::sleep(Duration::from_millis(2));
+            c.lap("checks");
+            let mut inner = Duration::ZERO;
+            timed(c.on(), &mut inner, || std::thread::sleep(Duration::from_millis(3)));
+            c.lap_split("rows", &[("owner copy", inner)]);
+        }
+        let p = take();
+        assert_eq!(p.calls, 2);
+        let names: Vec<&str> = p.phases.iter().map(|(n, _)| *n).collect();
+        assert_eq!(names, ["checks", "rows", "owner copy"]);
+        assert!(p.get("checks") >= Duration::from_millis(4));
+        assert!(p.get("owner copy") >= Duration::from_millis(6));
+        assert_eq!(take().calls, 0, "take stops and clears");
+    }
+}
