@@ -193,6 +193,91 @@ impl MpiComm {
     /// communicator of the same members.
     /// A sub-communicator: the MPI communicator split by colour and key,
     /// paired with the socket communicator of the same members.
+    /// The MPI half of [`Communicator::alltoallv_in_place`]: the parts for
+    /// ranks marked `remote`, filled in place into one send buffer laid out
+    /// by rank, exchanged in MPI calls within MPI's int counts; returns the
+    /// receive buffer and where each rank's part starts in it (`n + 1`
+    /// offsets).
+    fn exchange_remote(&self, sizes: &[usize], remote: &[bool], fill: &mut dyn FnMut(usize, &mut [u8])) -> Result<(Vec<u8>, Vec<usize>)> {
+        let n = sizes.len();
+        let slen: Vec<usize> = (0..n).map(|r| if remote[r] { sizes[r] } else { 0 }).collect();
+        let offsets = |lens: &[usize]| -> Result<Vec<usize>> {
+            let mut o = Vec::with_capacity(lens.len() + 1);
+            o.push(0usize);
+            for &l in lens {
+                let next = o[o.len() - 1].checked_add(l).ok_or_else(|| Error::InvalidArgument("an exchange past usize::MAX bytes".into()))?;
+                o.push(next);
+            }
+            Ok(o)
+        };
+        let sdispl = offsets(&slen)?;
+        let mut sbuf = real(sdispl[n]);
+        for r in (0..n).filter(|&r| remote[r]) {
+            fill(r, &mut sbuf[sdispl[r]..sdispl[r + 1]]);
+        }
+        let h = self.mpi();
+        let scounts: Vec<u64> = slen.iter().map(|&l| l as u64).collect();
+        let mut rcounts = vec![0u64; n];
+        h.0.all_to_all_into(&scounts[..], &mut rcounts[..]);
+        // A rank on this node sends nothing here; anything else it claims
+        // is a broken peer, and so is a count past what memory can address.
+        let mut rlen = Vec::with_capacity(n);
+        for (r, &c) in rcounts.iter().enumerate() {
+            match usize::try_from(c) {
+                Ok(l) if remote[r] || l == 0 => rlen.push(l),
+                _ => {
+                    return Err(Error::Protocol {
+                        rank: self.world_ranks()[r],
+                        op: "alltoallv in place",
+                        detail: format!("it announced {c} bytes for a part it does not send this way"),
+                    });
+                }
+            }
+        }
+        let rdispl = offsets(&rlen)?;
+        let mut rbuf = real(rdispl[n]);
+        // One plan for every rank: the largest part and the busiest rank.
+        let largest = slen.iter().chain(&rlen).copied().max().unwrap_or(0) as u64;
+        let busiest = sdispl[n].max(rdispl[n]) as u64;
+        let mut all = [0u64; 2];
+        h.0.all_reduce_into(&[largest, busiest][..], &mut all[..], SystemOperation::max());
+        let [largest, busiest] = all.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        let plan = Rounds::plan(largest, busiest, n, round_limit());
+        if plan.rounds == 1 {
+            // Straight from and into the buffers: every count and
+            // displacement is within the limit.
+            let (sc, sd): (Vec<i32>, Vec<i32>) = (slen.iter().map(|&l| count(l)).collect(), sdispl[..n].iter().map(|&d| count(d)).collect());
+            let (rc, rd): (Vec<i32>, Vec<i32>) = (rlen.iter().map(|&l| count(l)).collect(), rdispl[..n].iter().map(|&d| count(d)).collect());
+            let sp = Partition::new(&sbuf[..], &sc[..], &sd[..]);
+            let mut rp = PartitionMut::new(&mut rbuf[..], &rc[..], &rd[..]);
+            h.0.all_to_all_varcount_into(&sp, &mut rp);
+        } else {
+            for k in 0..plan.rounds {
+                let sparts: Vec<(usize, usize)> = slen.iter().map(|&l| plan.part(l, k)).collect();
+                let rparts: Vec<(usize, usize)> = rlen.iter().map(|&l| plan.part(l, k)).collect();
+                let sc: Vec<i32> = sparts.iter().map(|&(_, l)| count(l)).collect();
+                let rc: Vec<i32> = rparts.iter().map(|&(_, l)| count(l)).collect();
+                let (sd, rd) = (displs(&sc), displs(&rc));
+                let mut flat = real(sc.iter().map(|&c| c as usize).sum());
+                let mut at = 0;
+                for (r, &(start, len)) in sparts.iter().enumerate() {
+                    flat[at..at + len].copy_from_slice(&sbuf[sdispl[r] + start..][..len]);
+                    at += len;
+                }
+                let mut piece = real(rc.iter().map(|&c| c as usize).sum());
+                {
+                    let sp = Partition::new(&flat[..], &sc[..], &sd[..]);
+                    let mut rp = PartitionMut::new(&mut piece[..], &rc[..], &rd[..]);
+                    h.0.all_to_all_varcount_into(&sp, &mut rp);
+                }
+                for (r, &(start, len)) in rparts.iter().enumerate() {
+                    rbuf[rdispl[r] + start..][..len].copy_from_slice(&piece[rd[r] as usize..][..len]);
+                }
+            }
+        }
+        Ok((rbuf, rdispl))
+    }
+
     fn sub(&self, color: i32, key: i32, sock: SocketComm) -> Result<Arc<dyn Communicator>> {
         let split = self.mpi().0.split_by_color_with_key(Color::with_value(color), key);
         let h = split.ok_or_else(|| Error::Bootstrap("MPI split returned no communicator".into()))?;
@@ -323,6 +408,46 @@ impl Communicator for MpiComm {
             }
         }
         Ok(out)
+    }
+
+    /// Parts for ranks of this node go through the paired socket
+    /// communicator's shared-memory mailboxes (as with the socket backend);
+    /// parts for other nodes through MPI, filled straight into the one
+    /// buffer MPI sends from and handed over from the one buffer it
+    /// receives into. The MPI part runs first; the socket exchange then
+    /// hands every part over in rank order, the remote ones from MPI's
+    /// buffer, so the order callers rely on (a scatter's last writer) holds.
+    fn alltoallv_in_place(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        meanwhile: &mut dyn FnMut(),
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        crate::communicator::check_sizes(sizes, self.size())?;
+        let (n, me) = (self.size(), self.rank());
+        let remote: Vec<bool> = (0..n).map(|r| !self.same_node(r, me)).collect();
+        if !remote.contains(&true) {
+            return self.inner.sock.alltoallv_in_place(sizes, fill, meanwhile, take);
+        }
+        let (rbuf, rdispl) = self.exchange_remote(sizes, &remote, fill)?;
+        let local_sizes: Vec<usize> = (0..n).map(|r| if remote[r] { 0 } else { sizes[r] }).collect();
+        self.inner.sock.alltoallv_in_place(
+            &local_sizes,
+            &mut |r, buf| {
+                if !remote[r] {
+                    fill(r, buf);
+                }
+            },
+            meanwhile,
+            &mut |r, bytes| {
+                if remote[r] {
+                    take(r, &rbuf[rdispl[r]..rdispl[r + 1]]);
+                } else {
+                    take(r, bytes);
+                }
+            },
+        )
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
