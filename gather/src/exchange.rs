@@ -172,13 +172,6 @@ fn read_local(
     Ok(())
 }
 
-/// Copies this rank's rows `local` (converted) into a buffer.
-fn serve(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, local: &[usize]) -> Result<Vec<u8>> {
-    let mut buf = scratch(local.len() * conv.dst_bytes());
-    read_local(mem, layout, conv, local, None, &mut buf)?;
-    Ok(buf)
-}
-
 /// Copies row `k` of `rows` into output row `positions[k]`.
 fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
     for (k, &p) in positions.iter().enumerate() {
@@ -360,12 +353,6 @@ fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Comm, &Comm)> {
     }
 }
 
-/// `alltoallv` of row ids as 8-byte words.
-fn alltoallv_ids(comm: &dyn Communicator, send: &[Vec<u64>]) -> Result<Vec<Vec<u8>>> {
-    let bytes: Vec<&[u8]> = send.iter().map(|v| bytemuck::cast_slice(v)).collect();
-    Ok(comm.alltoallv(&bytes)?)
-}
-
 pub(crate) fn gather_hierarchy(
     mem: &WholeMemory,
     layout: &RowLayout,
@@ -382,43 +369,72 @@ pub(crate) fn gather_hierarchy(
         // One node: nothing crosses nodes, so there is nothing to de-duplicate.
         return gather_distributed(mem, layout, checked, ids, out, clock);
     }
-    // The first exchange is within the node, so the checks' outcomes need
-    // an agreement of their own here.
-    let conv = agree(comm.as_ref(), checked)?;
-    clock.lap("agree checks");
     let p = mem.partition();
     let placement = wm_topology::NodeLayout::of(comm.nodes());
     let (node_of, local_rank_of) = (&placement.node, &placement.local);
-    let db = conv.dst_bytes();
-    let rows = ids.to_rows();
+    let rows = checked_rows(&checked, ids);
     let lme = local.rank();
     let mut problem: Option<Error> = None;
 
     // 1. Within the node: each id goes to the local rank with its owner's
-    //    local rank (that rank's cross communicator reaches the owner).
+    //    local rank (that rank's cross communicator reaches the owner). The
+    //    parts also carry each rank's check outcome: after this exchange a
+    //    rank knows its node's, after the next one every node's.
     let via: Vec<usize> = rows.iter().map(|&r| local_rank_of[p.owner(r)]).collect();
     let (order, starts) = bucket(&via, local.size());
-    let to_local: Vec<Vec<u64>> =
-        (0..local.size()).map(|q| order[starts[q]..starts[q + 1]].iter().map(|&i| rows[i] as u64).collect()).collect();
-    let got = alltoallv_ids(local.as_ref(), &to_local)?;
-    // Each local peer's ids: rows of the table routed here (the owner's
-    // local rank is this rank's). A bad part is dropped.
-    let from_local: Vec<Vec<u64>> = got
-        .iter()
-        .enumerate()
-        .map(|(q, bytes)| {
-            let checked = decode_ids(bytes, p.rows()).and_then(|ids| match ids.iter().position(|&id| local_rank_of[p.owner(id)] != lme) {
-                Some(i) => Err(format!("row id {} at position {i}, which another local rank serves", ids[i])),
-                None => Ok(ids.into_iter().map(|id| id as u64).collect()),
-            });
-            checked.unwrap_or_else(|detail| {
-                problem.get_or_insert_with(|| malformed(local.as_ref(), q, format!("in the node's exchange, {detail}")));
-                Vec::new()
-            })
-        })
-        .collect();
-    local.recycle(got);
+    let wanted = |q: usize| &order[starts[q]..starts[q + 1]];
+    let mine = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
+    let sizes: Vec<usize> = (0..local.size()).map(|q| 1 + mine.as_ref().map_or(wanted(q).len() * 8, Vec::len)).collect();
+    let mut from_local: Vec<Vec<u64>> = vec![Vec::new(); local.size()];
+    // The node's failures: (world rank, outcome), this rank's own included.
+    let mut failures: Vec<(usize, Vec<u8>)> = mine.iter().map(|m| (comm.world_rank(), m.clone())).collect();
+    local.alltoallv_in_place(
+        &sizes,
+        &mut |q, buf| match &mine {
+            Some(m) => {
+                buf[0] = FAILED;
+                buf[1..].copy_from_slice(m);
+            }
+            None => {
+                buf[0] = IDS;
+                for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(wanted(q)) {
+                    slot.copy_from_slice(&(rows[i] as u64).to_le_bytes());
+                }
+            }
+        },
+        &mut || {},
+        &mut |q, bytes| {
+            if q == lme {
+                from_local[q] = wanted(q).iter().map(|&i| rows[i] as u64).collect();
+                return;
+            }
+            let detail = match bytes.split_first() {
+                // Rows of the table routed here (the owner's local rank is
+                // this rank's); a bad part is dropped.
+                Some((&IDS, ids)) => match decode_ids(ids, p.rows()) {
+                    Ok(ids) => match ids.iter().position(|&id| local_rank_of[p.owner(id)] != lme) {
+                        Some(i) => format!("row id {} at position {i}, which another local rank serves", ids[i]),
+                        None => {
+                            from_local[q] = ids.into_iter().map(|id| id as u64).collect();
+                            return;
+                        }
+                    },
+                    Err(detail) => detail,
+                },
+                Some((&FAILED, outcome)) => {
+                    failures.push((local.world_ranks()[q], outcome.to_vec()));
+                    return;
+                }
+                Some((kind, _)) => format!("a part of the node's id exchange of unknown kind {kind}"),
+                None => "an empty part of the node's id exchange".to_owned(),
+            };
+            problem.get_or_insert_with(|| malformed(local.as_ref(), q, format!("in the node's exchange, {detail}")));
+        },
+    )?;
     clock.lap("node ids");
+    // The node's verdict: its lowest failing rank, if any.
+    failures.sort_by_key(|(r, _)| *r);
+    let node_verdict = failures.first().cloned();
 
     // 2. De-duplicate what the node asked of this rank.
     let mut unique: Vec<u64> = from_local.concat();
@@ -426,111 +442,164 @@ pub(crate) fn gather_hierarchy(
     unique.dedup();
     clock.lap("dedup");
 
-    // 3. Across nodes, unique ids only: the owner is this cross
-    //    communicator's member on the owner's node.
+    // 3. Across nodes, unique ids only (the owner is this cross
+    //    communicator's member on the owner's node), with the node's verdict.
     let owner_node: Vec<usize> = unique.iter().map(|&id| node_of[p.owner(id as usize)]).collect();
     let (uorder, ustarts) = bucket(&owner_node, cross.size());
-    let mut to_cross: Vec<Vec<u64>> = (0..cross.size())
+    let uwanted = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
+    let cme = cross.rank();
+    let verdict_bytes = node_verdict.as_ref().map(|(r, o)| [&(*r as u64).to_le_bytes()[..], o].concat());
+    let sizes: Vec<usize> = (0..cross.size())
         .map(|c| {
-            uorder[ustarts[c]..ustarts[c + 1]]
-                .iter()
-                .map(|&k| {
-                    let id = unique[k] as usize;
-                    let o = p.owner(id);
-                    debug_assert_eq!(cross.world_ranks()[c], comm.world_ranks()[o]);
-                    (id - p.offset(o)) as u64
-                })
-                .collect()
+            1 + match &verdict_bytes {
+                Some(v) => v.len(),
+                // This rank's own unique ids stay out of the exchange.
+                None if c == cme => 0,
+                None => uwanted(c).len() * 8,
+            }
         })
         .collect();
-    // This rank's own unique ids stay out of the exchange: checked in step
-    // 1 to be routed here, they are this rank's rows.
-    let cme = cross.rank();
-    let own = std::mem::take(&mut to_cross[cme]);
-    let got = alltoallv_ids(cross.as_ref(), &to_cross)?;
-    clock.lap("cross ids");
     let count = mem.local_rows().len();
-    let mut replies: Vec<Vec<u8>> = Vec::with_capacity(got.len());
-    for (c, bytes) in got.iter().enumerate() {
-        let want = decode_ids(bytes, count).unwrap_or_else(|detail| {
-            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, detail));
-            Vec::new()
-        });
-        match serve(mem, layout, conv, &want) {
-            Ok(r) => replies.push(r),
-            Err(e) => {
-                problem.get_or_insert(e);
-                replies.push(Vec::new());
+    let mut asked: Vec<Vec<usize>> = vec![Vec::new(); cross.size()];
+    let mut verdicts: Vec<(usize, Vec<u8>)> = node_verdict.into_iter().collect();
+    cross.alltoallv_in_place(
+        &sizes,
+        &mut |c, buf| match &verdict_bytes {
+            Some(v) => {
+                buf[0] = FAILED;
+                buf[1..].copy_from_slice(v);
             }
-        }
-    }
-    cross.recycle(got);
-    clock.lap("owner copy");
-    let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
-    let got = cross.alltoallv(&refs)?;
-    give_back(replies);
-    clock.lap("cross rows");
-    let mut unique_rows = scratch(unique.len() * db);
-    let own_rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
-    if let Err(e) = read_local(mem, layout, conv, &own_rows, Some(&uorder[ustarts[cme]..ustarts[cme + 1]]), &mut unique_rows) {
-        problem.get_or_insert(e);
-    }
-    for c in (0..cross.size()).filter(|&c| c != cme) {
-        let asked = &uorder[ustarts[c]..ustarts[c + 1]];
-        if Some(got[c].len()) == rows_bytes(asked.len(), db) {
-            place(&mut unique_rows, &got[c], asked, db);
-        } else {
-            problem.get_or_insert_with(|| {
-                malformed(cross.as_ref(), c, format!("{} bytes for {} rows of {db} bytes", got[c].len(), asked.len()))
-            });
-        }
-    }
-    cross.recycle(got);
-    clock.lap("place");
-
-    // 4. Back within the node: each local rank gets its rows in the order it
-    //    asked for them; this rank's own requests go straight to `out`.
-    let unique_row = |id: &u64| unique.binary_search(id).ok().map(|u| &unique_rows[u * db..][..db]);
-    let answers: Vec<Vec<u8>> = from_local
-        .iter()
-        .enumerate()
-        .map(|(q, asked)| {
-            if q == lme {
-                return Vec::new();
-            }
-            let mut buf = scratch(asked.len() * db);
-            for (k, id) in asked.iter().enumerate() {
-                // Every id asked is in `unique`, which was built from them.
-                if let Some(row) = unique_row(id) {
-                    buf[k * db..][..db].copy_from_slice(row);
+            None => {
+                buf[0] = IDS;
+                for (slot, &k) in buf[1..].chunks_exact_mut(8).zip(if c == cme { &[][..] } else { uwanted(c) }) {
+                    let id = unique[k] as usize;
+                    slot.copy_from_slice(&((id - p.offset(p.owner(id))) as u64).to_le_bytes());
                 }
             }
-            buf
-        })
-        .collect();
-    for (k, id) in from_local[lme].iter().enumerate() {
-        if let Some(row) = unique_row(id) {
-            let p = order[starts[lme] + k];
-            out[p * db..][..db].copy_from_slice(row);
+        },
+        &mut || {},
+        &mut |c, bytes| {
+            if c == cme {
+                return;
+            }
+            let detail = match bytes.split_first() {
+                Some((&IDS, ids)) => match decode_ids(ids, count) {
+                    Ok(ids) => {
+                        asked[c] = ids;
+                        return;
+                    }
+                    Err(detail) => detail,
+                },
+                Some((&FAILED, v)) => match v.split_first_chunk::<8>() {
+                    Some((r, outcome)) => match usize::try_from(u64::from_le_bytes(*r)) {
+                        Ok(r) if r < comm.size() && node_of[r] == node_of[cross.world_ranks()[c]] => {
+                            verdicts.push((r, outcome.to_vec()));
+                            return;
+                        }
+                        _ => format!("a verdict naming rank {} of another node", u64::from_le_bytes(*r)),
+                    },
+                    None => "a verdict without a rank".to_owned(),
+                },
+                Some((kind, _)) => format!("a part of the id exchange across nodes of unknown kind {kind}"),
+                None => "an empty part of the id exchange across nodes".to_owned(),
+            };
+            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, detail));
+        },
+    )?;
+    clock.lap("cross ids");
+    // Every rank now holds every node's verdict: the same decision
+    // everywhere, without an agreement of its own.
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let mut parts: Vec<&[u8]> = vec![&ok; comm.size()];
+    for (r, outcome) in &verdicts {
+        if *r != comm.rank() {
+            parts[*r] = outcome;
         }
     }
-    let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
-    let back = local.alltoallv(&refs)?;
-    give_back(answers);
-    for q in (0..local.size()).filter(|&q| q != lme) {
-        let asked = &order[starts[q]..starts[q + 1]];
-        if Some(back[q].len()) == rows_bytes(asked.len(), db) {
-            place(out, &back[q], asked, db);
-        } else {
-            problem.get_or_insert_with(|| {
-                malformed(local.as_ref(), q, format!("{} bytes for {} rows of {db} bytes", back[q].len(), asked.len()))
-            });
-        }
-    }
-    local.recycle(back);
+    let conv = wholemem::agree::decide(comm.as_ref(), checked, wholemem::agree::Rule::Lowest, &parts)?;
+    let db = conv.dst_bytes();
+
+    // 4. Owners copy the rows asked of them straight into the exchange;
+    //    this rank's own unique rows are copied while the others travel.
+    let mut unique_rows = scratch(unique.len() * db);
+    let sizes: Vec<usize> = asked.iter().map(|a| a.len() * db).collect();
+    let (on, mut copying, mut own_time, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut failed, mut own_failed): (Option<Error>, Option<Error>) = (None, None);
+    let unique_rows_cell = std::cell::RefCell::new(&mut unique_rows);
+    cross.alltoallv_in_place(
+        &sizes,
+        &mut |c, buf| {
+            if c != cme
+                && let Err(e) = timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, buf))
+            {
+                failed.get_or_insert(e);
+            }
+        },
+        &mut || {
+            timed(on, &mut own_time, || {
+                let own: Vec<usize> = uwanted(cme).iter().map(|&k| unique[k] as usize - p.offset(comm.rank())).collect();
+                if let Err(e) = read_local(mem, layout, conv, &own, Some(uwanted(cme)), &mut unique_rows_cell.borrow_mut()) {
+                    own_failed.get_or_insert(e);
+                }
+            })
+        },
+        &mut |c, bytes| {
+            if c == cme {
+                return;
+            }
+            timed(on, &mut placing, || {
+                if Some(bytes.len()) == rows_bytes(uwanted(c).len(), db) {
+                    place(&mut unique_rows_cell.borrow_mut(), bytes, uwanted(c), db);
+                } else {
+                    problem.get_or_insert_with(|| {
+                        malformed(cross.as_ref(), c, format!("{} bytes for {} rows of {db} bytes", bytes.len(), uwanted(c).len()))
+                    });
+                }
+            })
+        },
+    )?;
+    clock.lap_split("cross rows", &[("owner copy", copying), ("own rows", own_time), ("place", placing)]);
+
+    // 5. Back within the node: each local rank gets its rows in the order it
+    //    asked for them, written straight into the exchange; this rank's own
+    //    requests go to `out` while the others travel.
+    let unique_row = |id: u64| unique.binary_search(&id).ok().map(|u| &unique_rows[u * db..][..db]);
+    let sizes: Vec<usize> = (0..local.size()).map(|q| if q == lme { 0 } else { from_local[q].len() * db }).collect();
+    let out = std::cell::RefCell::new(out);
+    local.alltoallv_in_place(
+        &sizes,
+        &mut |q, buf| {
+            for (slot, &id) in buf.chunks_exact_mut(db).zip(&from_local[q]) {
+                // Every id asked is in `unique`, which was built from them.
+                if let Some(row) = unique_row(id) {
+                    slot.copy_from_slice(row);
+                }
+            }
+        },
+        &mut || {
+            let mut out = out.borrow_mut();
+            for (&id, &pos) in from_local[lme].iter().zip(wanted(lme)) {
+                if let Some(row) = unique_row(id) {
+                    out[pos * db..][..db].copy_from_slice(row);
+                }
+            }
+        },
+        &mut |q, bytes| {
+            if q == lme {
+                return;
+            }
+            if Some(bytes.len()) == rows_bytes(wanted(q).len(), db) {
+                place(&mut out.borrow_mut(), bytes, wanted(q), db);
+            } else {
+                problem.get_or_insert_with(|| {
+                    malformed(local.as_ref(), q, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(q).len()))
+                });
+            }
+        },
+    )?;
     give_back(vec![unique_rows]);
     clock.lap("fan out");
-    let done = agree(comm.as_ref(), problem.map_or(Ok(()), Err));
+    let done = agree(comm.as_ref(), failed.or(own_failed).or(problem).map_or(Ok(()), Err));
     clock.lap("agree");
     done
 }

@@ -220,20 +220,25 @@ fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let mem = t.memory();
     let (local, cross) = (mem.local_comm().expect("hierarchy"), mem.cross_comm().expect("hierarchy"));
     let world = mem.comm().as_ref();
-    agree::<(), wm_gather::Error>(world, Ok(()), Rule::Lowest)?;
-    // A row this rank itself owns: its owner's local rank is this rank's,
-    // not the peer's it is sent to.
+    // 1. The node's exchange (kind byte 0: ids follow — "my checks
+    //    passed"): a row this rank itself owns, whose owner's local rank is
+    //    this rank's, not the peer's it is sent to.
     let own = mem.local_rows().start as u64;
-    let send: Vec<Vec<u8>> = (0..local.size()).map(|q| if q == local.rank() { Vec::new() } else { own.to_le_bytes().to_vec() }).collect();
-    let refs: Vec<&[u8]> = send.iter().map(Vec::as_slice).collect();
-    let asked_here: Vec<usize> = local.alltoallv(&refs)?.iter().map(|b| b.len() / 8).collect();
-    let empty: Vec<&[u8]> = vec![&[]; cross.size()];
-    let asked_across: Vec<usize> = cross.alltoallv(&empty)?.iter().map(|b| b.len() / 8).collect();
-    let rows: Vec<Vec<u8>> = asked_across.iter().map(|&k| vec![0; k * ROW]).collect();
-    cross.alltoallv(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-    let rows: Vec<Vec<u8>> =
-        asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { Vec::new() } else { vec![0; k * ROW] }).collect();
-    local.alltoallv(&rows.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    let send: Vec<Vec<u8>> = (0..local.size()).map(|q| if q == local.rank() { id_part(&[]) } else { id_part(&[own]) }).collect();
+    let sizes: Vec<usize> = send.iter().map(Vec::len).collect();
+    let mut asked_here = vec![0usize; local.size()];
+    local.alltoallv_in_place(&sizes, &mut |q, buf| buf.copy_from_slice(&send[q]), &mut || {}, &mut |q, b| {
+        asked_here[q] = b.len().saturating_sub(1) / 8
+    })?;
+    // 2. Across nodes: no ids ("the node passed its checks").
+    let sizes = vec![1; cross.size()];
+    let mut asked_across = vec![0usize; cross.size()];
+    cross.alltoallv_in_place(&sizes, &mut |_, buf| buf[0] = 0, &mut || {}, &mut |c, b| asked_across[c] = b.len().saturating_sub(1) / 8)?;
+    // 3. Rows across nodes, then back within the node: zeros, as many as asked.
+    let sizes: Vec<usize> = asked_across.iter().enumerate().map(|(c, &k)| if c == cross.rank() { 0 } else { k * ROW }).collect();
+    cross.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
+    let sizes: Vec<usize> = asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { 0 } else { k * ROW }).collect();
+    local.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
     agree::<(), wm_gather::Error>(world, Ok(()), Rule::Lowest)
 }
 
