@@ -100,8 +100,7 @@ impl Phases {
         let phases = encoded
             .iter()
             .map(|(name, _)| {
-                let per_rank: Vec<f64> =
-                    ranks.iter().map(|r| r.iter().find(|(n, _)| n == name).map_or(0.0, |(_, ms)| *ms)).collect();
+                let per_rank: Vec<f64> = ranks.iter().map(|r| r.iter().find(|(n, _)| n == name).map_or(0.0, |(_, ms)| *ms)).collect();
                 (name.clone(), Spread::of(&per_rank))
             })
             .collect();
@@ -110,8 +109,7 @@ impl Phases {
 
     /// The JSON form: `{"calls": n, "ms_per_call": {phase: {min, median, max}}}`.
     pub fn json(&self) -> serde_json::Value {
-        let map: serde_json::Map<String, serde_json::Value> =
-            self.phases.iter().map(|(n, s)| (n.clone(), serde_json::json!(s))).collect();
+        let map: serde_json::Map<String, serde_json::Value> = self.phases.iter().map(|(n, s)| (n.clone(), serde_json::json!(s))).collect();
         serde_json::json!({ "calls": self.calls, "ms_per_call": map })
     }
 

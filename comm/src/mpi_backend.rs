@@ -205,7 +205,8 @@ impl MpiComm {
             let mut o = Vec::with_capacity(lens.len() + 1);
             o.push(0usize);
             for &l in lens {
-                let next = o[o.len() - 1].checked_add(l).ok_or_else(|| Error::InvalidArgument("an exchange past usize::MAX bytes".into()))?;
+                let next =
+                    o[o.len() - 1].checked_add(l).ok_or_else(|| Error::InvalidArgument("an exchange past usize::MAX bytes".into()))?;
                 o.push(next);
             }
             Ok(o)
@@ -246,8 +247,10 @@ impl MpiComm {
         if plan.rounds == 1 {
             // Straight from and into the buffers: every count and
             // displacement is within the limit.
-            let (sc, sd): (Vec<i32>, Vec<i32>) = (slen.iter().map(|&l| count(l)).collect(), sdispl[..n].iter().map(|&d| count(d)).collect());
-            let (rc, rd): (Vec<i32>, Vec<i32>) = (rlen.iter().map(|&l| count(l)).collect(), rdispl[..n].iter().map(|&d| count(d)).collect());
+            let (sc, sd): (Vec<i32>, Vec<i32>) =
+                (slen.iter().map(|&l| count(l)).collect(), sdispl[..n].iter().map(|&d| count(d)).collect());
+            let (rc, rd): (Vec<i32>, Vec<i32>) =
+                (rlen.iter().map(|&l| count(l)).collect(), rdispl[..n].iter().map(|&d| count(d)).collect());
             let sp = Partition::new(&sbuf[..], &sc[..], &sd[..]);
             let mut rp = PartitionMut::new(&mut rbuf[..], &rc[..], &rd[..]);
             h.0.all_to_all_varcount_into(&sp, &mut rp);

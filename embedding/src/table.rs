@@ -61,6 +61,16 @@ fn rows_of(ids: Ids<'_>) -> Vec<u64> {
     }
 }
 
+/// The first byte of a part of `apply_gradients`' exchange: the sender's
+/// learning rate (4 bytes), its id count (8), the ids (8 bytes each, local
+/// row numbers of the receiver) and their gradients (f32) follow.
+const GRADS_IDS: u8 = 0;
+/// The first byte of such a part when the sender failed its checks: its
+/// outcome follows ([`wholemem::agree::outcome_bytes`]).
+const GRADS_FAILED: u8 = 1;
+/// Bytes before the ids in a [`GRADS_IDS`] part.
+const GRADS_HEADER: usize = 13;
+
 /// Sums the gradient rows of equal ids: the unique ids ascending, and for
 /// each the sum of its rows in input order (starting from 0).
 pub(crate) fn sum_repeats(rows: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>, Vec<f32>) {
@@ -346,78 +356,129 @@ impl<T: EmbeddingElement> Embedding<T> {
             Ok(opt)
         };
         let checked = check();
-        let opt = checked.as_ref().ok().copied();
-        let all = agree(comm.as_ref(), checked.map(|_| ()), &lr.to_le_bytes())?;
-        // Every rank compares the same allgathered rates, so a rate that is
-        // missing or differs is the same error everywhere.
-        let rate = |m: &[u8]| m.first_chunk::<4>().map(|b| f32::from_le_bytes(*b));
-        let show = |m: &[u8]| rate(m).map_or_else(|| "(none)".to_owned(), |r| r.to_string());
-        if let Some((r, m)) = all.iter().enumerate().find(|(_, m)| rate(m).map(f32::to_bits) != rate(&all[0]).map(f32::to_bits)) {
+
+        // 1. Sum repeats here, then send each owner, in one exchange, its
+        //    rows (as its local row numbers) and their gradients — with this
+        //    rank's learning rate and the outcome of its checks, so every
+        //    rank learns every rank's without a round of its own. Sorted ids
+        //    group by owner.
+        let p = self.table.memory().partition().clone();
+        let n = comm.size();
+        let (uids, usums) = if checked.is_ok() { sum_repeats(&rows_of(ids), grads, dim) } else { (Vec::new(), Vec::new()) };
+        let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
+        let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
+        let sizes: Vec<usize> = (0..n)
+            .map(|r| match &failure {
+                Some(f) => 1 + f.len(),
+                None => GRADS_HEADER + (bounds[r + 1] - bounds[r]) * (8 + 4 * dim),
+            })
+            .collect();
+        let count = p.count(comm.rank());
+        let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
+        let mut rates: Vec<Option<f32>> = vec![None; n];
+        let mut received: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n];
+        let mut problem = None;
+        comm.alltoallv_in_place(
+            &sizes,
+            &mut |r, buf| match &failure {
+                Some(f) => {
+                    buf[0] = GRADS_FAILED;
+                    buf[1..].copy_from_slice(f);
+                }
+                None => {
+                    let (ids, sums) = (&uids[bounds[r]..bounds[r + 1]], &usums[bounds[r] * dim..bounds[r + 1] * dim]);
+                    buf[0] = GRADS_IDS;
+                    buf[1..5].copy_from_slice(&lr.to_le_bytes());
+                    buf[5..13].copy_from_slice(&(ids.len() as u64).to_le_bytes());
+                    let (id_bytes, grad_bytes) = buf[GRADS_HEADER..].split_at_mut(ids.len() * 8);
+                    for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
+                        slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
+                    }
+                    for (slot, g) in grad_bytes.chunks_exact_mut(4).zip(sums) {
+                        slot.copy_from_slice(&g.to_le_bytes());
+                    }
+                }
+            },
+            &mut || {},
+            &mut |r, bytes| match bytes.split_first() {
+                Some((&GRADS_FAILED, outcome)) => outcomes[r] = Some(outcome.to_vec()),
+                Some((&GRADS_IDS, rest)) if rest.len() >= GRADS_HEADER - 1 => {
+                    let (rate, rest) = rest.split_at(4);
+                    rates[r] = Some(f32::from_le_bytes([rate[0], rate[1], rate[2], rate[3]]));
+                    let mut k = [0u8; 8];
+                    k.copy_from_slice(&rest[..8]);
+                    let k = usize::try_from(u64::from_le_bytes(k)).unwrap_or(usize::MAX);
+                    let split = k.checked_mul(8).filter(|&b| b <= rest.len() - 8);
+                    match split.map(|b| received_gradients(&rest[8..8 + b], &rest[8 + b..], count, dim)) {
+                        Some(Ok(got)) => received[r] = got,
+                        Some(Err(detail)) => {
+                            problem.get_or_insert_with(|| Error::Malformed {
+                                rank: comm.world_ranks()[r],
+                                detail: format!("{detail} (to rank {me})"),
+                            });
+                        }
+                        None => {
+                            problem.get_or_insert_with(|| Error::Malformed {
+                                rank: comm.world_ranks()[r],
+                                detail: format!("a part announcing {k} ids in {} bytes (to rank {me})", bytes.len()),
+                            });
+                        }
+                    }
+                }
+                _ => {
+                    problem.get_or_insert_with(|| Error::Malformed {
+                        rank: comm.world_ranks()[r],
+                        detail: format!("a gradient part of {} bytes that is neither ids nor an outcome (to rank {me})", bytes.len()),
+                    });
+                }
+            },
+        )?;
+        // 2. Every rank holds every rank's outcome and rate: the same
+        //    decision everywhere. Then what each rank sent is checked — rows
+        //    this rank owns, one row of gradients per id — and every rank
+        //    learns whether all was well before any row changes.
+        let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+        let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
+        let opt = wholemem::agree::decide(comm.as_ref(), checked, wholemem::agree::Rule::Lowest, &parts)?;
+        rates[comm.rank()] = Some(lr);
+        let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
+        if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
             let ranks = comm.world_ranks();
             return Err(Error::InvalidArgument(format!(
                 "ranks passed different learning rates: rank {} {} and rank {} {}",
                 ranks[0],
-                show(&all[0]),
+                show(rates[0]),
                 ranks[r],
-                show(m)
+                show(rate)
             )));
         }
-        // Every rank passed its checks, this one included.
-        let Some(opt) = opt else { return Err(Error::NoOptimizer) };
-
-        // 1. Sum repeats here, then send each owner its rows (as its local
-        //    row numbers) and their gradients. Sorted ids group by owner.
-        let (uids, usums) = sum_repeats(&rows_of(ids), grads, dim);
-        let p = self.table.memory().partition().clone();
-        let n = comm.size();
-        let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
-        let send_ids: Vec<Vec<u64>> =
-            (0..n).map(|r| uids[bounds[r]..bounds[r + 1]].iter().map(|&id| id - p.offset(r) as u64).collect()).collect();
-        let refs: Vec<&[u8]> = send_ids.iter().map(|v| bytemuck::cast_slice(v)).collect();
-        let got_ids = comm.alltoallv(&refs)?;
-        let refs: Vec<&[u8]> = (0..n).map(|r| bytemuck::cast_slice(&usums[bounds[r] * dim..bounds[r + 1] * dim])).collect();
-        let got_grads = comm.alltoallv(&refs)?;
-
-        // 2. What each rank sent is checked — rows this rank owns, one row
-        //    of gradients per id — and every rank learns whether all was
-        //    well before any row changes. The owner sums what every rank
-        //    sent, in rank order.
-        let count = p.count(comm.rank());
-        let (mut all_ids, mut all_grads) = (Vec::new(), Vec::new());
-        let mut problem = None;
-        for (r, (id_bytes, grad_bytes)) in got_ids.iter().zip(&got_grads).enumerate() {
-            match received_gradients(id_bytes, grad_bytes, count, dim) {
-                Ok((i, g)) => {
-                    all_ids.extend(i);
-                    all_grads.extend(g);
-                }
-                Err(detail) => {
-                    problem.get_or_insert_with(|| Error::Malformed {
-                        rank: comm.world_ranks()[r],
-                        detail: format!("{detail} (to rank {me})"),
-                    });
-                }
-            }
-        }
         agree(comm.as_ref(), problem.map_or(Ok(()), Err), &[])?;
+        let (mut all_ids, mut all_grads) = (Vec::new(), Vec::new());
+        for (i, g) in received {
+            all_ids.extend(i);
+            all_grads.extend(g);
+        }
         let (local, sums) = sum_repeats(&all_ids, &all_grads, dim);
         let first = p.offset(comm.rank()) as i64;
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
-        // 3. Read, update and write back this rank's touched rows.
+        // 3. Read, update and write back this rank's touched rows: its own
+        //    rows, so no communication.
         let mut w = vec![0f32; own.len() * dim];
-        self.gather(&own, &mut w)?;
+        wm_gather::gather_owned(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
         let width = opt.state_width(dim);
         let mut s = vec![0f32; own.len() * width];
         if let Some(state) = &self.state {
-            wm_gather::gather_into(state, &own, &mut s)?;
+            let layout = RowLayout::of(state)?;
+            wm_gather::gather_owned(state.memory(), &layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut s), DType::F32)?;
         }
         for (i, g) in sums.chunks_exact(dim).enumerate() {
             opt.update_row(lr, &mut w[i * dim..(i + 1) * dim], &mut s[i * width..(i + 1) * width], g);
         }
-        wm_gather::scatter(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
+        wm_gather::scatter_owned(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
         if let Some(state) = &mut self.state {
-            wm_gather::scatter_from(state, &own, &s)?;
+            let layout = RowLayout::of(state)?;
+            wm_gather::scatter_owned(state.memory_mut(), &layout, Ids::I64(&own), bytemuck::cast_slice(&s), DType::F32)?;
         }
         if self.table.memory().memory_type().is_mapped() {
             comm.barrier()?;

@@ -172,6 +172,35 @@ fn read_local(
     Ok(())
 }
 
+/// [`crate::gather_owned`] for distributed and hierarchy tables: this
+/// rank's rows `rows` (local numbers, checked), straight from its memory.
+pub(crate) fn gather_owned(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], out: &mut [u8]) -> Result<()> {
+    read_local(mem, layout, conv, rows, None, out)
+}
+
+/// [`crate::scatter_owned`] for distributed and hierarchy tables: `src`'s
+/// rows (converted) into this rank's rows `rows` (local numbers, checked),
+/// the last occurrence of a row winning.
+pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], src: &[u8]) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if mem.location() == wholemem::Location::Device {
+        return crate::device::scatter_local(mem, layout, conv, rows, src);
+    }
+    let n = mem.local_rows().len();
+    if let Some(bad) = rows.iter().find(|&&r| r >= n) {
+        return Err(Error::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank())));
+    }
+    debug_assert_eq!(src.len(), rows.len() * conv.src_bytes());
+    let table = LocalRows::new(mem, layout)?;
+    // SAFETY: every row is below this rank's row count (checked above) and
+    // the layout fits in a row (checked at the call's entry); `src` holds
+    // `rows.len()` rows of the source type (checked at the call's entry).
+    // Distributed and hierarchy host rows are this process's private
+    // memory, and `&mut WholeMemory` keeps its other users away.
+    unsafe { kernel::scatter_rows(&table, rows, conv, src, threads(mem), None) }?;
+    Ok(())
+}
+
 /// Copies row `k` of `rows` into output row `positions[k]`.
 fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
     for (k, &p) in positions.iter().enumerate() {

@@ -377,6 +377,54 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
     }
 }
 
+/// [`gather`] of rows this rank owns (`mem.local_rows()`), without any
+/// communication: for every memory type, not collective. A rank updating
+/// its own rows (an optimizer step after the gradients reached their owners)
+/// reads them this way instead of in a collective gather.
+///
+/// # Errors
+/// As [`gather`], and [`Error::InvalidArgument`] naming the first id this
+/// rank does not own.
+pub fn gather_owned(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
+    let conv = check_call(mem, layout, ids, out.len(), out_dtype, "output")?;
+    let rows = owned_rows(mem, ids)?;
+    match mem.memory_type() {
+        wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => gather(mem, layout, ids, out, out_dtype),
+        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => exchange::gather_owned(mem, layout, conv, &rows, out),
+    }
+}
+
+/// [`scatter`] into rows this rank owns, without any communication: for
+/// every memory type, not collective. Within the call the last occurrence
+/// of a repeated id wins.
+///
+/// # Errors
+/// As [`gather_owned`].
+pub fn scatter_owned(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
+    let conv = check_call(mem, layout, ids, src.len(), src_dtype, "input")?.reversed();
+    let rows = owned_rows(mem, ids)?;
+    match mem.memory_type() {
+        wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => scatter(mem, layout, ids, src, src_dtype),
+        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => exchange::scatter_owned(mem, layout, conv, &rows, src),
+    }
+}
+
+/// `ids` as row numbers within this rank's rows, or an error naming the
+/// first one it does not own (ids are in range: checked first).
+fn owned_rows(mem: &wholemem::WholeMemory, ids: Ids<'_>) -> Result<Vec<usize>> {
+    let own = mem.local_rows();
+    let rows = ids.to_rows();
+    if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| !own.contains(*r)) {
+        return Err(Error::InvalidArgument(format!(
+            "id {r} at position {i} is not one of rank {}'s rows ({}..{})",
+            mem.comm().world_rank(),
+            own.start,
+            own.end
+        )));
+    }
+    Ok(rows.into_iter().map(|r| r - own.start).collect())
+}
+
 /// [`gather`] from a typed tensor into a typed buffer.
 ///
 /// # Errors

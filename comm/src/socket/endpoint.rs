@@ -199,7 +199,14 @@ impl Endpoint {
         res
     }
 
-    fn run(&self, st: &mut State, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted], meanwhile: &mut dyn FnMut()) -> Result<Vec<Msg>> {
+    fn run(
+        &self,
+        st: &mut State,
+        op: &'static str,
+        out: &[Outgoing<'_>],
+        want: &[Wanted],
+        meanwhile: &mut dyn FnMut(),
+    ) -> Result<Vec<Msg>> {
         let mut meanwhile = Some(meanwhile);
         let headers: Vec<[u8; HEADER_LEN]> = out.iter().map(|o| o.hdr.encode()).collect();
         let mut written = vec![0usize; out.len()];

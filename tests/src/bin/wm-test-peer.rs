@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
-use wholemem::agree::{Rule, agree, agree_sharing};
+use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;
 use wm_embedding::{Embedding, Optimizer};
@@ -134,7 +134,9 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
         .collect();
     let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
     let mut asked = vec![0usize; n];
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut || {}, &mut |r, b| asked[r] = b.len().saturating_sub(1) / 8)?;
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut || {}, &mut |r, b| {
+        asked[r] = b.len().saturating_sub(1) / 8
+    })?;
     // 2. Rows: as many as asked (zeros), or three bytes more.
     let extra = if matches!(how, Break::LongReply) { 3 } else { 0 };
     let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { asked[r] * ROW + extra }).collect();
@@ -272,13 +274,24 @@ fn fake_gradients(emb: &Embedding<f32>, foreign: bool, lr: f32) -> wm_embedding:
     let comm = emb.comm().as_ref();
     let (n, me) = (comm.size(), comm.rank());
     let p = emb.table().memory().partition();
-    agree_sharing::<(), wm_embedding::Error>(comm, Ok(()), Rule::Lowest, &lr.to_le_bytes())?;
-    let ids: Vec<Vec<u8>> = (0..n)
-        .map(|r| if r == me { Vec::new() } else { (if foreign { p.count(r) as u64 + 1 } else { 0 }).to_le_bytes().to_vec() })
+    // One exchange: kind 0 ("my checks passed"), the rate, one id, and one
+    // row of gradients (or two), to every peer.
+    let parts: Vec<Vec<u8>> = (0..n)
+        .map(|r| {
+            let mut part = vec![0u8];
+            part.extend_from_slice(&lr.to_le_bytes());
+            if r == me {
+                part.extend_from_slice(&0u64.to_le_bytes());
+                return part;
+            }
+            part.extend_from_slice(&1u64.to_le_bytes());
+            part.extend_from_slice(&(if foreign { p.count(r) as u64 + 1 } else { 0 }).to_le_bytes());
+            part.resize(part.len() + if foreign { ROW } else { 2 * ROW }, 0);
+            part
+        })
         .collect();
-    comm.alltoallv(&ids.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
-    let grads: Vec<Vec<u8>> = (0..n).map(|r| if r == me { Vec::new() } else { vec![0; if foreign { ROW } else { 2 * ROW }] }).collect();
-    comm.alltoallv(&grads.iter().map(Vec::as_slice).collect::<Vec<_>>())?;
+    let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut || {}, &mut |_, _| {})?;
     agree::<(), wm_embedding::Error>(comm, Ok(()), Rule::Lowest)
 }
 
