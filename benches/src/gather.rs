@@ -76,6 +76,11 @@ pub struct MoveArgs {
     /// `huge` (transparent huge pages asked for with madvise), to see how much of a ratio is the table's huge pages.
     #[arg(long, value_enum, default_value = "default")]
     pub(crate) baseline_pages: BaselinePages,
+    /// Who runs the baseline: `one` (rank 0 alone, the others waiting: the machine to itself) or `all` (every rank its
+    /// own private table and batches, at the same time — the same sharing of cores and memory as the benchmark; the
+    /// figure is the median over the ranks). Host memory only.
+    #[arg(long, value_enum, default_value = "one")]
+    pub(crate) baseline_ranks: BaselineRanks,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
@@ -83,6 +88,13 @@ pub struct MoveArgs {
     /// of each per call, min/median/max over the ranks (JSON: `profile`).
     #[arg(long)]
     pub(crate) profile: bool,
+}
+
+/// Who runs the baseline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum BaselineRanks {
+    One,
+    All,
 }
 
 /// Pages of the baseline's private table.
@@ -201,7 +213,8 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     // A run into device memory has a copy to the GPU as its baseline: no
     // private host table needed.
     let host_rows = if a.device_out() { 0 } else { rows };
-    let mut base = if me == 0 { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
+    let all_base = a.baseline_ranks == BaselineRanks::All && !a.device_out();
+    let mut base = if me == 0 || all_base { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
     #[cfg(feature = "cuda")]
     let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
     world.barrier()?;
@@ -250,7 +263,8 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             Op::Scatter if b + 1 == a.warmup + a.iters => scattered = ids.clone(),
             Op::Scatter => {}
         }
-        // The baseline's batch, by rank 0 alone.
+        // The baseline's batch: by rank 0 alone, or by every rank at once
+        // (`--baseline-ranks all`), each its own batch.
         world.barrier()?;
         if let Some(base) = &mut base {
             #[cfg(feature = "cuda")]
@@ -288,7 +302,12 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &wm_gather::profile::take())?) } else { None };
     let bytes = (a.iters * a.batch * buf_row) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
-    let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
+    let baseline = if all_base {
+        let each = world.allgather_pod(&[base.as_ref().map_or(0.0, Baseline::gbps)])?;
+        Spread::of(&each).median
+    } else {
+        base.as_ref().map_or(0.0, Baseline::gbps)
+    };
     let baseline_huge = base.as_ref().map_or(0.0, |b| wholemem::huge_page_bytes(&b.table) as f64 / b.table.len().max(1) as f64);
     drop(base);
     #[cfg(feature = "cuda")]
@@ -311,6 +330,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
                 "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
                 "huge_pages": huge_pages, "baseline_huge_pages": baseline_huge,
+                "baseline_ranks": if all_base { "all" } else { "one" },
             });
             let mut j = j;
             if let Some(p) = &phases {
@@ -333,6 +353,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             let what = match (a.location, a.out_location) {
                 (Location::Device, _) => "rank 0's GPU, a device-to-device copy of the same bytes",
                 (Location::Host, Some(Location::Device)) => "rank 0's rows copied to its GPU over the host link",
+                _ if all_base => "every rank at once, one thread each, private tables (median)",
                 _ => "one process, one thread, private table",
             };
             Speeds { per_rank: s, total, baseline, ratio }.print(what, "per-rank median / baseline");
