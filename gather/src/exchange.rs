@@ -201,6 +201,25 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
     Ok(())
 }
 
+/// The distinct ids of every rank's list, ascending, and for each list the
+/// index into them of each of its ids.
+fn dedup(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
+    let mut all: Vec<(u64, usize, usize)> = Vec::with_capacity(lists.iter().map(Vec::len).sum());
+    for (q, l) in lists.iter().enumerate() {
+        all.extend(l.iter().enumerate().map(|(k, &id)| (id, q, k)));
+    }
+    all.sort_unstable();
+    let mut unique = Vec::with_capacity(all.len());
+    let mut answer: Vec<Vec<usize>> = lists.iter().map(|l| vec![0; l.len()]).collect();
+    for &(id, q, k) in &all {
+        if unique.last() != Some(&id) {
+            unique.push(id);
+        }
+        answer[q][k] = unique.len() - 1;
+    }
+    (unique, answer)
+}
+
 /// Copies row `k` of `rows` into output row `positions[k]`.
 fn place(out: &mut [u8], rows: &[u8], positions: &[usize], row_bytes: usize) {
     for (k, &p) in positions.iter().enumerate() {
@@ -413,7 +432,9 @@ pub(crate) fn gather_hierarchy(
     let (order, starts) = bucket(&via, local.size());
     let wanted = |q: usize| &order[starts[q]..starts[q + 1]];
     let mine = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
-    let sizes: Vec<usize> = (0..local.size()).map(|q| 1 + mine.as_ref().map_or(wanted(q).len() * 8, Vec::len)).collect();
+    // This rank's own part is only its kind byte: its ids stay here.
+    let sizes: Vec<usize> =
+        (0..local.size()).map(|q| 1 + mine.as_ref().map_or(if q == lme { 0 } else { wanted(q).len() * 8 }, Vec::len)).collect();
     let mut from_local: Vec<Vec<u64>> = vec![Vec::new(); local.size()];
     // The node's failures: (world rank, outcome), this rank's own included.
     let mut failures: Vec<(usize, Vec<u8>)> = mine.iter().map(|m| (comm.world_rank(), m.clone())).collect();
@@ -426,8 +447,10 @@ pub(crate) fn gather_hierarchy(
             }
             None => {
                 buf[0] = IDS;
-                for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(wanted(q)) {
-                    slot.copy_from_slice(&(rows[i] as u64).to_le_bytes());
+                if q != lme {
+                    for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(wanted(q)) {
+                        slot.copy_from_slice(&(rows[i] as u64).to_le_bytes());
+                    }
                 }
             }
         },
@@ -465,10 +488,9 @@ pub(crate) fn gather_hierarchy(
     failures.sort_by_key(|(r, _)| *r);
     let node_verdict = failures.first().cloned();
 
-    // 2. De-duplicate what the node asked of this rank.
-    let mut unique: Vec<u64> = from_local.concat();
-    unique.sort_unstable();
-    unique.dedup();
+    // 2. De-duplicate what the node asked of this rank, remembering for each
+    //    request which unique id answers it (so the fan-out needs no search).
+    let (unique, answer) = dedup(&from_local);
     clock.lap("dedup");
 
     // 3. Across nodes, unique ids only (the owner is this cross
@@ -592,25 +614,20 @@ pub(crate) fn gather_hierarchy(
     // 5. Back within the node: each local rank gets its rows in the order it
     //    asked for them, written straight into the exchange; this rank's own
     //    requests go to `out` while the others travel.
-    let unique_row = |id: u64| unique.binary_search(&id).ok().map(|u| &unique_rows[u * db..][..db]);
+    let unique_row = |u: usize| &unique_rows[u * db..][..db];
     let sizes: Vec<usize> = (0..local.size()).map(|q| if q == lme { 0 } else { from_local[q].len() * db }).collect();
     let out = std::cell::RefCell::new(out);
     local.alltoallv_in_place(
         &sizes,
         &mut |q, buf| {
-            for (slot, &id) in buf.chunks_exact_mut(db).zip(&from_local[q]) {
-                // Every id asked is in `unique`, which was built from them.
-                if let Some(row) = unique_row(id) {
-                    slot.copy_from_slice(row);
-                }
+            for (slot, &u) in buf.chunks_exact_mut(db).zip(&answer[q]) {
+                slot.copy_from_slice(unique_row(u));
             }
         },
         &mut || {
             let mut out = out.borrow_mut();
-            for (&id, &pos) in from_local[lme].iter().zip(wanted(lme)) {
-                if let Some(row) = unique_row(id) {
-                    out[pos * db..][..db].copy_from_slice(row);
-                }
+            for (&u, &pos) in answer[lme].iter().zip(wanted(lme)) {
+                out[pos * db..][..db].copy_from_slice(unique_row(u));
             }
         },
         &mut |q, bytes| {
@@ -730,4 +747,22 @@ pub(crate) fn scatter_distributed(
     let done = agree(comm.as_ref(), outcome);
     clock.lap("agree");
     done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_answers_every_request_with_its_unique_id() {
+        let lists = vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]];
+        let (unique, answer) = dedup(&lists);
+        assert_eq!(unique, [1, 3, 7, 9]);
+        for (l, a) in lists.iter().zip(&answer) {
+            assert_eq!(l.len(), a.len());
+            for (&id, &u) in l.iter().zip(a) {
+                assert_eq!(unique[u], id);
+            }
+        }
+    }
 }
