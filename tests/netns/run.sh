@@ -15,13 +15,24 @@
 #   3. Nothing is left: no process of ours, nothing new in /dev/shm; the
 #      namespaces are deleted on any exit.
 #
-# Usage: tests/netns/run.sh [WM_BENCH]   (default: target/release/wm-bench,
+# Usage: tests/netns/run.sh [--bench] [WM_BENCH]   (default: target/release/wm-bench,
 # else target/debug/wm-bench). Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN):
 # when `ip netns add` is not permitted it prints SKIP and exits 0, except
 # under CI (CI=true), where that is a failure.
+#
+# With --bench it measures instead of checking: wm-bench gather and scatter
+# of the default 2 GiB table (4 194 304 x 128 f32), distributed and
+# hierarchy, 1 and 2 ranks per host, batches 8192 and 65 536, one JSON line
+# each (verified, with the same-run baseline and the ratio) — the figures
+# of docs/performance.md's "Two network namespaces".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
+mode=check
+if [ "${1:-}" = --bench ]; then
+  mode=bench
+  shift
+fi
 bench=${1:-}
 if [ -z "$bench" ]; then
   if [ -x target/release/wm-bench ]; then bench=target/release/wm-bench; else bench=target/debug/wm-bench; fi
@@ -77,17 +88,18 @@ ip -n "$nsb" link set "$tag-vb" up
 # The job's key, as wm-run would make it (64 hex digits).
 key=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
 
-# start RANK TIMEOUT_S LOG ARGS...: rank RANK of 4 in its host's namespaces,
-# in the background; ranks 0 and 1 on host a, 2 and 3 on host b.
+# start RANK TIMEOUT_S LOG ARGS...: rank RANK of $world in its host's
+# namespaces, in the background; the first half on host a, the rest on b.
 pids=()
+world=4
 start() {
   local rank=$1 tmo=$2 log=$3
   shift 3
   local ns=$nsa host=wm-host-a addr=$addr_a
-  if [ "$rank" -ge 2 ]; then ns=$nsb host=wm-host-b addr=$addr_b; fi
+  if [ "$rank" -ge $((world / 2)) ]; then ns=$nsb host=wm-host-b addr=$addr_b; fi
   ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" \
     env -u WM_NODE_ID -u WM_UNTAGGED -u WM_BACKEND \
-    WM_NETNS_MARKER="$marker" WM_RANK="$rank" WM_WORLD_SIZE=4 \
+    WM_NETNS_MARKER="$marker" WM_RANK="$rank" WM_WORLD_SIZE="$world" \
     WM_RENDEZVOUS="$addr_a:$port" WM_HOST_ADDR="$addr" WM_JOB_KEY="$key" \
     WM_TIMEOUT_S="$tmo" "$bench" "$@" >"$log.$rank.out" 2>"$log.$rank.err" &
   pids[rank]=$!
@@ -98,7 +110,7 @@ start() {
 codes=()
 wait_all() {
   local limit=$1 t0=$SECONDS
-  for r in 0 1 2 3; do
+  for ((r = 0; r < world; r++)); do
     while kill -0 "${pids[r]}" 2>/dev/null && [ $((SECONDS - t0)) -lt "$limit" ]; do sleep 0.2; done
     if kill -0 "${pids[r]}" 2>/dev/null; then
       kill -KILL "${pids[r]}" 2>/dev/null || true
@@ -114,10 +126,37 @@ wait_all() {
 }
 
 show() {
-  for r in 0 1 2 3; do
+  for ((r = 0; r < world; r++)); do
     sed "s/^/[$r] /" "$1.$r.out" "$1.$r.err" >&2 || true
   done
 }
+
+if [ "$mode" = bench ]; then
+  echo "-- measuring on two hosts ($nsa at $addr_a, $nsb at $addr_b), real TCP between them"
+  for per_host in 1 2; do
+    world=$((2 * per_host))
+    for op in gather scatter; do
+      for ty in distributed hierarchy; do
+        for batch in 8192 65536; do
+          log="$work/bench-$op-$ty-$per_host-$batch"
+          for ((r = 0; r < world; r++)); do
+            start "$r" 300 "$log" "$op" --json --type "$ty" --batch "$batch" ${WM_NETNS_BENCH_ARGS:-}
+          done
+          wait_all 900
+          expect=$(printf '0 %.0s' $(seq "$world"))
+          if [ "${codes[*]} " != "$expect" ]; then
+            show "$log"
+            echo "netns: $op $ty x$per_host batch $batch: exit codes ${codes[*]}" >&2
+            exit 1
+          fi
+          cat "$log.0.out"
+          grep -q '"verified":true' "$log.0.out"
+        done
+      done
+    done
+  done
+  exit 0
+fi
 
 echo "-- two hosts ($nsa: ranks 0 1 at $addr_a, $nsb: ranks 2 3 at $addr_b), real TCP between them"
 for op in gather scatter; do
