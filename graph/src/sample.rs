@@ -2,8 +2,9 @@
 
 use std::collections::HashSet;
 
-use wholemem::MemoryType;
+use wholemem::{Element, Location, MemoryType};
 use wm_comm::{CommExt, Communicator};
+use wm_gather::Column;
 
 use crate::collective::{agree_with, bucket, split_work};
 use crate::csr::{ColIndex, CsrGraph};
@@ -168,8 +169,8 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
     match graph.memory_type() {
         MemoryType::Continuous | MemoryType::Chunked => {
             checked?;
-            let ids: Vec<u64> = centers.iter().map(|&v| v as u64).collect();
-            let (counts, neighbors, edge_ids) = sample_local(graph, &ids, req, threads)?;
+            // Checked: every center is a node id, so not negative.
+            let (counts, neighbors, edge_ids) = sample_local(graph, centers, |v| v as u64, req, threads)?;
             Ok(Sample::from_counts(&counts, neighbors, edge_ids))
         }
         MemoryType::Distributed | MemoryType::Hierarchy => {
@@ -184,11 +185,123 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
     }
 }
 
-/// Samples of `centers`: counts per center, neighbours, edge ids (empty
-/// unless asked). Reads through `wm_gather`: not collective for continuous
-/// and chunked graphs; for distributed and hierarchy graphs every rank calls
-/// it once per sampling call with centers it owns (so the gathers find
-/// their rows locally, yet stay collective).
+/// Samples of `centers` (node ids by `id`): counts per center, neighbours,
+/// edge ids (empty unless asked). Not collective for host graphs: continuous
+/// and chunked graphs are read through the mapping, and distributed and
+/// hierarchy graphs call it with centers they own ([`serve`]), whose edges
+/// they hold. Device graphs read through `wm_gather` ([`sample_gathered`]),
+/// collectively for distributed and hierarchy graphs: every rank then calls
+/// it once per sampling call.
+pub(crate) fn sample_local<C: Copy + Sync>(
+    graph: &CsrGraph,
+    centers: &[C],
+    id: impl Fn(C) -> u64 + Sync,
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
+    if graph.location() != Location::Host {
+        let ids: Vec<u64> = centers.iter().map(|&c| id(c)).collect();
+        return sample_gathered(graph, &ids, req, threads);
+    }
+    match &graph.col_ind {
+        ColIndex::I32(t) => sample_mapped(graph, &Column::new(t)?, centers, id, req, threads),
+        ColIndex::I64(t) => sample_mapped(graph, &Column::new(t)?, centers, id, req, threads),
+    }
+}
+
+/// Counts, neighbours and edge ids of a run of centers.
+type Picked = (Vec<usize>, Vec<i64>, Vec<i64>);
+
+/// [`sample_local`] for host graphs, in one pass per center: its two
+/// offsets, its picks, the picked neighbours — read through the mapping
+/// with [`Column`]s, in `threads` threads. The same picks as
+/// [`sample_in_memory`] (the same code draws them).
+fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
+    graph: &CsrGraph,
+    col: &Column<'_, T>,
+    centers: &[C],
+    id: impl Fn(C) -> u64 + Sync,
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<Picked> {
+    let row_ptr = Column::new(&graph.row_ptr)?;
+    let weights = match (&graph.weights, req.weighted) {
+        (Some(w), true) => Some(Column::new(w)?),
+        (None, true) => return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into())),
+        (_, false) => None,
+    };
+    let edges = graph.edges();
+    let me = graph.comm().world_rank();
+    // Node `v`'s edges, checked to fit the table and to be mapped here.
+    let bounds = |v: u64| -> Result<(usize, usize)> {
+        let v = usize::try_from(v).map_err(|_| Error::InvalidArgument(format!("node {v} does not fit an index")))?;
+        let start = row_ptr.get(v).ok_or_else(|| Error::InvalidArgument(format!("node {v}'s offsets are not on rank {me}")))?;
+        // The next node's offset, or for an owner's last node (the next one
+        // is another rank's) the end of the owner's edges.
+        let end = match row_ptr.get(v + 1) {
+            Some(e) => e,
+            None => graph.edges.offset(graph.nodes.owner(v) + 1) as i64,
+        };
+        if start < 0 || end < start || end as u64 > edges as u64 {
+            return Err(Error::BadGraph(format!("node {v}'s offsets {start}..{end} do not fit {edges} edges")));
+        }
+        Ok((start as usize, end as usize))
+    };
+    let parts = split_work(centers.len(), threads, |chunk| -> Result<Picked> {
+        let mut s = Scratch::default();
+        let guess = chunk.len().saturating_mul(req.fanout.min(16));
+        let mut counts = Vec::with_capacity(chunk.len());
+        let mut neighbors = Vec::with_capacity(guess);
+        let mut edge_ids = Vec::with_capacity(if req.edge_ids { guess } else { 0 });
+        for &c in &centers[chunk] {
+            let v = id(c);
+            let (start, end) = bounds(v)?;
+            let not_here = || Error::BadGraph(format!("node {v}'s edges {start}..{end} are not among those rank {me} maps"));
+            let run = col.run(start..end).ok_or_else(not_here)?;
+            let d = end - start;
+            let k = d.min(req.fanout);
+            counts.push(k);
+            if k == d {
+                run.extend_into(&mut neighbors, Into::into);
+                if req.edge_ids {
+                    edge_ids.extend(start as i64..end as i64);
+                }
+                continue;
+            }
+            let mut stream = Stream::new(req.seed, v);
+            match &weights {
+                Some(w) => {
+                    s.weights.clear();
+                    w.run(start..end).ok_or_else(not_here)?.extend_into(&mut s.weights, |x| x);
+                    weighted_picks(&mut stream, &s.weights, k, &mut s.keys, &mut s.picks);
+                }
+                None => floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen),
+            }
+            for &p in &s.picks {
+                neighbors.push(run.get(p as usize).into());
+            }
+            if req.edge_ids {
+                edge_ids.extend(s.picks.iter().map(|&p| (start + p as usize) as i64));
+            }
+        }
+        Ok((counts, neighbors, edge_ids))
+    });
+    let mut parts = parts.into_iter();
+    let Some(first) = parts.next() else { return Ok(Picked::default()) };
+    let (mut counts, mut neighbors, mut edge_ids) = first?;
+    for part in parts {
+        let (c, n, e) = part?;
+        counts.extend(c);
+        neighbors.extend(n);
+        edge_ids.extend(e);
+    }
+    Ok((counts, neighbors, edge_ids))
+}
+
+/// [`sample_local`] through `wm_gather` (device graphs): not collective for
+/// continuous and chunked graphs; for distributed and hierarchy graphs every
+/// rank calls it once per sampling call with centers it owns (so the
+/// gathers find their rows locally, yet stay collective).
 ///
 /// 1. One gather of `row_ptr[v]` and `row_ptr[v + 1]` per center.
 /// 2. For weighted centers with more neighbours than the fanout, one gather
@@ -196,7 +309,7 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
 /// 3. The picks, per center from its own random stream, in `threads`
 ///    threads.
 /// 4. One gather of the picked edges' neighbour ids.
-pub(crate) fn sample_local(
+fn sample_gathered(
     graph: &CsrGraph,
     centers: &[u64],
     req: &SampleRequest,
@@ -241,7 +354,7 @@ pub(crate) fn sample_local(
             }
             weight_at[i + 1] = pos.len();
         }
-        let table = graph.weights.as_ref().expect("checked: the graph has weights");
+        let table = graph.weights.as_ref().ok_or_else(|| Error::InvalidArgument("weighted sampling of a graph without edge weights".into()))?;
         weights = vec![0f32; pos.len()];
         wm_gather::gather_into(table, &pos, &mut weights)?;
     }
@@ -292,6 +405,7 @@ struct Scratch {
     picks: Vec<u64>,
     seen: HashSet<u64>,
     keys: Vec<(f64, u32)>,
+    weights: Vec<f32>,
 }
 
 /// Picks at most this many with a linear membership test.
@@ -388,7 +502,7 @@ fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest
         // Still take part in the gathers of this call, with nothing to read.
         all.clear();
     }
-    let sampled = sample_local(graph, &all, req, threads);
+    let sampled = sample_local(graph, &all, |v| v, req, threads);
     if let Some(e) = problem {
         return Err(e);
     }

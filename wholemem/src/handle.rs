@@ -470,13 +470,16 @@ impl WholeMemory {
     }
 
     /// Threads this rank uses to copy its rows (gather, scatter, file
-    /// loading): `WM_THREADS` if set, else the machine's cores divided by
-    /// the ranks on this node.
+    /// loading): `WM_THREADS` if set, else the machine's cores (as this
+    /// process first found them) divided by the ranks on this node.
     pub fn copy_threads(&self) -> usize {
         if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
             return n.max(1);
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Asked once: the answer reads the CPU affinity and cgroup files
+        // (tens of microseconds), and every gather asks.
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let comm = &self.comm;
         let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
         (cores / local.max(1)).max(1)
