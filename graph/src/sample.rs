@@ -3,13 +3,12 @@
 use std::collections::HashSet;
 
 use wholemem::{Element, Location, MemoryType};
-use wm_comm::{CommExt, Communicator};
 use wm_gather::Column;
 
-use crate::collective::{agree_with, bucket, split_work};
+use crate::collective::{agree_with, split_work};
 use crate::csr::{ColIndex, CsrGraph};
 use crate::rng::Stream;
-use crate::{Error, Result};
+use crate::{Error, Result, route};
 
 /// A fanout that takes every neighbour.
 pub const ALL: usize = usize::MAX;
@@ -102,7 +101,7 @@ impl Sample {
         out
     }
 
-    fn from_counts(counts: &[usize], neighbors: Vec<i64>, edge_ids: Vec<i64>) -> Self {
+    pub(crate) fn from_counts(counts: &[usize], neighbors: Vec<i64>, edge_ids: Vec<i64>) -> Self {
         let mut offsets = Vec::with_capacity(counts.len() + 1);
         offsets.push(0);
         let mut acc = 0;
@@ -177,9 +176,9 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
             agree_with(graph.comm().as_ref(), checked, &req.header(), describe_request)?;
             let comm = graph.comm().clone();
             if graph.memory_type() == MemoryType::Hierarchy && comm.cross().size() > 1 {
-                hierarchy(graph, centers, req, threads)
+                route::hierarchy(graph, centers, req, threads)
             } else {
-                distributed(graph, comm.as_ref(), centers, req, threads)
+                route::distributed(graph, comm.as_ref(), centers, req, threads)
             }
         }
     }
@@ -208,6 +207,10 @@ pub(crate) fn sample_local<C: Copy + Sync>(
         ColIndex::I64(t) => sample_mapped(graph, &Column::new(t)?, centers, id, req, threads),
     }
 }
+
+/// Centers a sampling thread gets at least (some ten thousand edges at the
+/// usual fanouts: a few hundred microseconds of work).
+const CENTERS_PER_THREAD: usize = 1024;
 
 /// Counts, neighbours and edge ids of a run of centers.
 type Picked = (Vec<usize>, Vec<i64>, Vec<i64>);
@@ -247,6 +250,8 @@ fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
         }
         Ok((start as usize, end as usize))
     };
+    // A thread costs tens of microseconds to start: only for enough work.
+    let threads = threads.min(centers.len().div_ceil(CENTERS_PER_THREAD));
     let parts = split_work(centers.len(), threads, |chunk| -> Result<Picked> {
         let mut s = Scratch::default();
         let guess = chunk.len().saturating_mul(req.fanout.min(16));
@@ -445,215 +450,6 @@ pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, key
     picks.clear();
     picks.extend(keys[..k].iter().map(|&(_, i)| u64::from(i)));
     picks.sort_unstable();
-}
-
-/// An owner's answer for the centers one rank asked: their counts, then
-/// the neighbours, then (when asked) the edge ids.
-fn encode_reply(counts: &[usize], neighbors: &[i64], edge_ids: &[i64]) -> Vec<u64> {
-    let mut v = Vec::with_capacity(counts.len() + neighbors.len() + edge_ids.len());
-    v.extend(counts.iter().map(|&c| c as u64));
-    v.extend(neighbors.iter().map(|&x| x as u64));
-    v.extend(edge_ids.iter().map(|&x| x as u64));
-    v
-}
-
-/// A decoded answer: counts, neighbours, edge ids.
-type Reply<'a> = (Vec<usize>, &'a [u64], &'a [u64]);
-
-/// Checks and splits an answer for `asked` centers (a peer's data is input).
-fn decode_reply<'a>(words: &'a [u64], asked: usize, req: &SampleRequest, nodes: usize, from: usize) -> Result<Reply<'a>> {
-    let bad = |detail: String| Error::PeerFailed { rank: from, detail };
-    if words.len() < asked {
-        return Err(bad(format!("it answered {} words for {asked} centers", words.len())));
-    }
-    let counts: Vec<usize> = words[..asked].iter().map(|&c| c as usize).collect();
-    let mut total = 0usize;
-    for &c in &counts {
-        if c > req.fanout || c > words.len() {
-            return Err(bad(format!("it answered {c} samples for a center with fanout {}", req.fanout)));
-        }
-        total += c;
-    }
-    let per = if req.edge_ids { 2 } else { 1 };
-    if total.checked_mul(per).and_then(|t| t.checked_add(asked)) != Some(words.len()) {
-        return Err(bad(format!("it answered {} words for {asked} centers and {total} samples", words.len())));
-    }
-    let rest = &words[asked..];
-    let (ids, eids) = rest.split_at(total);
-    if let Some(&x) = ids.iter().find(|&&x| x >= nodes as u64) {
-        return Err(bad(format!("it answered neighbour {x} in a graph of {nodes} nodes")));
-    }
-    Ok((counts, ids, eids))
-}
-
-/// Serves the centers each rank asked (local node numbers relative to this
-/// rank's first node), all in one local sample.
-fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest, threads: usize) -> Result<Vec<Vec<u64>>> {
-    let count = graph.local_nodes().len() as u64;
-    let mut all: Vec<u64> = Vec::with_capacity(asked.iter().map(Vec::len).sum());
-    let mut problem = None;
-    for a in asked {
-        if let Some(&bad) = a.iter().find(|&&x| x >= count) {
-            problem.get_or_insert(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
-        }
-        all.extend(a.iter().map(|&x| x + first as u64));
-    }
-    if problem.is_some() {
-        // Still take part in the gathers of this call, with nothing to read.
-        all.clear();
-    }
-    let sampled = sample_local(graph, &all, |v| v, req, threads);
-    if let Some(e) = problem {
-        return Err(e);
-    }
-    let (counts, nbrs, eids) = sampled?;
-    let (mut c0, mut n0) = (0, 0);
-    Ok(asked
-        .iter()
-        .map(|a| {
-            let c = &counts[c0..c0 + a.len()];
-            let n: usize = c.iter().sum();
-            let reply = encode_reply(c, &nbrs[n0..n0 + n], if req.edge_ids { &eids[n0..n0 + n] } else { &[] });
-            c0 += a.len();
-            n0 += n;
-            reply
-        })
-        .collect())
-}
-
-/// Places the answers: `parts[r]` answers the centers at positions
-/// `positions(r)`.
-fn assemble<'a>(n: usize, parts: &[Reply<'_>], positions: impl Fn(usize) -> &'a [usize], edge_ids: bool) -> Sample {
-    let mut counts = vec![0usize; n];
-    for (r, (c, _, _)) in parts.iter().enumerate() {
-        for (k, &i) in positions(r).iter().enumerate() {
-            counts[i] = c[k];
-        }
-    }
-    let total: usize = counts.iter().sum();
-    let mut s = Sample::from_counts(&counts, vec![0; total], if edge_ids { vec![0; total] } else { Vec::new() });
-    for (r, (c, ids, eids)) in parts.iter().enumerate() {
-        let mut at = 0;
-        for (k, &i) in positions(r).iter().enumerate() {
-            let o = s.offsets[i];
-            for j in 0..c[k] {
-                s.neighbors[o + j] = ids[at + j] as i64;
-                if edge_ids {
-                    s.edge_ids[o + j] = eids[at + j] as i64;
-                }
-            }
-            at += c[k];
-        }
-    }
-    s
-}
-
-fn distributed(graph: &CsrGraph, comm: &dyn Communicator, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
-    let n = comm.size();
-    let p = graph.node_partition();
-    let owners: Vec<usize> = centers.iter().map(|&v| p.owner(v as usize)).collect();
-    let (order, starts) = bucket(&owners, n);
-    let positions = |r: usize| &order[starts[r]..starts[r + 1]];
-    let send: Vec<Vec<u64>> = (0..n).map(|r| positions(r).iter().map(|&i| (centers[i] as usize - p.offset(r)) as u64).collect()).collect();
-    let refs: Vec<&[u64]> = send.iter().map(Vec::as_slice).collect();
-    let asked = comm.alltoallv_pod(&refs)?;
-    // A failure here is kept until the answers are exchanged, so every rank
-    // stays in step; its empty answers tell the others.
-    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
-    let replies = match &served {
-        Ok(r) => r.clone(),
-        Err(_) => vec![Vec::new(); n],
-    };
-    let refs: Vec<&[u64]> = replies.iter().map(Vec::as_slice).collect();
-    let got = comm.alltoallv_pod(&refs)?;
-    served?;
-    let ranks = comm.world_ranks();
-    let parts: Vec<Reply<'_>> =
-        (0..n).map(|r| decode_reply(&got[r], positions(r).len(), req, graph.nodes(), ranks[r])).collect::<Result<_>>()?;
-    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
-}
-
-fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
-    let comm = graph.comm().clone();
-    let (local, cross) = (comm.local(), comm.cross());
-    let placement = wm_topology::NodeLayout::of(comm.nodes());
-    let p = graph.node_partition();
-
-    // 1. Within the node: each center to the local rank that shares its
-    //    owner's local rank (its cross communicator reaches the owner).
-    let via: Vec<usize> = centers.iter().map(|&v| placement.local[p.owner(v as usize)]).collect();
-    let (order, starts) = bucket(&via, local.size());
-    let positions = |q: usize| &order[starts[q]..starts[q + 1]];
-    let to_local: Vec<Vec<u64>> = (0..local.size()).map(|q| positions(q).iter().map(|&i| centers[i] as u64).collect()).collect();
-    let refs: Vec<&[u64]> = to_local.iter().map(Vec::as_slice).collect();
-    let from_local = local.alltoallv_pod(&refs)?;
-
-    // 2. Each center the node asked of this rank once, to the owner's node.
-    let nodes = graph.nodes() as u64;
-    let mut unique: Vec<u64> = from_local.iter().flatten().copied().filter(|&v| v < nodes).collect();
-    unique.sort_unstable();
-    unique.dedup();
-    let owner_node: Vec<usize> = unique.iter().map(|&v| placement.node[p.owner(v as usize)]).collect();
-    let (uorder, ustarts) = bucket(&owner_node, cross.size());
-    let upos = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
-    let to_cross: Vec<Vec<u64>> = (0..cross.size())
-        .map(|c| {
-            upos(c)
-                .iter()
-                .map(|&k| {
-                    let v = unique[k] as usize;
-                    (v - p.offset(p.owner(v))) as u64
-                })
-                .collect()
-        })
-        .collect();
-    let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
-    let asked = cross.alltoallv_pod(&refs)?;
-    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
-    let replies = match &served {
-        Ok(r) => r.clone(),
-        Err(_) => vec![Vec::new(); cross.size()],
-    };
-    let refs: Vec<&[u64]> = replies.iter().map(Vec::as_slice).collect();
-    let got = cross.alltoallv_pod(&refs)?;
-
-    // 3. The unique centers' samples, then each local rank's in its order.
-    let decoded: Result<Sample> = served.and_then(|_| {
-        let ranks = cross.world_ranks();
-        let parts: Vec<Reply<'_>> =
-            (0..cross.size()).map(|c| decode_reply(&got[c], upos(c).len(), req, graph.nodes(), ranks[c])).collect::<Result<_>>()?;
-        Ok(assemble(unique.len(), &parts, upos, req.edge_ids))
-    });
-    let answers: Vec<Vec<u64>> = match &decoded {
-        Ok(u) => from_local
-            .iter()
-            .map(|asked| {
-                let mut counts = Vec::with_capacity(asked.len());
-                let (mut ids, mut eids) = (Vec::new(), Vec::new());
-                for v in asked {
-                    let Ok(k) = unique.binary_search(v) else {
-                        counts.push(0);
-                        continue;
-                    };
-                    let r = u.offsets[k]..u.offsets[k + 1];
-                    counts.push(r.len());
-                    ids.extend_from_slice(&u.neighbors[r.clone()]);
-                    if req.edge_ids {
-                        eids.extend_from_slice(&u.edge_ids[r]);
-                    }
-                }
-                encode_reply(&counts, &ids, &eids)
-            })
-            .collect(),
-        Err(_) => vec![Vec::new(); local.size()],
-    };
-    let refs: Vec<&[u64]> = answers.iter().map(Vec::as_slice).collect();
-    let back = local.alltoallv_pod(&refs)?;
-    decoded?;
-    let ranks = local.world_ranks();
-    let parts: Vec<Reply<'_>> =
-        (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph.nodes(), ranks[q])).collect::<Result<_>>()?;
-    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
 }
 
 /// The same sampling as [`sample`], single-threaded over a CSR held in
