@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use wholemem::{Element, Location, MemoryType, WholeTensor};
 
+use crate::kernel;
 use crate::{Error, Result, RowLayout, RowSpan};
 
 /// One rank's rows as this rank maps them: global rows `start..end` from
@@ -150,6 +151,17 @@ impl<'a, T: Element> Column<'a, T> {
         // that is a multiple of T's alignment); T is Pod, so any bits are a
         // value. Volatile: the memory is shared with other processes.
         Some(unsafe { p.cast::<T>().read_volatile() })
+    }
+
+    /// Asks for the cache line of `row`'s element ahead of reading it (a
+    /// hint, which never faults; nothing for a row this rank does not map):
+    /// random reads are latency-bound, and a few requests in flight hide
+    /// most of it.
+    #[inline]
+    pub fn prefetch(&self, row: usize) {
+        if let Some(p) = self.addr(row) {
+            kernel::prefetch(p, std::mem::size_of::<T>());
+        }
     }
 
     /// Rows `range` through one pointer: `None` when some of them are past

@@ -212,6 +212,9 @@ pub(crate) fn sample_local<C: Copy + Sync>(
 /// usual fanouts: a few hundred microseconds of work).
 const CENTERS_PER_THREAD: usize = 1024;
 
+/// Centers between a prefetch and the read it prepares.
+const AHEAD: usize = 8;
+
 /// Counts, neighbours and edge ids of a run of centers.
 type Picked = (Vec<usize>, Vec<i64>, Vec<i64>);
 
@@ -258,7 +261,20 @@ fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
         let mut counts = Vec::with_capacity(chunk.len());
         let mut neighbors = Vec::with_capacity(guess);
         let mut edge_ids = Vec::with_capacity(if req.edge_ids { guess } else { 0 });
-        for &c in &centers[chunk] {
+        let mine = &centers[chunk];
+        for (j, &c) in mine.iter().enumerate() {
+            // Ahead of the reads: the offsets of the center 2 × AHEAD on,
+            // then the first edge of the one AHEAD on (its offsets in cache
+            // by now).
+            if let Some(&a) = mine.get(j + 2 * AHEAD) {
+                row_ptr.prefetch(id(a) as usize);
+            }
+            if let Some(s) = mine.get(j + AHEAD).and_then(|&b| row_ptr.get(id(b) as usize)) {
+                col.prefetch(s as usize);
+                if let Some(w) = &weights {
+                    w.prefetch(s as usize);
+                }
+            }
             let v = id(c);
             let (start, end) = bounds(v)?;
             let not_here = || Error::BadGraph(format!("node {v}'s edges {start}..{end} are not among those rank {me} maps"));

@@ -763,6 +763,10 @@ fn column_case<T: wm_gather::Element + TryFrom<i64> + Into<i64> + Sync>(world: &
         ensure!(got == want && col.reaches(r) == reach(r), "{ctx}: rank {me} row {r} read {got:?}, want {want:?}");
     }
     ensure!(col.get(rows).is_none() && col.get(usize::MAX).is_none(), "{ctx}: a row past the end reads");
+    // A prefetch is a hint: harmless for any row, mapped or not.
+    for r in [0, rows / 2, rows - 1, rows, usize::MAX] {
+        col.prefetch(r);
+    }
     // Runs: random ranges, and each portion whole.
     let starts: Vec<usize> = (0..=n).map(|r| part[..r].iter().sum()).collect();
     let one_portion = |a: usize, b: usize| (0..n).any(|r| a >= starts[r] && b <= starts[r + 1]);
