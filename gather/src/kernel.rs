@@ -205,7 +205,7 @@ const PREFETCH_DISTANCE: usize = 8;
 
 /// Asks for the cache lines of `len` bytes at `p` (a hint; never faults).
 #[inline(always)]
-fn prefetch(p: *const u8, len: usize) {
+pub(crate) fn prefetch(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         let mut off = 0;

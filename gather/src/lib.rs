@@ -9,6 +9,10 @@
 //! - **Hierarchy**: collective. Ids are first exchanged within the node and
 //!   de-duplicated; only unique ids cross nodes, then rows fan back out.
 //!
+//! [`Column`] reads single elements of one-column host tables through the
+//! mapping (not collective), for callers that walk a table element by
+//! element.
+//!
 //! Conversion: floating types convert among themselves, integer types among
 //! themselves (as `as` casts do), and floating ↔ integer is refused. A
 //! negative or out-of-range id is an error naming it, raised before any
@@ -17,6 +21,8 @@
 //! scatter (for collective types: the highest rank's last occurrence).
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+mod column;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
@@ -30,6 +36,7 @@ mod kernel;
 mod mapped;
 pub mod profile;
 
+pub use column::{Column, Run};
 pub use wholemem::{ConversionError, DType, Element};
 
 /// What can go wrong moving rows.

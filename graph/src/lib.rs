@@ -46,6 +46,7 @@ mod error;
 mod files;
 mod multihop;
 mod rng;
+mod route;
 mod sample;
 mod unique;
 

@@ -2,13 +2,13 @@
 
 use std::collections::HashSet;
 
-use wholemem::MemoryType;
-use wm_comm::{CommExt, Communicator};
+use wholemem::{Element, Location, MemoryType};
+use wm_gather::Column;
 
-use crate::collective::{agree_with, bucket, split_work};
+use crate::collective::{agree_with, split_work};
 use crate::csr::{ColIndex, CsrGraph};
 use crate::rng::Stream;
-use crate::{Error, Result};
+use crate::{Error, Result, route};
 
 /// A fanout that takes every neighbour.
 pub const ALL: usize = usize::MAX;
@@ -101,7 +101,7 @@ impl Sample {
         out
     }
 
-    fn from_counts(counts: &[usize], neighbors: Vec<i64>, edge_ids: Vec<i64>) -> Self {
+    pub(crate) fn from_counts(counts: &[usize], neighbors: Vec<i64>, edge_ids: Vec<i64>) -> Self {
         let mut offsets = Vec::with_capacity(counts.len() + 1);
         offsets.push(0);
         let mut acc = 0;
@@ -168,27 +168,161 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
     match graph.memory_type() {
         MemoryType::Continuous | MemoryType::Chunked => {
             checked?;
-            let ids: Vec<u64> = centers.iter().map(|&v| v as u64).collect();
-            let (counts, neighbors, edge_ids) = sample_local(graph, &ids, req, threads)?;
+            // Checked: every center is a node id, so not negative.
+            let (counts, neighbors, edge_ids) = sample_local(graph, centers, |v| v as u64, req, threads)?;
             Ok(Sample::from_counts(&counts, neighbors, edge_ids))
         }
         MemoryType::Distributed | MemoryType::Hierarchy => {
             agree_with(graph.comm().as_ref(), checked, &req.header(), describe_request)?;
             let comm = graph.comm().clone();
             if graph.memory_type() == MemoryType::Hierarchy && comm.cross().size() > 1 {
-                hierarchy(graph, centers, req, threads)
+                route::hierarchy(graph, centers, req, threads)
             } else {
-                distributed(graph, comm.as_ref(), centers, req, threads)
+                route::distributed(graph, comm.as_ref(), centers, req, threads)
             }
         }
     }
 }
 
-/// Samples of `centers`: counts per center, neighbours, edge ids (empty
-/// unless asked). Reads through `wm_gather`: not collective for continuous
-/// and chunked graphs; for distributed and hierarchy graphs every rank calls
-/// it once per sampling call with centers it owns (so the gathers find
-/// their rows locally, yet stay collective).
+/// Samples of `centers` (node ids by `id`): counts per center, neighbours,
+/// edge ids (empty unless asked). Not collective for host graphs: continuous
+/// and chunked graphs are read through the mapping, and distributed and
+/// hierarchy graphs call it with centers they own ([`serve`]), whose edges
+/// they hold. Device graphs read through `wm_gather` ([`sample_gathered`]),
+/// collectively for distributed and hierarchy graphs: every rank then calls
+/// it once per sampling call.
+pub(crate) fn sample_local<C: Copy + Sync>(
+    graph: &CsrGraph,
+    centers: &[C],
+    id: impl Fn(C) -> u64 + Sync,
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
+    if graph.location() != Location::Host {
+        let ids: Vec<u64> = centers.iter().map(|&c| id(c)).collect();
+        return sample_gathered(graph, &ids, req, threads);
+    }
+    match &graph.col_ind {
+        ColIndex::I32(t) => sample_mapped(graph, &Column::new(t)?, centers, id, req, threads),
+        ColIndex::I64(t) => sample_mapped(graph, &Column::new(t)?, centers, id, req, threads),
+    }
+}
+
+/// Centers a sampling thread gets at least (some ten thousand edges at the
+/// usual fanouts: a few hundred microseconds of work).
+const CENTERS_PER_THREAD: usize = 1024;
+
+/// Centers between a prefetch and the read it prepares.
+const AHEAD: usize = 8;
+
+/// Counts, neighbours and edge ids of a run of centers.
+type Picked = (Vec<usize>, Vec<i64>, Vec<i64>);
+
+/// [`sample_local`] for host graphs, in one pass per center: its two
+/// offsets, its picks, the picked neighbours — read through the mapping
+/// with [`Column`]s, in `threads` threads. The same picks as
+/// [`sample_in_memory`] (the same code draws them).
+fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
+    graph: &CsrGraph,
+    col: &Column<'_, T>,
+    centers: &[C],
+    id: impl Fn(C) -> u64 + Sync,
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<Picked> {
+    let row_ptr = Column::new(&graph.row_ptr)?;
+    let weights = match (&graph.weights, req.weighted) {
+        (Some(w), true) => Some(Column::new(w)?),
+        (None, true) => return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into())),
+        (_, false) => None,
+    };
+    let edges = graph.edges();
+    let me = graph.comm().world_rank();
+    // Node `v`'s edges, checked to fit the table and to be mapped here.
+    let bounds = |v: u64| -> Result<(usize, usize)> {
+        let v = usize::try_from(v).map_err(|_| Error::InvalidArgument(format!("node {v} does not fit an index")))?;
+        let start = row_ptr.get(v).ok_or_else(|| Error::InvalidArgument(format!("node {v}'s offsets are not on rank {me}")))?;
+        // The next node's offset, or for an owner's last node (the next one
+        // is another rank's) the end of the owner's edges.
+        let end = match row_ptr.get(v + 1) {
+            Some(e) => e,
+            None => graph.edges.offset(graph.nodes.owner(v) + 1) as i64,
+        };
+        if start < 0 || end < start || end as u64 > edges as u64 {
+            return Err(Error::BadGraph(format!("node {v}'s offsets {start}..{end} do not fit {edges} edges")));
+        }
+        Ok((start as usize, end as usize))
+    };
+    // A thread costs tens of microseconds to start: only for enough work.
+    let threads = threads.min(centers.len().div_ceil(CENTERS_PER_THREAD));
+    let parts = split_work(centers.len(), threads, |chunk| -> Result<Picked> {
+        let mut s = Scratch::default();
+        let guess = chunk.len().saturating_mul(req.fanout.min(16));
+        let mut counts = Vec::with_capacity(chunk.len());
+        let mut neighbors = Vec::with_capacity(guess);
+        let mut edge_ids = Vec::with_capacity(if req.edge_ids { guess } else { 0 });
+        let mine = &centers[chunk];
+        for (j, &c) in mine.iter().enumerate() {
+            // Ahead of the reads: the offsets of the center 2 × AHEAD on,
+            // then the first edge of the one AHEAD on (its offsets in cache
+            // by now).
+            if let Some(&a) = mine.get(j + 2 * AHEAD) {
+                row_ptr.prefetch(id(a) as usize);
+            }
+            if let Some(s) = mine.get(j + AHEAD).and_then(|&b| row_ptr.get(id(b) as usize)) {
+                col.prefetch(s as usize);
+                if let Some(w) = &weights {
+                    w.prefetch(s as usize);
+                }
+            }
+            let v = id(c);
+            let (start, end) = bounds(v)?;
+            let not_here = || Error::BadGraph(format!("node {v}'s edges {start}..{end} are not among those rank {me} maps"));
+            let run = col.run(start..end).ok_or_else(not_here)?;
+            let d = end - start;
+            let k = d.min(req.fanout);
+            counts.push(k);
+            if k == d {
+                run.extend_into(&mut neighbors, Into::into);
+                if req.edge_ids {
+                    edge_ids.extend(start as i64..end as i64);
+                }
+                continue;
+            }
+            let mut stream = Stream::new(req.seed, v);
+            match &weights {
+                Some(w) => {
+                    s.weights.clear();
+                    w.run(start..end).ok_or_else(not_here)?.extend_into(&mut s.weights, |x| x);
+                    weighted_picks(&mut stream, &s.weights, k, &mut s.keys, &mut s.picks);
+                }
+                None => floyd(&mut stream, d as u64, k as u64, &mut s.picks, &mut s.seen),
+            }
+            for &p in &s.picks {
+                neighbors.push(run.get(p as usize).into());
+            }
+            if req.edge_ids {
+                edge_ids.extend(s.picks.iter().map(|&p| (start + p as usize) as i64));
+            }
+        }
+        Ok((counts, neighbors, edge_ids))
+    });
+    let mut parts = parts.into_iter();
+    let Some(first) = parts.next() else { return Ok(Picked::default()) };
+    let (mut counts, mut neighbors, mut edge_ids) = first?;
+    for part in parts {
+        let (c, n, e) = part?;
+        counts.extend(c);
+        neighbors.extend(n);
+        edge_ids.extend(e);
+    }
+    Ok((counts, neighbors, edge_ids))
+}
+
+/// [`sample_local`] through `wm_gather` (device graphs): not collective for
+/// continuous and chunked graphs; for distributed and hierarchy graphs every
+/// rank calls it once per sampling call with centers it owns (so the
+/// gathers find their rows locally, yet stay collective).
 ///
 /// 1. One gather of `row_ptr[v]` and `row_ptr[v + 1]` per center.
 /// 2. For weighted centers with more neighbours than the fanout, one gather
@@ -196,12 +330,7 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
 /// 3. The picks, per center from its own random stream, in `threads`
 ///    threads.
 /// 4. One gather of the picked edges' neighbour ids.
-pub(crate) fn sample_local(
-    graph: &CsrGraph,
-    centers: &[u64],
-    req: &SampleRequest,
-    threads: usize,
-) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
+fn sample_gathered(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threads: usize) -> Result<(Vec<usize>, Vec<i64>, Vec<i64>)> {
     let n = centers.len();
     let mut ids = Vec::with_capacity(2 * n);
     for &v in centers {
@@ -241,7 +370,8 @@ pub(crate) fn sample_local(
             }
             weight_at[i + 1] = pos.len();
         }
-        let table = graph.weights.as_ref().expect("checked: the graph has weights");
+        let table =
+            graph.weights.as_ref().ok_or_else(|| Error::InvalidArgument("weighted sampling of a graph without edge weights".into()))?;
         weights = vec![0f32; pos.len()];
         wm_gather::gather_into(table, &pos, &mut weights)?;
     }
@@ -292,6 +422,7 @@ struct Scratch {
     picks: Vec<u64>,
     seen: HashSet<u64>,
     keys: Vec<(f64, u32)>,
+    weights: Vec<f32>,
 }
 
 /// Picks at most this many with a linear membership test.
@@ -331,215 +462,6 @@ pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, key
     picks.clear();
     picks.extend(keys[..k].iter().map(|&(_, i)| u64::from(i)));
     picks.sort_unstable();
-}
-
-/// An owner's answer for the centers one rank asked: their counts, then
-/// the neighbours, then (when asked) the edge ids.
-fn encode_reply(counts: &[usize], neighbors: &[i64], edge_ids: &[i64]) -> Vec<u64> {
-    let mut v = Vec::with_capacity(counts.len() + neighbors.len() + edge_ids.len());
-    v.extend(counts.iter().map(|&c| c as u64));
-    v.extend(neighbors.iter().map(|&x| x as u64));
-    v.extend(edge_ids.iter().map(|&x| x as u64));
-    v
-}
-
-/// A decoded answer: counts, neighbours, edge ids.
-type Reply<'a> = (Vec<usize>, &'a [u64], &'a [u64]);
-
-/// Checks and splits an answer for `asked` centers (a peer's data is input).
-fn decode_reply<'a>(words: &'a [u64], asked: usize, req: &SampleRequest, nodes: usize, from: usize) -> Result<Reply<'a>> {
-    let bad = |detail: String| Error::PeerFailed { rank: from, detail };
-    if words.len() < asked {
-        return Err(bad(format!("it answered {} words for {asked} centers", words.len())));
-    }
-    let counts: Vec<usize> = words[..asked].iter().map(|&c| c as usize).collect();
-    let mut total = 0usize;
-    for &c in &counts {
-        if c > req.fanout || c > words.len() {
-            return Err(bad(format!("it answered {c} samples for a center with fanout {}", req.fanout)));
-        }
-        total += c;
-    }
-    let per = if req.edge_ids { 2 } else { 1 };
-    if total.checked_mul(per).and_then(|t| t.checked_add(asked)) != Some(words.len()) {
-        return Err(bad(format!("it answered {} words for {asked} centers and {total} samples", words.len())));
-    }
-    let rest = &words[asked..];
-    let (ids, eids) = rest.split_at(total);
-    if let Some(&x) = ids.iter().find(|&&x| x >= nodes as u64) {
-        return Err(bad(format!("it answered neighbour {x} in a graph of {nodes} nodes")));
-    }
-    Ok((counts, ids, eids))
-}
-
-/// Serves the centers each rank asked (local node numbers relative to this
-/// rank's first node), all in one local sample.
-fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest, threads: usize) -> Result<Vec<Vec<u64>>> {
-    let count = graph.local_nodes().len() as u64;
-    let mut all: Vec<u64> = Vec::with_capacity(asked.iter().map(Vec::len).sum());
-    let mut problem = None;
-    for a in asked {
-        if let Some(&bad) = a.iter().find(|&&x| x >= count) {
-            problem.get_or_insert(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
-        }
-        all.extend(a.iter().map(|&x| x + first as u64));
-    }
-    if problem.is_some() {
-        // Still take part in the gathers of this call, with nothing to read.
-        all.clear();
-    }
-    let sampled = sample_local(graph, &all, req, threads);
-    if let Some(e) = problem {
-        return Err(e);
-    }
-    let (counts, nbrs, eids) = sampled?;
-    let (mut c0, mut n0) = (0, 0);
-    Ok(asked
-        .iter()
-        .map(|a| {
-            let c = &counts[c0..c0 + a.len()];
-            let n: usize = c.iter().sum();
-            let reply = encode_reply(c, &nbrs[n0..n0 + n], if req.edge_ids { &eids[n0..n0 + n] } else { &[] });
-            c0 += a.len();
-            n0 += n;
-            reply
-        })
-        .collect())
-}
-
-/// Places the answers: `parts[r]` answers the centers at positions
-/// `positions(r)`.
-fn assemble<'a>(n: usize, parts: &[Reply<'_>], positions: impl Fn(usize) -> &'a [usize], edge_ids: bool) -> Sample {
-    let mut counts = vec![0usize; n];
-    for (r, (c, _, _)) in parts.iter().enumerate() {
-        for (k, &i) in positions(r).iter().enumerate() {
-            counts[i] = c[k];
-        }
-    }
-    let total: usize = counts.iter().sum();
-    let mut s = Sample::from_counts(&counts, vec![0; total], if edge_ids { vec![0; total] } else { Vec::new() });
-    for (r, (c, ids, eids)) in parts.iter().enumerate() {
-        let mut at = 0;
-        for (k, &i) in positions(r).iter().enumerate() {
-            let o = s.offsets[i];
-            for j in 0..c[k] {
-                s.neighbors[o + j] = ids[at + j] as i64;
-                if edge_ids {
-                    s.edge_ids[o + j] = eids[at + j] as i64;
-                }
-            }
-            at += c[k];
-        }
-    }
-    s
-}
-
-fn distributed(graph: &CsrGraph, comm: &dyn Communicator, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
-    let n = comm.size();
-    let p = graph.node_partition();
-    let owners: Vec<usize> = centers.iter().map(|&v| p.owner(v as usize)).collect();
-    let (order, starts) = bucket(&owners, n);
-    let positions = |r: usize| &order[starts[r]..starts[r + 1]];
-    let send: Vec<Vec<u64>> = (0..n).map(|r| positions(r).iter().map(|&i| (centers[i] as usize - p.offset(r)) as u64).collect()).collect();
-    let refs: Vec<&[u64]> = send.iter().map(Vec::as_slice).collect();
-    let asked = comm.alltoallv_pod(&refs)?;
-    // A failure here is kept until the answers are exchanged, so every rank
-    // stays in step; its empty answers tell the others.
-    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
-    let replies = match &served {
-        Ok(r) => r.clone(),
-        Err(_) => vec![Vec::new(); n],
-    };
-    let refs: Vec<&[u64]> = replies.iter().map(Vec::as_slice).collect();
-    let got = comm.alltoallv_pod(&refs)?;
-    served?;
-    let ranks = comm.world_ranks();
-    let parts: Vec<Reply<'_>> =
-        (0..n).map(|r| decode_reply(&got[r], positions(r).len(), req, graph.nodes(), ranks[r])).collect::<Result<_>>()?;
-    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
-}
-
-fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
-    let comm = graph.comm().clone();
-    let (local, cross) = (comm.local(), comm.cross());
-    let placement = wm_topology::NodeLayout::of(comm.nodes());
-    let p = graph.node_partition();
-
-    // 1. Within the node: each center to the local rank that shares its
-    //    owner's local rank (its cross communicator reaches the owner).
-    let via: Vec<usize> = centers.iter().map(|&v| placement.local[p.owner(v as usize)]).collect();
-    let (order, starts) = bucket(&via, local.size());
-    let positions = |q: usize| &order[starts[q]..starts[q + 1]];
-    let to_local: Vec<Vec<u64>> = (0..local.size()).map(|q| positions(q).iter().map(|&i| centers[i] as u64).collect()).collect();
-    let refs: Vec<&[u64]> = to_local.iter().map(Vec::as_slice).collect();
-    let from_local = local.alltoallv_pod(&refs)?;
-
-    // 2. Each center the node asked of this rank once, to the owner's node.
-    let nodes = graph.nodes() as u64;
-    let mut unique: Vec<u64> = from_local.iter().flatten().copied().filter(|&v| v < nodes).collect();
-    unique.sort_unstable();
-    unique.dedup();
-    let owner_node: Vec<usize> = unique.iter().map(|&v| placement.node[p.owner(v as usize)]).collect();
-    let (uorder, ustarts) = bucket(&owner_node, cross.size());
-    let upos = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
-    let to_cross: Vec<Vec<u64>> = (0..cross.size())
-        .map(|c| {
-            upos(c)
-                .iter()
-                .map(|&k| {
-                    let v = unique[k] as usize;
-                    (v - p.offset(p.owner(v))) as u64
-                })
-                .collect()
-        })
-        .collect();
-    let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
-    let asked = cross.alltoallv_pod(&refs)?;
-    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
-    let replies = match &served {
-        Ok(r) => r.clone(),
-        Err(_) => vec![Vec::new(); cross.size()],
-    };
-    let refs: Vec<&[u64]> = replies.iter().map(Vec::as_slice).collect();
-    let got = cross.alltoallv_pod(&refs)?;
-
-    // 3. The unique centers' samples, then each local rank's in its order.
-    let decoded: Result<Sample> = served.and_then(|_| {
-        let ranks = cross.world_ranks();
-        let parts: Vec<Reply<'_>> =
-            (0..cross.size()).map(|c| decode_reply(&got[c], upos(c).len(), req, graph.nodes(), ranks[c])).collect::<Result<_>>()?;
-        Ok(assemble(unique.len(), &parts, upos, req.edge_ids))
-    });
-    let answers: Vec<Vec<u64>> = match &decoded {
-        Ok(u) => from_local
-            .iter()
-            .map(|asked| {
-                let mut counts = Vec::with_capacity(asked.len());
-                let (mut ids, mut eids) = (Vec::new(), Vec::new());
-                for v in asked {
-                    let Ok(k) = unique.binary_search(v) else {
-                        counts.push(0);
-                        continue;
-                    };
-                    let r = u.offsets[k]..u.offsets[k + 1];
-                    counts.push(r.len());
-                    ids.extend_from_slice(&u.neighbors[r.clone()]);
-                    if req.edge_ids {
-                        eids.extend_from_slice(&u.edge_ids[r]);
-                    }
-                }
-                encode_reply(&counts, &ids, &eids)
-            })
-            .collect(),
-        Err(_) => vec![Vec::new(); local.size()],
-    };
-    let refs: Vec<&[u64]> = answers.iter().map(Vec::as_slice).collect();
-    let back = local.alltoallv_pod(&refs)?;
-    decoded?;
-    let ranks = local.world_ranks();
-    let parts: Vec<Reply<'_>> =
-        (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph.nodes(), ranks[q])).collect::<Result<_>>()?;
-    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
 }
 
 /// The same sampling as [`sample`], single-threaded over a CSR held in

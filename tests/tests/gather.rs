@@ -3,7 +3,8 @@
 //! partitions with zero-row ranks, repeated ids, ranks with no ids; results
 //! compared with values computed by the test itself (the `half` crate for
 //! rounding); out-of-range and negative ids fail on every rank of a
-//! collective call and the next call works.
+//! collective call and the next call works. `Column` reads every row this
+//! rank maps (and no other) on every host type, strided rows included.
 
 use wm_tests::World;
 
@@ -20,6 +21,14 @@ fn gather_and_scatter_every_type_on_1_to_4_ranks() {
 fn distributed_and_hierarchy_across_simulated_nodes() {
     World::new(4).nodes_of(2).run_ok(RANK, &["gather"]);
     World::new(6).nodes_of(2).run_ok(RANK, &["gather"]);
+}
+
+#[test]
+fn columns_read_every_row_this_rank_maps_and_nothing_else() {
+    for n in 1..=3 {
+        World::new(n).run_ok(RANK, &["column"]);
+    }
+    World::new(4).nodes_of(2).run_ok(RANK, &["column"]);
 }
 
 #[test]

@@ -470,14 +470,18 @@ impl WholeMemory {
     }
 
     /// Threads this rank uses to copy its rows (gather, scatter, file
-    /// loading): `WM_THREADS` if set, else the machine's cores divided by
-    /// the ranks on this machine — ranks with this rank's host name, which
-    /// share its cores even when `WM_NODE_ID` poses them as other nodes.
+    /// loading): `WM_THREADS` if set, else the machine's cores (as this
+    /// process first found them) divided by the ranks on this machine —
+    /// ranks with this rank's host name, which share its cores even when
+    /// `WM_NODE_ID` poses them as other nodes.
     pub fn copy_threads(&self) -> usize {
         if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
             return n.max(1);
         }
-        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // Asked once: the answer reads the CPU affinity and cgroup files
+        // (tens of microseconds), and every gather asks.
+        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let nodes = self.comm.nodes();
         let host = nodes[self.comm.rank()].hostname();
         let here = nodes.iter().filter(|n| n.hostname() == host).count();

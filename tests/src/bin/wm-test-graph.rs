@@ -16,7 +16,7 @@ use wholemem::{Location, MemoryType, query};
 use wm_comm::Communicator;
 use wm_graph::{
     ALL, BuildOptions, CsrGraph, EdgeList, Error as GErr, IdType, SampleRequest, append_unique, build, sample, sample_blocks,
-    sample_neighbors, sample_weighted_neighbors,
+    sample_in_memory, sample_neighbors, sample_weighted_neighbors,
 };
 use wm_tests::Rng;
 
@@ -364,12 +364,21 @@ fn fnv(words: impl IntoIterator<Item = u64>) -> u64 {
 }
 
 /// Samples of a fixed graph on rank 0, printed as digests: the same on any
-/// rank count, thread count and memory type.
+/// rank count, thread count and memory type. Every rank also checks each
+/// sample against `sample_in_memory` over the reference CSR.
 fn digest(world: &Comm, loc: Location) -> Result<()> {
     let nodes = 5000;
     let all = Edges::random(5, nodes, 60_000);
     let mine = all.share(world);
     let centers: Vec<i64> = (0..nodes as i64).step_by(3).collect();
+    let reference = all.reference(nodes, true, true, false);
+    let mut row_ptr = vec![0i64];
+    let (mut col, mut weights) = (Vec::new(), Vec::new());
+    for list in &reference {
+        col.extend(list.iter().map(|p| p.0));
+        weights.extend(list.iter().map(|p| p.1));
+        row_ptr.push(col.len() as i64);
+    }
     for ty in types_at(world, loc) {
         let opts = BuildOptions::new(nodes, ty, loc).undirected(true).dedup(true);
         let g = build(world, &opts, mine.list(true))?;
@@ -379,6 +388,8 @@ fn digest(world: &Comm, loc: Location) -> Result<()> {
             ("wide", SampleRequest::new(40, 7)),
         ] {
             let s = sample(&g, &centers, &req)?;
+            let want = sample_in_memory(&row_ptr, &col, Some(&weights), &centers, &req)?;
+            ensure!(s == want, "{loc} {ty} {name}: the sample differs from sample_in_memory's on the reference CSR");
             let d = fnv(s
                 .offsets
                 .iter()

@@ -30,6 +30,7 @@ fn main() {
             "lose-peer" => lose_peer(&world, rest),
             "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
             "concurrent-scatter" => concurrent_scatter(&world),
+            "column" => columns(&world),
             "huge-pages" => huge_pages(&world, rest),
             other => bail!("unknown scenario {other:?}"),
         }
@@ -720,6 +721,115 @@ fn concurrent_scatter(world: &Comm) -> Result<()> {
                 );
             }
         }
+        t.free()?;
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------- columns
+
+/// A column's element of `row`: distinct per row, and never the filler.
+fn column_value(row: usize) -> i64 {
+    (row as i64) * 7919 + 13
+}
+
+/// `wm_gather::Column` on every host type, for `T` (`i64`, `i32`): rows
+/// `stride` elements apart (a matrix of one column; the elements between
+/// rows are -1), random partitions with zero-row ranks. Every row reads
+/// back its value exactly where this rank maps it (every row of mapped
+/// types, its own rows otherwise) and `None` elsewhere; runs come back
+/// where one pointer reaches them and read right.
+fn column_case<T: wm_gather::Element + TryFrom<i64> + Into<i64> + Sync>(
+    world: &Comm,
+    ty: MemoryType,
+    stride: usize,
+    rng: &mut Rng,
+) -> Result<()> {
+    use wholemem::TensorDesc;
+    let (me, n) = (world.rank(), world.size());
+    let rows = 50 + rng.below(400) as usize;
+    let mut part = vec![0usize; n];
+    for _ in 0..rows {
+        let r = rng.below(n as u64 + 1) as usize;
+        part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
+    }
+    let ctx = format!("{ty} {} stride {stride} partition {part:?}", T::DTYPE);
+    let desc = TensorDesc::matrix_with_stride(rows, 1, stride)?;
+    let mut t = WholeTensor::<T>::allocate(world, ty, Location::Host, desc, Some(&part)).context(ctx.clone())?;
+    let own = t.local_rows();
+    let cast = |v: i64| T::try_from(v).map_err(|_| anyhow::anyhow!("{v} does not fit {}", T::DTYPE));
+    let filler = cast(-1)?;
+    let mut vals = Vec::with_capacity(own.len() * stride);
+    for r in own.clone() {
+        vals.push(cast(column_value(r))?);
+        vals.extend(std::iter::repeat_n(filler, stride - 1));
+    }
+    t.memory_mut().write_rows(own.start, bytemuck::cast_slice(&vals))?;
+    world.barrier()?;
+    let col = wm_gather::Column::new(&t).context(ctx.clone())?;
+    ensure!(col.rows() == rows, "{ctx}: the column has {} rows", col.rows());
+    let reach = |r: usize| ty.is_mapped() || own.contains(&r);
+    for r in 0..rows {
+        let got = col.get(r).map(Into::into);
+        let want = reach(r).then(|| column_value(r));
+        ensure!(got == want && col.reaches(r) == reach(r), "{ctx}: rank {me} row {r} read {got:?}, want {want:?}");
+    }
+    ensure!(col.get(rows).is_none() && col.get(usize::MAX).is_none(), "{ctx}: a row past the end reads");
+    // A prefetch is a hint: harmless for any row, mapped or not.
+    for r in [0, rows / 2, rows - 1, rows, usize::MAX] {
+        col.prefetch(r);
+    }
+    // Runs: random ranges, and each portion whole.
+    let starts: Vec<usize> = (0..=n).map(|r| part[..r].iter().sum()).collect();
+    let one_portion = |a: usize, b: usize| (0..n).any(|r| a >= starts[r] && b <= starts[r + 1]);
+    let mut ranges: Vec<(usize, usize)> = (0..40)
+        .map(|_| {
+            let a = rng.below(rows as u64 + 1) as usize;
+            (a, a + rng.below((rows - a) as u64 + 1) as usize)
+        })
+        .collect();
+    ranges.extend((0..n).flat_map(|r| [(starts[r], starts[r + 1]), (starts[r], starts[r + 1] + 1)]));
+    ranges.push((rows - 1, rows + 1));
+    for (a, b) in ranges {
+        let expect = a >= b
+            || b <= rows
+                && match ty {
+                    MemoryType::Continuous => true,
+                    MemoryType::Chunked => one_portion(a, b),
+                    _ => a >= own.start && b <= own.end,
+                };
+        let run = col.run(a..b);
+        ensure!(run.is_some() == expect, "{ctx}: rank {me} run {a}..{b}: {}", if expect { "refused" } else { "given" });
+        if let Some(run) = run {
+            ensure!(run.len() == b.saturating_sub(a), "{ctx}: run {a}..{b} of {} rows", run.len());
+            let mut all: Vec<i64> = Vec::new();
+            run.extend_into(&mut all, Into::into);
+            let want: Vec<i64> = (a..b.max(a)).map(column_value).collect();
+            ensure!(all == want, "{ctx}: rank {me} run {a}..{b} read {all:?}");
+            ensure!((0..run.len()).all(|i| run.get(i).into() == want[i]), "{ctx}: rank {me} run {a}..{b} element by element");
+        }
+    }
+    drop(col);
+    world.barrier()?;
+    t.free()?;
+    Ok(())
+}
+
+fn columns(world: &Comm) -> Result<()> {
+    let mut rng = Rng(0xc01 + world.size() as u64);
+    for ty in MemoryType::ALL {
+        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+            println!("skip host {ty}: {reason}");
+            continue;
+        }
+        for stride in [1, 3] {
+            column_case::<i64>(world, ty, stride, &mut rng)?;
+            column_case::<i32>(world, ty, stride, &mut rng)?;
+        }
+        // More than one element per row is refused, naming the count.
+        let t = WholeTensor::<f32>::matrix(world, ty, Location::Host, 10, 2, None)?;
+        let e = wm_gather::Column::new(&t).expect_err("a two-column table");
+        ensure!(e.to_string().contains("2 per row"), "{ty}: the error does not name the elements per row: {e}");
         t.free()?;
     }
     Ok(())

@@ -1,0 +1,374 @@
+//! Sampling distributed and hierarchy graphs: each center goes to the rank
+//! that owns it, is sampled there from the owner's own rows, and its sample
+//! comes back.
+//!
+//! Answers travel as little-endian 64-bit words: for the centers one rank
+//! asked, their counts, then the sampled neighbours, then (when asked) the
+//! edge ids. What a peer sends is input: every answer is checked (lengths,
+//! counts against the fanout, ids against the graph) before it is used.
+
+use wm_comm::{CommExt, Communicator};
+
+use crate::collective::bucket;
+use crate::csr::CsrGraph;
+use crate::sample::{Sample, SampleRequest, sample_local};
+use crate::{Error, Result};
+
+/// The answer for the centers one rank asked, borrowed.
+#[derive(Debug, Clone, Copy, Default)]
+struct Part<'a> {
+    counts: &'a [usize],
+    neighbors: &'a [i64],
+    /// Empty unless the request asks for edge ids.
+    edge_ids: &'a [i64],
+}
+
+impl Part<'_> {
+    /// Words of the answer.
+    fn words(&self) -> usize {
+        self.counts.len() + self.neighbors.len() + self.edge_ids.len()
+    }
+
+    /// Writes the answer into `buf` (exactly [`words`](Self::words) words).
+    fn encode_into(&self, buf: &mut [u8]) {
+        debug_assert_eq!(buf.len(), 8 * self.words());
+        let words = self.counts.iter().map(|&c| c as u64).chain(self.neighbors.iter().chain(self.edge_ids).map(|&x| x as u64));
+        for (b, w) in buf.chunks_exact_mut(8).zip(words) {
+            b.copy_from_slice(&w.to_le_bytes());
+        }
+    }
+
+    fn encode(&self) -> Vec<u8> {
+        let mut buf = vec![0u8; 8 * self.words()];
+        self.encode_into(&mut buf);
+        buf
+    }
+}
+
+/// An answer received from a peer.
+#[derive(Debug, Default)]
+struct Answer {
+    counts: Vec<usize>,
+    neighbors: Vec<i64>,
+    edge_ids: Vec<i64>,
+}
+
+impl Answer {
+    fn part(&self) -> Part<'_> {
+        Part { counts: &self.counts, neighbors: &self.neighbors, edge_ids: &self.edge_ids }
+    }
+}
+
+/// The 64-bit word at the start of `b` (8 bytes or more).
+fn word(b: &[u8]) -> u64 {
+    b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w))
+}
+
+/// Node ids (local numbers) as a peer sent them: `None` unless whole words.
+fn decode_ids(bytes: &[u8]) -> Option<Vec<u64>> {
+    (bytes.len() % 8 == 0).then(|| bytes.chunks_exact(8).map(word).collect())
+}
+
+/// Checks and decodes the answer of world rank `from` for `asked` centers.
+fn decode_reply(bytes: &[u8], asked: usize, req: &SampleRequest, graph: &CsrGraph, from: usize) -> Result<Answer> {
+    let bad = |detail: String| Error::PeerFailed { rank: from, detail };
+    if bytes.len() % 8 != 0 {
+        return Err(bad(format!("it answered {} bytes, not whole 8-byte words", bytes.len())));
+    }
+    let words = bytes.len() / 8;
+    if words < asked {
+        return Err(bad(format!("it answered {words} words for {asked} centers")));
+    }
+    let (head, rest) = bytes.split_at(8 * asked);
+    let mut counts = Vec::with_capacity(asked);
+    let mut total = 0usize;
+    for c in head.chunks_exact(8).map(word) {
+        if c > req.fanout as u64 || c > words as u64 {
+            return Err(bad(format!("it answered {c} samples for a center with fanout {}", req.fanout)));
+        }
+        counts.push(c as usize);
+        total += c as usize;
+    }
+    let per = if req.edge_ids { 2 } else { 1 };
+    if total.checked_mul(per).and_then(|t| t.checked_add(asked)) != Some(words) {
+        return Err(bad(format!("it answered {words} words for {asked} centers and {total} samples")));
+    }
+    let (ids, eids) = rest.split_at(8 * total);
+    let (nodes, edges) = (graph.nodes() as u64, graph.edges() as u64);
+    let mut neighbors = Vec::with_capacity(total);
+    for x in ids.chunks_exact(8).map(word) {
+        if x >= nodes {
+            return Err(bad(format!("it answered neighbour {x} in a graph of {nodes} nodes")));
+        }
+        neighbors.push(x as i64);
+    }
+    let mut edge_ids = Vec::with_capacity(eids.len() / 8);
+    for e in eids.chunks_exact(8).map(word) {
+        if e >= edges {
+            return Err(bad(format!("it answered edge {e} in a graph of {edges} edges")));
+        }
+        edge_ids.push(e as i64);
+    }
+    Ok(Answer { counts, neighbors, edge_ids })
+}
+
+/// What an owner sampled for the centers every rank asked: one local
+/// sample of them all, and where each asker's part starts.
+struct Served {
+    counts: Vec<usize>,
+    neighbors: Vec<i64>,
+    edge_ids: Vec<i64>,
+    /// `(first center, first sample)` of each asker's part, then the ends.
+    starts: Vec<(usize, usize)>,
+}
+
+impl Served {
+    fn part(&self, r: usize) -> Part<'_> {
+        let ((c0, n0), (c1, n1)) = (self.starts[r], self.starts[r + 1]);
+        Part {
+            counts: &self.counts[c0..c1],
+            neighbors: &self.neighbors[n0..n1],
+            edge_ids: if self.edge_ids.is_empty() { &[] } else { &self.edge_ids[n0..n1] },
+        }
+    }
+}
+
+/// Serves the centers each rank asked (local node numbers relative to this
+/// rank's first node, `first`), all in one local sample.
+fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest, threads: usize) -> Result<Served> {
+    let count = graph.local_nodes().len() as u64;
+    let mut all: Vec<u64> = Vec::with_capacity(asked.iter().map(Vec::len).sum());
+    let mut problem = None;
+    for a in asked {
+        if let Some(&bad) = a.iter().find(|&&x| x >= count) {
+            problem.get_or_insert(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
+        }
+        all.extend(a.iter().map(|&x| x + first as u64));
+    }
+    if problem.is_some() {
+        // Device graphs still take part in the gathers of this call, with
+        // nothing to read.
+        all.clear();
+    }
+    let sampled = sample_local(graph, &all, |v| v, req, threads);
+    if let Some(e) = problem {
+        return Err(e);
+    }
+    let (counts, neighbors, edge_ids) = sampled?;
+    let mut starts = Vec::with_capacity(asked.len() + 1);
+    let (mut c0, mut n0) = (0, 0);
+    starts.push((c0, n0));
+    for a in asked {
+        n0 += counts[c0..c0 + a.len()].iter().sum::<usize>();
+        c0 += a.len();
+        starts.push((c0, n0));
+    }
+    Ok(Served { counts, neighbors, edge_ids, starts })
+}
+
+/// Places the answers: `parts[r]` answers the centers at positions
+/// `positions(r)`.
+fn assemble<'a>(n: usize, parts: &[Part<'_>], positions: impl Fn(usize) -> &'a [usize], edge_ids: bool) -> Sample {
+    let mut counts = vec![0usize; n];
+    for (r, part) in parts.iter().enumerate() {
+        for (&i, &c) in positions(r).iter().zip(part.counts) {
+            counts[i] = c;
+        }
+    }
+    let total: usize = counts.iter().sum();
+    let mut s = Sample::from_counts(&counts, vec![0; total], if edge_ids { vec![0; total] } else { Vec::new() });
+    for (r, part) in parts.iter().enumerate() {
+        let mut at = 0;
+        for (&i, &c) in positions(r).iter().zip(part.counts) {
+            let o = s.offsets[i];
+            s.neighbors[o..o + c].copy_from_slice(&part.neighbors[at..at + c]);
+            if edge_ids {
+                s.edge_ids[o..o + c].copy_from_slice(&part.edge_ids[at..at + c]);
+            }
+            at += c;
+        }
+    }
+    s
+}
+
+/// One in-place exchange of words with the other ranks of `comm`:
+/// `words(r)` words to rank `r`, written by `fill(r, bytes)`; what rank `r`
+/// sent is handed to `take(r, bytes)`. Nothing goes to this rank itself.
+fn exchange(
+    comm: &dyn Communicator,
+    words: impl Fn(usize) -> usize,
+    fill: impl Fn(usize, &mut [u8]),
+    mut take: impl FnMut(usize, &[u8]),
+) -> Result<()> {
+    let me = comm.rank();
+    let sizes: Vec<usize> = (0..comm.size()).map(|r| if r == me { 0 } else { 8 * words(r) }).collect();
+    let mut fill_others = |r: usize, buf: &mut [u8]| {
+        if r != me {
+            fill(r, buf);
+        }
+    };
+    comm.alltoallv_in_place(&sizes, &mut fill_others, &mut || {}, &mut |r, bytes| {
+        if r != me {
+            take(r, bytes);
+        }
+    })?;
+    Ok(())
+}
+
+/// Distributed graphs (and hierarchy graphs on one node): one exchange of
+/// centers to their owners, one of samples back; this rank's own centers
+/// never leave it.
+pub(crate) fn distributed(
+    graph: &CsrGraph,
+    comm: &dyn Communicator,
+    centers: &[i64],
+    req: &SampleRequest,
+    threads: usize,
+) -> Result<Sample> {
+    let (n, me) = (comm.size(), comm.rank());
+    let ranks = comm.world_ranks();
+    let p = graph.node_partition();
+    let owners: Vec<usize> = centers.iter().map(|&v| p.owner(v as usize)).collect();
+    let (order, starts) = bucket(&owners, n);
+    let positions = |r: usize| &order[starts[r]..starts[r + 1]];
+    let local_id = |r: usize, i: usize| (centers[i] as usize - p.offset(r)) as u64;
+
+    // 1. The centers to their owners.
+    let mut asked: Vec<Vec<u64>> = vec![Vec::new(); n];
+    let mut problem = None;
+    exchange(
+        comm,
+        |r| positions(r).len(),
+        |r, buf| {
+            for (b, &i) in buf.chunks_exact_mut(8).zip(positions(r)) {
+                b.copy_from_slice(&local_id(r, i).to_le_bytes());
+            }
+        },
+        |r, bytes| match decode_ids(bytes) {
+            Some(ids) => asked[r] = ids,
+            None => {
+                let detail = format!("it asked for {} bytes of centers, not whole 8-byte ids", bytes.len());
+                problem.get_or_insert(Error::PeerFailed { rank: ranks[r], detail });
+            }
+        },
+    )?;
+    asked[me] = positions(me).iter().map(|&i| local_id(me, i)).collect();
+
+    // 2. The samples back. A failure here is kept until the answers are
+    //    exchanged, so every rank stays in step; its empty answers tell the
+    //    others.
+    let served = match problem {
+        Some(e) => Err(e),
+        None => serve(graph, &asked, p.offset(me), req, threads),
+    };
+    let mut answers: Vec<Option<Result<Answer>>> = (0..n).map(|_| None).collect();
+    exchange(
+        comm,
+        |r| served.as_ref().map_or(0, |s| s.part(r).words()),
+        |r, buf| {
+            if let Ok(s) = &served {
+                s.part(r).encode_into(buf);
+            }
+        },
+        |r, bytes| answers[r] = Some(decode_reply(bytes, positions(r).len(), req, graph, ranks[r])),
+    )?;
+    let served = served?;
+    let mut got = Vec::with_capacity(n);
+    for (r, a) in answers.into_iter().enumerate() {
+        got.push(match a {
+            _ if r == me => Answer::default(),
+            Some(a) => a?,
+            None => return Err(Error::PeerFailed { rank: ranks[r], detail: "its answer never came".into() }),
+        });
+    }
+    let parts: Vec<Part<'_>> = (0..n).map(|r| if r == me { served.part(me) } else { got[r].part() }).collect();
+    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
+}
+
+/// Hierarchy graphs on several nodes: a center goes to the rank of its node
+/// that shares its owner's local rank, which asks the owner's node once for
+/// a center several local ranks want, then fans the samples back.
+pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, threads: usize) -> Result<Sample> {
+    let comm = graph.comm().clone();
+    let (local, cross) = (comm.local(), comm.cross());
+    let placement = wm_topology::NodeLayout::of(comm.nodes());
+    let p = graph.node_partition();
+
+    // 1. Within the node: each center to the local rank that shares its
+    //    owner's local rank (its cross communicator reaches the owner).
+    let via: Vec<usize> = centers.iter().map(|&v| placement.local[p.owner(v as usize)]).collect();
+    let (order, starts) = bucket(&via, local.size());
+    let positions = |q: usize| &order[starts[q]..starts[q + 1]];
+    let to_local: Vec<Vec<u64>> = (0..local.size()).map(|q| positions(q).iter().map(|&i| centers[i] as u64).collect()).collect();
+    let refs: Vec<&[u64]> = to_local.iter().map(Vec::as_slice).collect();
+    let from_local = local.alltoallv_pod(&refs)?;
+
+    // 2. Each center the node asked of this rank once, to the owner's node.
+    let nodes = graph.nodes() as u64;
+    let mut unique: Vec<u64> = from_local.iter().flatten().copied().filter(|&v| v < nodes).collect();
+    unique.sort_unstable();
+    unique.dedup();
+    let owner_node: Vec<usize> = unique.iter().map(|&v| placement.node[p.owner(v as usize)]).collect();
+    let (uorder, ustarts) = bucket(&owner_node, cross.size());
+    let upos = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
+    let to_cross: Vec<Vec<u64>> = (0..cross.size())
+        .map(|c| {
+            upos(c)
+                .iter()
+                .map(|&k| {
+                    let v = unique[k] as usize;
+                    (v - p.offset(p.owner(v))) as u64
+                })
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
+    let asked = cross.alltoallv_pod(&refs)?;
+    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
+    let replies: Vec<Vec<u8>> = match &served {
+        Ok(s) => (0..cross.size()).map(|c| s.part(c).encode()).collect(),
+        Err(_) => vec![Vec::new(); cross.size()],
+    };
+    let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
+    let got = cross.alltoallv(&refs)?;
+
+    // 3. The unique centers' samples, then each local rank's in its order.
+    let decoded: Result<Sample> = served.and_then(|_| {
+        let ranks = cross.world_ranks();
+        let answers: Vec<Answer> =
+            (0..cross.size()).map(|c| decode_reply(&got[c], upos(c).len(), req, graph, ranks[c])).collect::<Result<_>>()?;
+        let parts: Vec<Part<'_>> = answers.iter().map(Answer::part).collect();
+        Ok(assemble(unique.len(), &parts, upos, req.edge_ids))
+    });
+    let answers: Vec<Vec<u8>> = match &decoded {
+        Ok(u) => from_local
+            .iter()
+            .map(|asked| {
+                let mut counts = Vec::with_capacity(asked.len());
+                let (mut ids, mut eids) = (Vec::new(), Vec::new());
+                for v in asked {
+                    let Ok(k) = unique.binary_search(v) else {
+                        counts.push(0);
+                        continue;
+                    };
+                    let r = u.offsets[k]..u.offsets[k + 1];
+                    counts.push(r.len());
+                    ids.extend_from_slice(&u.neighbors[r.clone()]);
+                    if req.edge_ids {
+                        eids.extend_from_slice(&u.edge_ids[r]);
+                    }
+                }
+                Part { counts: &counts, neighbors: &ids, edge_ids: &eids }.encode()
+            })
+            .collect(),
+        Err(_) => vec![Vec::new(); local.size()],
+    };
+    let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
+    let back = local.alltoallv(&refs)?;
+    decoded?;
+    let ranks = local.world_ranks();
+    let answers: Vec<Answer> =
+        (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph, ranks[q])).collect::<Result<_>>()?;
+    let parts: Vec<Part<'_>> = answers.iter().map(Answer::part).collect();
+    Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
+}
