@@ -28,6 +28,8 @@ mod exchange;
 mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
+#[allow(unsafe_code)]
+pub mod rows;
 
 pub use wholemem::{ConversionError, DType, Element};
 

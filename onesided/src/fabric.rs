@@ -1,0 +1,1 @@
+//! libfabric RMA reads (feature `fabric`).

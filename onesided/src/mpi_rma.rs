@@ -1,0 +1,1 @@
+//! MPI RMA reads (feature `mpi`).

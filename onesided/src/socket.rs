@@ -1,0 +1,148 @@
+//! The socket transport: each owner's read server answers requests for
+//! its rows. One request per owner is in flight at once — every owner's
+//! sent before any answer is read — and a call larger than one request
+//! goes in rounds.
+
+use std::io::{Read, Write};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use wm_gather::RowLayout;
+use wm_gather::rows::{RowSource, gather_from};
+
+use crate::client::{self, Addr, Conn, Identity};
+use crate::profile::{Counters, Span, timed};
+use crate::transport::{ReadRequest, Transport};
+use crate::wire::{self, Request, Response};
+use crate::{Error, Method, Result};
+
+/// One owner's server, and idle connections to it.
+#[derive(Debug)]
+pub(crate) struct Target {
+    /// The owner's world rank.
+    pub rank: usize,
+    pub at: Addr,
+    pub nonce: u64,
+    pool: Mutex<Vec<Conn>>,
+}
+
+impl Target {
+    pub(crate) fn new(rank: usize, at: Addr, nonce: u64) -> Self {
+        Self { rank, at, nonce, pool: Mutex::new(Vec::new()) }
+    }
+}
+
+/// The socket transport of one reader (shared by its clones).
+#[derive(Debug)]
+pub(crate) struct SocketTransport {
+    table: String,
+    /// Per owner: its server, when its rows come this way.
+    targets: Vec<Option<Target>>,
+    /// Each owner's first global row.
+    first: Vec<usize>,
+    id: Identity,
+}
+
+impl SocketTransport {
+    pub(crate) fn new(table: &str, targets: Vec<Option<Target>>, first: Vec<usize>, id: Identity) -> Self {
+        Self { table: table.to_owned(), targets, first, id }
+    }
+
+    fn take(&self, t: &Target) -> Result<Conn> {
+        let idle = t.pool.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(c) => Ok(c),
+            None => client::connect(&self.table, t.rank, &t.at, t.nonce, &self.id),
+        }
+    }
+
+    fn give_back(&self, t: &Target, c: Conn) {
+        t.pool.lock().unwrap_or_else(|p| p.into_inner()).push(c);
+    }
+}
+
+/// One owner's share of a call.
+struct Share<'t> {
+    target: &'t Target,
+    conn: Conn,
+    rows: Vec<u64>,
+    slots: Vec<usize>,
+    staging: Vec<u8>,
+}
+
+impl Transport for SocketTransport {
+    fn method(&self) -> Method {
+        Method::Socket
+    }
+
+    fn read(&self, req: &mut ReadRequest<'_>, profile: Option<&Counters>) -> Result<()> {
+        let n_owners = self.targets.len();
+        let mut rows: Vec<Vec<u64>> = vec![Vec::new(); n_owners];
+        let mut slots: Vec<Vec<usize>> = vec![Vec::new(); n_owners];
+        for (i, (&row, &o)) in req.rows.iter().zip(req.owners).enumerate() {
+            rows[o].push((row - self.first[o]) as u64);
+            slots[o].push(req.slots.map_or(i, |s| s[i]));
+        }
+        let mut shares = Vec::new();
+        for (o, (rows, slots)) in rows.into_iter().zip(slots).enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let target = self.targets[o]
+                .as_ref()
+                .ok_or_else(|| Error::InvalidArgument(format!("rows of owner {o} routed to a socket it has none of")))?;
+            let conn = timed(profile, Span::LockWait, || self.take(target))?;
+            shares.push(Share { target, conn, rows, slots, staging: Vec::new() });
+        }
+        let (skip, len) = (req.layout.skip_bytes(), req.layout.bytes());
+        let per = wire::MAX_ROWS.min(wire::MAX_BYTES / len).max(1);
+        let rounds = shares.iter().map(|s| s.rows.len().div_ceil(per)).max().unwrap_or(0);
+        let staged = RowLayout::new(req.layout.dtype(), req.layout.cols(), 0)?;
+        let mut request = Vec::new();
+        for round in 0..rounds {
+            // Every owner's request first...
+            let t = Instant::now();
+            for s in shares.iter_mut() {
+                let Some(chunk) = s.rows.chunks(per).nth(round) else { continue };
+                request.clear();
+                request.extend_from_slice(&Request::Read { rows: chunk.len(), skip, len }.encode());
+                request.extend_from_slice(bytemuck::cast_slice(chunk));
+                s.conn.write_all(&request).map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "sending a read", &e))?;
+            }
+            if let Some(p) = profile {
+                p.add(Span::Post, t);
+            }
+            // ...then every answer, placed as it arrives.
+            for s in shares.iter_mut() {
+                let Some(chunk) = s.rows.chunks(per).nth(round) else { continue };
+                let (n, first) = (chunk.len(), round * per);
+                let bytes = n * len;
+                let t = Instant::now();
+                let mut h = [0u8; wire::HEADER];
+                s.conn.read_exact(&mut h).map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "reading rows", &e))?;
+                let r = Response::decode(&h, bytes)
+                    .map_err(|d| Error::Malformed { from: format!("rank {}'s read server", s.target.rank), detail: d })?;
+                if !r.ok {
+                    let msg = s.conn.message(r.bytes, &self.table, s.target.rank, &s.target.at)?;
+                    return Err(Error::PeerFailed { rank: s.target.rank, detail: msg });
+                }
+                s.staging.resize(bytes, 0);
+                s.conn
+                    .read_exact(&mut s.staging)
+                    .map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "reading rows", &e))?;
+                if let Some(p) = profile {
+                    p.add(Span::Wait, t);
+                }
+                let src = RowSource::from_slice(&s.staging, len)?;
+                let order: Vec<usize> = (0..n).collect();
+                timed(profile, Span::Copy, || {
+                    gather_from(&src, &staged, &order, Some(&s.slots[first..first + n]), req.out, req.out_dtype, 1)
+                })?;
+            }
+        }
+        for s in shares {
+            self.give_back(s.target, s.conn);
+        }
+        Ok(())
+    }
+}

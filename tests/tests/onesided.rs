@@ -1,0 +1,180 @@
+//! One-sided reads with real processes, for every transport this build
+//! and machine offer: shm (ranks of one node), socket (forced, and across
+//! simulated nodes), fabric with the tcp provider (feature `fabric`). MPI
+//! RMA runs under `mpirun` in CI (`.ci/run`).
+//!
+//! - every host type, 1–4 ranks, 2 simulated nodes, i32/i64 ids, repeats,
+//!   zero-row ranks, conversions, bad ids then a good read;
+//! - one rank reading while the others are busy in collectives of their
+//!   own (no owner takes part);
+//! - a reader outside the job (a separate process, no rank) joining
+//!   through `dir:` and `host:port` rendezvous with the job's key (a wrong
+//!   key refused), reading while the job writes then publishes, a
+//!   fork/exec child joining on its own, and an error — no hang, no crash —
+//!   after the job frees the table and after the job is SIGKILLed.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::thread;
+
+use wm_tests::World;
+
+const PROG: &str = env!("CARGO_BIN_EXE_wm-test-onesided");
+
+#[test]
+fn shm_reads_every_type_on_1_to_4_ranks() {
+    for n in 1..=4 {
+        World::new(n).run_ok(PROG, &["reads"]);
+    }
+}
+
+#[test]
+fn socket_reads_every_type_on_1_to_4_ranks() {
+    for n in [1, 2, 4] {
+        World::new(n).run_ok(PROG, &["reads", "socket"]);
+    }
+}
+
+#[test]
+fn shm_and_socket_across_two_simulated_nodes() {
+    World::new(4).nodes_of(2).run_ok(PROG, &["reads"]);
+    World::new(2).nodes_of(1).tcp().run_ok(PROG, &["reads"]);
+}
+
+#[test]
+fn one_rank_reads_while_the_others_are_busy() {
+    World::new(3).run_ok(PROG, &["busy"]);
+    World::new(3).run_ok(PROG, &["busy", "socket"]);
+    World::new(4).nodes_of(2).run_ok(PROG, &["busy"]);
+}
+
+#[cfg(feature = "fabric")]
+mod fabric {
+    use super::*;
+
+    fn tcp(w: World) -> World {
+        w.env("FI_PROVIDER", "tcp").env("WM_FABRIC_PROVIDER", "tcp")
+    }
+
+    #[test]
+    fn fabric_reads_every_type_on_1_to_4_ranks() {
+        for n in [1, 2, 4] {
+            tcp(World::new(n)).run_ok(PROG, &["reads", "fabric"]);
+        }
+        tcp(World::new(4).nodes_of(2)).run_ok(PROG, &["reads", "fabric"]);
+    }
+
+    #[test]
+    fn fabric_is_chosen_across_nodes_when_a_provider_is_named() {
+        tcp(World::new(4).nodes_of(2)).run_ok(PROG, &["reads"]);
+        tcp(World::new(3)).run_ok(PROG, &["busy", "fabric"]);
+    }
+
+    #[test]
+    fn an_outside_fabric_reader_sees_publishes_and_a_killed_job() {
+        outside(tcp(World::new(2).nodes_of(1)), "fabric", "distributed", "free");
+        outside(tcp(World::new(2).nodes_of(1)), "fabric", "hierarchy", "hold");
+    }
+}
+
+/// A private scratch directory, removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let p = std::env::temp_dir().join(format!("wm-onesided.{tag}.{}.{:?}", std::process::id(), thread::current().id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
+        Self(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn key() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// A job publishing a table of type `ty` over `method`, and a reader
+/// process outside it; `mode` is `free` (the job frees the table) or
+/// `hold` (the reader SIGKILLs the job).
+fn outside(world: World, method: &str, ty: &str, mode: &str) {
+    let dir = Scratch::new(&format!("{method}-{ty}-{mode}"));
+    let key = key();
+    let name = format!("outside-{ty}");
+    let world = world.env("WM_JOB_KEY", &key).env("WM_TIMEOUT_S", "60");
+    let args: Vec<String> = ["job", &dir.0.to_string_lossy(), &name, "3", method, ty, mode].iter().map(|s| s.to_string()).collect();
+    let job = thread::spawn(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        world.run(PROG, &a)
+    });
+    let reader = Command::new(wm_tests::relocated(PROG))
+        .args(["reader", &dir.0.to_string_lossy(), &name, "3", method, mode])
+        .env("WM_JOB_KEY", &key)
+        .env("WM_TIMEOUT_S", "60")
+        .env_remove("WM_RANK")
+        .env_remove("WM_WORLD_SIZE")
+        .env_remove("WM_RENDEZVOUS")
+        .env_remove("WM_NODE_ID")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&reader.stdout).into_owned() + &String::from_utf8_lossy(&reader.stderr);
+    if !reader.status.success() {
+        // Let the job finish (it waits for the reader's files up to its
+        // limits) so its output shows too.
+        std::fs::write(dir.0.join("done"), b"").unwrap();
+    }
+    let report = job.join().unwrap();
+    let transcript = wm_tests::transcript(&report);
+    assert!(reader.status.success(), "the outside reader failed:\n{out}\njob:\n{transcript}");
+    match mode {
+        "free" => assert!(report.success(), "the job failed: {:?}\n{transcript}\nreader:\n{out}", report.failures()),
+        _ => assert!(
+            report.ranks.iter().all(|r| r.status.code().is_none()),
+            "every rank should have been killed: {:?}\n{transcript}",
+            report.failures()
+        ),
+    }
+    assert!(out.contains("child reader read epoch 3"), "{out}");
+    eprintln!("{out}");
+}
+
+#[test]
+fn an_outside_reader_on_the_node_reads_shm_and_sees_the_table_freed() {
+    outside(World::new(2), "auto", "chunked", "free");
+    outside(World::new(3), "auto", "distributed", "free");
+}
+
+#[test]
+fn an_outside_reader_across_nodes_reads_sockets_through_host_port() {
+    outside(World::new(2).nodes_of(1).tcp(), "auto", "hierarchy", "free");
+    outside(World::new(2).tcp(), "socket", "continuous", "free");
+}
+
+#[test]
+fn an_outside_reader_errors_after_the_job_is_killed() {
+    outside(World::new(2), "auto", "distributed", "hold");
+    outside(World::new(2).nodes_of(1).tcp(), "socket", "distributed", "hold");
+}
+
+#[test]
+fn joining_a_table_nobody_published_is_an_error_not_a_hang() {
+    let dir = Scratch::new("nothing");
+    std::fs::write(dir.0.join("rendezvous"), format!("dir:{}", dir.0.display())).unwrap();
+    let out = Command::new(wm_tests::relocated(PROG))
+        .args(["child", &dir.0.to_string_lossy(), "absent", "1", "1"])
+        .env("WM_JOB_KEY", key())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("no table \"absent\" is published"), "{text}");
+}
