@@ -28,6 +28,30 @@ impl Read for Conn {
             Conn::Tcp(s) => s.read(buf),
         }
     }
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read_vectored(bufs),
+            Conn::Tcp(s) => s.read_vectored(bufs),
+        }
+    }
+}
+
+impl Conn {
+    /// Fills every buffer of `bufs`, in order, with one `readv` for up to
+    /// a thousand of them at a time: rows straight into their places.
+    pub(crate) fn read_into(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        let mut slices: Vec<io::IoSliceMut<'_>> = bufs.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            match self.read_vectored(rest) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection")),
+                Ok(n) => io::IoSliceMut::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
 }
 
 impl Write for Conn {

@@ -23,8 +23,6 @@ use std::time::{Duration, Instant};
 
 use wm_comm::JobKey;
 use wm_comm::auth::{self, Timed};
-use wm_gather::rows::gather_from;
-use wm_gather::{DType, RowLayout};
 
 use crate::record::UNIX_PREFIX;
 use crate::shm::Mapped;
@@ -277,13 +275,12 @@ fn serve(sh: &Shared, s: Stream, from: &str) {
 /// Answers requests until the reader hangs up (`Ok`) or breaks the
 /// protocol (`Err`, after telling it why). `unix` is the connection again
 /// when it can carry descriptors.
-fn requests<S: Read + Write + Timed>(sh: &Shared, s: &mut S, unix: Option<&UnixStream>) -> io::Result<()> {
+fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&UnixStream>) -> io::Result<()> {
     // Idle readers wait as long as they like; a reader that stops reading
     // an answer is given up on after the timeout.
     s.set_timeouts(sh.timeout)?;
     let mut ids: Vec<u64> = Vec::new();
     let mut rows: Vec<usize> = Vec::new();
-    let mut out: Vec<u8> = Vec::new();
     loop {
         let mut h = [0u8; wire::HEADER];
         match read_idle(s, &mut h) {
@@ -319,20 +316,27 @@ fn requests<S: Read + Write + Timed>(sh: &Shared, s: &mut S, unix: Option<&UnixS
                     answer_error(s, sh, &format!("row {r} at position {i} is not one of its {} rows", sh.count))?;
                     continue;
                 }
-                out.resize(n * len, 0);
-                let copied = RowLayout::new(DType::I8, len, skip).map_err(|e| e.to_string()).and_then(|layout| {
-                    let src = sh.rows.source().map_err(|e| e.to_string())?;
-                    gather_from(&src, &layout, &rows, None, &mut out, DType::I8, 1).map_err(|e| e.to_string())
-                });
-                match copied {
-                    Ok(()) => {
-                        s.write_all(&Response { ok: true, epoch, bytes: out.len() }.encode())?;
-                        s.write_all(&out)?;
-                    }
-                    Err(why) => answer_error(s, sh, &why)?,
-                }
+                let head = Response { ok: true, epoch, bytes: n * len }.encode();
+                sh.rows.send_rows(s.fd(), &head, &rows, skip, len)?;
             }
         }
+    }
+}
+
+/// A stream whose descriptor rows are sent on.
+trait Fd {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
+}
+
+impl Fd for UnixStream {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+impl Fd for TcpStream {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.as_fd()
     }
 }
 

@@ -63,6 +63,79 @@ impl Mapped {
     }
 }
 
+/// Most rows handed to one `sendmsg`.
+const IOV_MAX: usize = 1024;
+
+impl Mapped {
+    /// Sends `head`, then `len` bytes from byte `skip` of each of `rows`
+    /// (rows of the first part) over the socket `fd`, straight from the
+    /// mapping:
+    /// `sendmsg` with one iovec per row, so the kernel copies each row once
+    /// and no buffer of this process holds them. Waits as the socket's
+    /// send timeout allows; never raises SIGPIPE.
+    pub(crate) fn send_rows(
+        &self,
+        fd: std::os::fd::BorrowedFd<'_>,
+        head: &[u8],
+        rows: &[usize],
+        skip: usize,
+        len: usize,
+    ) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        let part = self.parts.first().ok_or_else(|| std::io::Error::other("no rows mapped"))?;
+        if rows.iter().any(|&r| r >= part.rows) || skip + len > self.row_bytes {
+            return Err(std::io::Error::other("rows outside the mapping"));
+        }
+        let base = part.map.as_ptr().wrapping_add(part.offset);
+        let no_rows: [usize; 0] = [];
+        let chunks = rows.chunks(IOV_MAX - 1);
+        // No rows: the head alone, once.
+        let chunks: Box<dyn Iterator<Item = &[usize]>> =
+            if rows.is_empty() { Box::new(std::iter::once(&no_rows[..])) } else { Box::new(chunks) };
+        for (k, chunk) in chunks.enumerate() {
+            let mut iov: Vec<libc::iovec> = Vec::with_capacity(chunk.len() + 1);
+            if k == 0 {
+                iov.push(libc::iovec { iov_base: head.as_ptr().cast_mut().cast(), iov_len: head.len() });
+            }
+            iov.extend(
+                chunk
+                    .iter()
+                    .map(|&r| libc::iovec { iov_base: base.wrapping_add(r * self.row_bytes + skip).cast_mut().cast(), iov_len: len }),
+            );
+            let mut at = 0;
+            while at < iov.len() {
+                // SAFETY: a zeroed msghdr is a valid empty header.
+                let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+                msg.msg_iov = iov[at..].as_mut_ptr();
+                msg.msg_iovlen = iov.len() - at;
+                // SAFETY: every iovec points at `head` or at `len` bytes
+                // inside a row of this mapping (checked above), which
+                // `self` keeps mapped for the call; the kernel only reads
+                // them. `fd` is open.
+                let n = unsafe { libc::sendmsg(fd.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+                if n < 0 {
+                    let e = std::io::Error::last_os_error();
+                    if e.kind() == std::io::ErrorKind::Interrupted {
+                        continue;
+                    }
+                    return Err(e);
+                }
+                // Skip what went; the first iovec left may be cut.
+                let mut sent = n as usize;
+                while at < iov.len() && sent >= iov[at].iov_len {
+                    sent -= iov[at].iov_len;
+                    at += 1;
+                }
+                if sent > 0 {
+                    iov[at].iov_base = iov[at].iov_base.cast::<u8>().wrapping_add(sent).cast();
+                    iov[at].iov_len -= sent;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The shm transport: the portions of the owners on this node.
 #[derive(Debug)]
 pub(crate) struct ShmTransport {

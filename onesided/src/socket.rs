@@ -62,12 +62,20 @@ impl SocketTransport {
 }
 
 /// One owner's share of a call.
-struct Share<'t> {
+struct Share<'t, 'o> {
     target: &'t Target,
     conn: Conn,
     rows: Vec<u64>,
     slots: Vec<usize>,
-    staging: Vec<u8>,
+    dest: Dest<'o>,
+}
+
+/// Where a share's rows land.
+enum Dest<'o> {
+    /// In a buffer, then converted into place.
+    Staged(Vec<u8>),
+    /// Straight into their output rows (no conversion), in request order.
+    Direct(Vec<&'o mut [u8]>),
 }
 
 impl Transport for SocketTransport {
@@ -83,6 +91,14 @@ impl Transport for SocketTransport {
             rows[o].push((row - self.first[o]) as u64);
             slots[o].push(req.slots.map_or(i, |s| s[i]));
         }
+        // Without conversion every row is read straight into its place.
+        let direct = req.out_dtype == req.layout.dtype();
+        let out_row = req.layout.cols() * req.out_dtype.size();
+        let mut out = Some(&mut *req.out);
+        let mut places: Vec<Option<&mut [u8]>> = match (direct, out_row) {
+            (true, 1..) => out.take().map_or_else(Vec::new, |o| o.chunks_mut(out_row).map(Some).collect()),
+            _ => Vec::new(),
+        };
         let mut shares = Vec::new();
         for (o, (rows, slots)) in rows.into_iter().zip(slots).enumerate() {
             if rows.is_empty() {
@@ -91,8 +107,14 @@ impl Transport for SocketTransport {
             let target = self.targets[o]
                 .as_ref()
                 .ok_or_else(|| Error::InvalidArgument(format!("rows of owner {o} routed to a socket it has none of")))?;
+            let dest = if places.is_empty() {
+                Dest::Staged(Vec::new())
+            } else {
+                let mine: Option<Vec<&mut [u8]>> = slots.iter().map(|&s| places.get_mut(s).and_then(Option::take)).collect();
+                Dest::Direct(mine.ok_or_else(|| Error::InvalidArgument("an output row asked for twice or past the output".into()))?)
+            };
             let conn = timed(profile, Span::LockWait, || self.take(target))?;
-            shares.push(Share { target, conn, rows, slots, staging: Vec::new() });
+            shares.push(Share { target, conn, rows, slots, dest });
         }
         let (skip, len) = (req.layout.skip_bytes(), req.layout.bytes());
         let per = wire::MAX_ROWS.min(wire::MAX_BYTES / len).max(1);
@@ -126,18 +148,28 @@ impl Transport for SocketTransport {
                     let msg = s.conn.message(r.bytes, &self.table, s.target.rank, &s.target.at)?;
                     return Err(Error::PeerFailed { rank: s.target.rank, detail: msg });
                 }
-                s.staging.resize(bytes, 0);
-                s.conn
-                    .read_exact(&mut s.staging)
-                    .map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "reading rows", &e))?;
-                if let Some(p) = profile {
-                    p.add(Span::Wait, t);
+                let lost = |e: std::io::Error| client::lost(&self.table, s.target.rank, &s.target.at, "reading rows", &e);
+                match &mut s.dest {
+                    Dest::Direct(places) => {
+                        s.conn.read_into(&mut places[first..first + n]).map_err(lost)?;
+                        if let Some(p) = profile {
+                            p.add(Span::Wait, t);
+                        }
+                    }
+                    Dest::Staged(staging) => {
+                        staging.resize(bytes, 0);
+                        s.conn.read_exact(staging).map_err(lost)?;
+                        if let Some(p) = profile {
+                            p.add(Span::Wait, t);
+                        }
+                        let src = RowSource::from_slice(staging, len)?;
+                        let order: Vec<usize> = (0..n).collect();
+                        let out = out.as_deref_mut().ok_or_else(|| Error::InvalidArgument("no output to convert into".into()))?;
+                        timed(profile, Span::Copy, || {
+                            gather_from(&src, &staged, &order, Some(&s.slots[first..first + n]), out, req.out_dtype, 1)
+                        })?;
+                    }
                 }
-                let src = RowSource::from_slice(&s.staging, len)?;
-                let order: Vec<usize> = (0..n).collect();
-                timed(profile, Span::Copy, || {
-                    gather_from(&src, &staged, &order, Some(&s.slots[first..first + n]), req.out, req.out_dtype, 1)
-                })?;
             }
         }
         for s in shares {
