@@ -454,19 +454,23 @@ impl Reader {
             }
             r
         };
-        result.map_err(|e| self.note(e))?;
         // Rows that came through a mapping or RMA may be a freed table's:
-        // the owners must still be there after the copy.
+        // the owners must still be there after the copy. A failed read of
+        // an owner that is gone is that, whatever the transport said.
         for (o, p) in i.probes.iter().enumerate() {
             if let Some(p) = p
                 && touched[o]
                 && !p.alive()
             {
-                let detail =
-                    format!("rank {}'s read server closed its connection: the job freed the table or ended", i.record.owners[o].rank);
+                let rank = i.record.owners[o].rank;
+                let detail = match &result {
+                    Err(e) => format!("rank {rank}'s read server closed its connection: the job freed the table or ended ({e})"),
+                    Ok(()) => format!("rank {rank}'s read server closed its connection: the job freed the table or ended"),
+                };
                 return Err(self.note(Error::Gone { table: i.record.name.clone(), detail }));
             }
         }
+        result.map_err(|e| self.note(e))?;
         if let Some(p) = profile {
             p.call(rows.len(), out.len());
         }

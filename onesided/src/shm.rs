@@ -21,6 +21,7 @@ pub(crate) struct OwnerRows {
     offset: usize,
     /// Rows it holds.
     rows: usize,
+    row_bytes: usize,
 }
 
 impl OwnerRows {
@@ -36,7 +37,20 @@ impl OwnerRows {
                 detail: format!("{rows} rows of {row_bytes} bytes from byte {offset} do not fit its portion of {} bytes", map.len()),
             });
         }
-        Ok(Self { map, offset, rows })
+        Ok(Self { map, offset, rows, row_bytes })
+    }
+
+    /// The first byte of the first row (for a registration covering the
+    /// rows; read through raw pointers only).
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
+    pub(crate) fn first_row(&self) -> *const u8 {
+        self.map.as_ptr().wrapping_add(self.offset)
+    }
+
+    /// Bytes of the rows.
+    #[cfg_attr(not(feature = "fabric"), allow(dead_code))]
+    pub(crate) fn bytes(&self) -> usize {
+        self.rows * self.row_bytes
     }
 }
 

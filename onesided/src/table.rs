@@ -167,7 +167,7 @@ impl Table {
             let server = Server::start(Serve {
                 table: name.to_owned(),
                 rank: world_rank,
-                rows: Mapped::new(vec![own], g),
+                rows: Mapped::new(vec![own.clone()], g),
                 count: p.count(me),
                 row_bytes: g,
                 portion: fds,
@@ -178,7 +178,7 @@ impl Table {
             })?;
             let node = wm_topology::NodeIdentity::discover();
             #[cfg(feature = "fabric")]
-            let fabric = crate::fabric::Owner::for_table(method, &mem_rows(mem), portion.offset(), p.count(me) * g)?;
+            let fabric = crate::fabric::Owner::for_table(method, &own, ip)?;
             let record = OwnerRecord {
                 rank: world_rank,
                 node_id: node.id().to_owned(),
@@ -390,9 +390,4 @@ impl Drop for Table {
     fn drop(&mut self) {
         self.shut();
     }
-}
-
-#[cfg(feature = "fabric")]
-fn mem_rows(mem: &WholeMemory) -> Option<std::os::fd::BorrowedFd<'_>> {
-    mem.portion().map(|p| p.fd())
 }
