@@ -49,6 +49,15 @@ pub struct Table {
     mpi: Option<Arc<crate::mpi_rma::Window>>,
 }
 
+/// What a rank set up for a table, before every rank knows every record.
+struct Started {
+    server: Server,
+    bytes: Vec<u8>,
+    own: Arc<OwnerRows>,
+    #[cfg(feature = "fabric")]
+    fabric: Option<crate::fabric::Owner>,
+}
+
 /// Rows of `granularity` bytes as elements of `dtype`.
 fn columns(granularity: usize, dtype: DType) -> Result<usize> {
     if granularity % dtype.size() != 0 {
@@ -195,15 +204,21 @@ impl Table {
                 fabric: None,
             };
             let bytes = serde_json::to_vec(&record).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            #[cfg(feature = "fabric")]
-            return Ok((server, bytes, fabric));
-            #[cfg(not(feature = "fabric"))]
-            Ok((server, bytes))
+            Ok(Started {
+                server,
+                bytes,
+                own,
+                #[cfg(feature = "fabric")]
+                fabric,
+            })
         })();
-        #[cfg(feature = "fabric")]
-        let (server, bytes, fabric) = agree(comm.as_ref(), started)?;
-        #[cfg(not(feature = "fabric"))]
-        let (server, bytes) = agree(comm.as_ref(), started)?;
+        let Started {
+            server,
+            bytes,
+            own,
+            #[cfg(feature = "fabric")]
+            fabric,
+        } = agree(comm.as_ref(), started)?;
         let all = comm.allgatherv(&bytes)?;
         let ids = comm.allgather_value(u64::from_le_bytes(*JobKey::generate()?.fingerprint().first_chunk::<8>().unwrap_or(&[0; 8])))?;
         let owners: Result<Vec<OwnerRecord>> = all
@@ -236,7 +251,9 @@ impl Table {
         });
         let (record, checked) = agree(comm.as_ref(), assembled)?;
         #[cfg(feature = "mpi")]
-        let mpi = crate::mpi_rma::Window::for_table(method, &comm, &server, &checked)?;
+        let mpi = crate::mpi_rma::Window::for_table(method, &comm, &own, name, &p.counts(), g)?;
+        #[cfg(not(feature = "mpi"))]
+        drop(own);
         Ok(Self {
             name: name.to_owned(),
             comm,
