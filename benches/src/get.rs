@@ -23,7 +23,7 @@ use wm_comm::{CommExt, Communicator, Rendezvous};
 use wm_gather::{DType, Ids};
 use wm_onesided::{Method, Options, Profile, Reader, Table};
 
-use crate::gather::{Baseline, DEFAULT_TABLE_BYTES, IdType, Op, Rng};
+use crate::gather::{Baseline, BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op, Rng};
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
 use crate::values;
@@ -109,20 +109,37 @@ pub struct GetArgs {
     /// How long --publish keeps the table.
     #[arg(long, default_value_t = 600.0)]
     pub(crate) hold_s: f64,
+    /// Where --publish makes the table joinable (`dir:/path` or `host:port`) [default: the job's rendezvous].
+    #[arg(long, requires = "publish")]
+    pub(crate) publish_at: Option<String>,
     /// Read from outside a job: the job's rendezvous (`dir:/path` or `host:port`), with --table.
     #[arg(long, requires = "table")]
     pub(crate) join: Option<String>,
     /// The published table to read with --join.
     #[arg(long, requires = "join")]
     pub(crate) table: Option<String>,
+    /// Pages of the baseline's private table: `default` (what plain code gets: on most systems small pages) or
+    /// `huge` (transparent huge pages asked for with madvise), to see how much of a ratio is the table's huge pages.
+    #[arg(long, value_enum, default_value = "default")]
+    pub(crate) baseline_pages: BaselinePages,
     /// One JSON object per line instead of a table.
     #[arg(long)]
     pub(crate) json: bool,
 }
 
 impl GetArgs {
-    fn options(&self) -> Options {
-        Options { method: self.method.and_then(MethodArg::method), profile: self.profile.then_some(true), ..Options::default() }
+    fn huge_baseline(&self) -> bool {
+        self.baseline_pages == BaselinePages::Huge
+    }
+
+    fn options(&self) -> Result<Options> {
+        let publish_at = self.publish_at.as_deref().map(Rendezvous::parse).transpose()?;
+        Ok(Options {
+            method: self.method.and_then(MethodArg::method),
+            profile: self.profile.then_some(true),
+            publish_at,
+            ..Options::default()
+        })
     }
 }
 
@@ -238,10 +255,10 @@ fn bench(world: &Arc<dyn Communicator>, a: &GetArgs) -> Result<i32> {
     let out_dt = a.out_dtype.unwrap_or(a.dtype);
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
-    let table = Table::new(&mem, "wm-bench-get", a.dtype, &a.options())?;
+    let table = Table::new(&mem, "wm-bench-get", a.dtype, &a.options()?)?;
     table.publish()?;
     let reader = if me < readers { Some(table.reader()?) } else { None };
-    let mut base = (me == 0).then(|| Baseline::with(Op::Gather, rows, a.dim, a.dtype, out_dt, a.batch, false));
+    let mut base = (me == 0).then(|| Baseline::with(Op::Gather, rows, a.dim, a.dtype, out_dt, a.batch, a.huge_baseline()));
     world.barrier()?;
     let measured = match &reader {
         Some(r) => read_batches(r, a, me, rows, |b, ids| {
@@ -345,12 +362,18 @@ fn print_profile(p: &Profile) {
 fn publish(world: &Arc<dyn Communicator>, a: &GetArgs, name: &str) -> Result<i32> {
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
-    let table = Table::new(&mem, name, a.dtype, &a.options())?;
+    let table = Table::new(&mem, name, a.dtype, &a.options()?)?;
     table.publish()?;
     if world.rank() == 0 {
         match table.published_at() {
             Some(at) => {
-                println!("{}", wm_comm::launch::untagged(&format!("published {name}: {rows} rows x {} {} at {at:?}", a.dim, a.dtype)))
+                let at = match at {
+                    Rendezvous::Dir(d) => format!("dir:{}", d.display()),
+                    Rendezvous::Tcp(a) => a.clone(),
+                };
+                let line =
+                    format!("published {name}: {rows} rows x {} {}; read it with: wm-bench get --join {at} --table {name}", a.dim, a.dtype);
+                println!("{}", wm_comm::launch::untagged(&line));
             }
             None => bail!("nowhere to publish {name}: set WM_RENDEZVOUS (dir:/path or host:port)"),
         }
@@ -365,7 +388,7 @@ fn publish(world: &Arc<dyn Communicator>, a: &GetArgs, name: &str) -> Result<i32
 
 /// `--join RENDEZVOUS --table NAME`: a reader outside the job.
 fn outside(a: &GetArgs, at: &Rendezvous, name: &str) -> Result<i32> {
-    let mut opts = a.options();
+    let mut opts = a.options()?;
     opts.join_timeout = Some(Duration::from_secs(60));
     let reader = Reader::join(at, name, &opts).with_context(|| format!("joining {name}"))?;
     let info = reader.info();
@@ -377,7 +400,7 @@ fn outside(a: &GetArgs, at: &Rendezvous, name: &str) -> Result<i32> {
     a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
     let a = &a;
     let out_dt = a.out_dtype.unwrap_or(a.dtype);
-    let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batch, false);
+    let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batch, a.huge_baseline());
     let m = read_batches(&reader, a, 0, info.rows, |b, ids| {
         base.batch(ids, b >= a.warmup);
         Ok(())
