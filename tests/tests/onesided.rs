@@ -13,11 +13,10 @@
 //!   fork/exec child joining on its own, and an error — no hang, no crash —
 //!   after the job frees the table and after the job is SIGKILLed.
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::thread;
 
-use wm_tests::World;
+use wm_tests::{Scratch, World, random_key as key};
 
 const PROG: &str = env!("CARGO_BIN_EXE_wm-test-onesided");
 
@@ -75,33 +74,6 @@ mod fabric {
         outside(tcp(World::new(2).nodes_of(1)), "fabric", "distributed", "free");
         outside(tcp(World::new(2).nodes_of(1)), "fabric", "hierarchy", "hold");
     }
-}
-
-/// A private scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        use std::os::unix::fs::PermissionsExt;
-        let p = std::env::temp_dir().join(format!("wm-onesided.{tag}.{}.{:?}", std::process::id(), thread::current().id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn key() -> String {
-    use std::io::Read;
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
-    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// A job publishing a table of type `ty` over `method`, and a reader
