@@ -255,6 +255,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &GetArgs) -> Result<i32> {
     let out_dt = a.out_dtype.unwrap_or(a.dtype);
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
+    let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
     let table = Table::new(&mem, "wm-bench-get", a.dtype, &a.options()?)?;
     table.publish()?;
     let reader = if me < readers { Some(table.reader()?) } else { None };
@@ -295,7 +296,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &GetArgs) -> Result<i32> {
         let s = Spread::of(&per_reader);
         let total = measured.bytes * readers as f64 / slowest.max(1e-12) / 1e9;
         let ratio = s.median / baseline;
-        let ctx = Report { a, rows, ranks: n, nodes: Some(nodes), readers, methods: &methods, profile };
+        let ctx = Report { a, rows, ranks: n, nodes: Some(nodes), readers, methods: &methods, profile, huge_pages: Some(huge_pages) };
         ctx.print(&Speeds { per_rank: s, total, baseline, ratio }, verified, wrong_total, baseline_huge);
     }
     Ok(if verified { 0 } else { 3 })
@@ -310,6 +311,8 @@ struct Report<'a> {
     readers: usize,
     methods: &'a str,
     profile: Option<Profile>,
+    /// Of the table rank 0 maps (unknown from outside the job).
+    huge_pages: Option<f64>,
 }
 
 impl Report<'_> {
@@ -318,12 +321,12 @@ impl Report<'_> {
         let out_dt = a.out_dtype.unwrap_or(a.dtype);
         if a.json {
             let j = serde_json::json!({
-                "op": "get", "type": a.ty.name(), "location": "host", "ranks": self.ranks, "nodes": self.nodes,
+                "op": "get", "type": a.ty.name(), "location": "host", "out_location": "host", "ranks": self.ranks, "nodes": self.nodes,
                 "rows": self.rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
                 "method": self.methods, "readers": self.readers, "registered": a.registered,
                 "gbps_per_rank": sp.per_rank, "gbps_total": sp.total, "baseline_gbps": sp.baseline, "ratio": sp.ratio,
-                "verified": verified, "baseline_huge_pages": baseline_huge, "profile": self.profile,
+                "verified": verified, "huge_pages": self.huge_pages, "baseline_huge_pages": baseline_huge, "profile": self.profile,
             });
             report::json_line(&j);
             return;
@@ -344,6 +347,9 @@ impl Report<'_> {
             a.iters
         );
         sp.print("one process, one thread, private table", "per-reader median / baseline");
+        if let Some(h) = self.huge_pages {
+            println!("  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's", h * 100.0, baseline_huge * 100.0);
+        }
         report::print_verified(wrong);
         if let Some(p) = &self.profile {
             print_profile(p);
@@ -409,7 +415,16 @@ fn outside(a: &GetArgs, at: &Rendezvous, name: &str) -> Result<i32> {
     let baseline = base.gbps();
     let verified = m.wrong == 0;
     let methods = reader.method_names();
-    let report = Report { a, rows: info.rows, ranks: info.ranks, nodes: None, readers: 1, methods: &methods, profile: reader.profile() };
+    let report = Report {
+        a,
+        rows: info.rows,
+        ranks: info.ranks,
+        nodes: None,
+        readers: 1,
+        methods: &methods,
+        profile: reader.profile(),
+        huge_pages: None,
+    };
     report.print(
         &Speeds { per_rank: Spread::of(&[gbps]), total: gbps, baseline, ratio: gbps / baseline },
         verified,
