@@ -41,6 +41,10 @@
 //!
 //! `docs/one-sided.md` has the transports, the visibility rule, joining,
 //! the profile and what each libfabric provider needs on a cluster.
+//!
+//! Unsafe code is denied except in `shm` (row sources over read-only
+//! mappings, rows sent from them), `fabric` (libfabric calls) and `mpi_rma`
+//! (MPI calls); ARCHITECTURE.md lists them.
 #![deny(unsafe_code)]
 
 mod catalog;
