@@ -47,11 +47,17 @@ const API: u32 = fi::fi_version_num(1, 10);
 /// Completions reaped per call.
 const REAP: usize = 64;
 
+/// libfabric's exported functions, loaded on first use.
+fn api() -> Result<&'static fi::Api> {
+    fi::api().map_err(|why| Error::Unsupported { what: "libfabric reads".into(), reason: why.to_owned() })
+}
+
 /// libfabric's words for an error code (negative or positive).
 fn strerror(code: isize) -> String {
     let c = i32::try_from(code.unsigned_abs()).unwrap_or(i32::MAX);
+    let Ok(api) = fi::api() else { return format!("error {code}") };
     // SAFETY: fi_strerror returns a static NUL-terminated string for any code.
-    let s = unsafe { fi::fi_strerror(c) };
+    let s = unsafe { (api.fi_strerror)(c) };
     if s.is_null() {
         return format!("error {code}");
     }
@@ -82,12 +88,13 @@ pub(crate) fn provider_named() -> bool {
 }
 
 /// An `fi_info` list this process owns.
-struct Info(*mut fi::fi_info);
+struct Info(*mut fi::fi_info, &'static fi::Api);
 
 impl Drop for Info {
     fn drop(&mut self) {
-        // SAFETY: the list came from fi_getinfo and is freed once.
-        unsafe { fi::fi_freeinfo(self.0) };
+        // SAFETY: the list came from fi_getinfo (or fi_dupinfo) and is
+        // freed once.
+        unsafe { (self.1.fi_freeinfo)(self.0) };
     }
 }
 
@@ -95,17 +102,19 @@ impl Drop for Info {
 /// reliable-datagram endpoint; `node` (with `FI_SOURCE`) is the local
 /// address to use, where the provider takes one.
 fn getinfo(provider: &str, node: Option<&str>) -> Result<Info> {
+    let api = api()?;
     let name = CString::new(provider).map_err(|_| Error::InvalidArgument(format!("provider name {provider:?}")))?;
     let node_c = node.map(CString::new).transpose().map_err(|_| Error::InvalidArgument("address".into()))?;
-    // SAFETY: fi_allocinfo returns a zeroed info with its attribute structs
-    // allocated, or null; every field written below belongs to it, and
-    // `prov_name` is a malloc'ed copy that fi_freeinfo releases.
+    // SAFETY: fi_dupinfo(NULL) (what fi_allocinfo is) returns a zeroed info
+    // with its attribute structs allocated, or null; every field written
+    // below belongs to it, and `prov_name` is a malloc'ed copy that
+    // fi_freeinfo releases.
     unsafe {
-        let hints = fi::fi_allocinfo();
+        let hints = (api.fi_dupinfo)(ptr::null());
         if hints.is_null() {
             return Err(Error::Fabric { call: "fi_allocinfo", detail: "out of memory".into() });
         }
-        let hints = Info(hints);
+        let hints = Info(hints, api);
         let h = &mut *hints.0;
         (*h.ep_attr).type_ = fi::fi_ep_type_FI_EP_RDM;
         h.caps = u64::from(fi::FI_RMA | fi::FI_READ | fi::FI_REMOTE_READ);
@@ -117,14 +126,14 @@ fn getinfo(provider: &str, node: Option<&str>) -> Result<Info> {
         (*h.fabric_attr).prov_name = libc::strdup(name.as_ptr());
         let mut info = ptr::null_mut();
         let flags = if node.is_some() { fi::FI_SOURCE } else { 0 };
-        let r = fi::fi_getinfo(API, node_c.as_ref().map_or(ptr::null(), |c| c.as_ptr()), ptr::null(), flags, hints.0, &mut info);
+        let r = (api.fi_getinfo)(API, node_c.as_ref().map_or(ptr::null(), |c| c.as_ptr()), ptr::null(), flags, hints.0, &mut info);
         if r != 0 || info.is_null() {
             return Err(Error::Fabric {
                 call: "fi_getinfo",
                 detail: format!("no provider {provider:?} offers RMA reads on a reliable-datagram endpoint here: {}", strerror(r as isize)),
             });
         }
-        Ok(Info(info))
+        Ok(Info(info, api))
     }
 }
 
@@ -184,7 +193,7 @@ impl Fabric {
         // pointers are this struct's fields, closed in Drop if set.
         unsafe {
             let i = &*f.info.0;
-            check("fi_fabric", fi::fi_fabric(i.fabric_attr, &mut f.fabric, ptr::null_mut()) as isize)?;
+            check("fi_fabric", (f.info.1.fi_fabric)(i.fabric_attr, &mut f.fabric, ptr::null_mut()) as isize)?;
             check("fi_domain", fi::fi_domain(f.fabric, f.info.0, &mut f.domain, ptr::null_mut()) as isize)?;
             let mut av_attr = fi::fi_av_attr { type_: fi::fi_av_type_FI_AV_TABLE, ..Default::default() };
             check("fi_av_open", fi::fi_av_open(f.domain, &mut av_attr, &mut f.av, ptr::null_mut()) as isize)?;

@@ -1,7 +1,7 @@
 //! One-sided reads with real processes, for every transport this build
 //! and machine offer: shm (ranks of one node), socket (forced, and across
-//! simulated nodes), fabric with the tcp provider (feature `fabric`). MPI
-//! RMA runs under `mpirun` in CI (`.ci/run`).
+//! simulated nodes), fabric with the tcp provider (feature `fabric`), MPI
+//! RMA under `mpirun` (feature `mpi`; CI runs more in `.ci/run`).
 //!
 //! - every host type, 1–4 ranks, 2 simulated nodes, i32/i64 ids, repeats,
 //!   zero-row ranks, conversions, bad ids then a good read;
@@ -73,6 +73,47 @@ mod fabric {
     fn an_outside_fabric_reader_sees_publishes_and_a_killed_job() {
         outside(tcp(World::new(2).nodes_of(1)), "fabric", "distributed", "free");
         outside(tcp(World::new(2).nodes_of(1)), "fabric", "hierarchy", "hold");
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod mpi_rma {
+    use super::*;
+
+    /// `mpirun` with the options a root CI container needs, or `None`
+    /// (with a skip line) where there is no `mpirun`.
+    fn mpirun() -> Option<Command> {
+        if Command::new("mpirun").arg("--version").output().is_err() {
+            println!("SKIP MPI RMA: no mpirun on this machine");
+            return None;
+        }
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe"]);
+        Some(c)
+    }
+
+    fn ok(mut c: Command, what: &str) {
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what}: {:?}\n{text}", out.status);
+    }
+
+    #[test]
+    fn mpi_rma_reads_every_type_under_mpirun() {
+        let prog = wm_tests::relocated(PROG);
+        for np in ["2", "3"] {
+            let Some(mut c) = mpirun() else { return };
+            c.args(["-np", np, "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi"]);
+            ok(c, &format!("mpirun -np {np} reads mpi"));
+        }
+        let Some(mut c) = mpirun() else { return };
+        c.args(["-np", "3", "-x", "WM_TIMEOUT_S=120", &prog, "busy", "mpi"]);
+        ok(c, "mpirun -np 3 busy mpi");
+        // Two simulated nodes of two ranks (MPMD: each half its node id).
+        let Some(mut c) = mpirun() else { return };
+        c.args(["-np", "2", "-x", "WM_NODE_ID=node0", "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi", ":"]);
+        c.args(["-np", "2", "-x", "WM_NODE_ID=node1", "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi"]);
+        ok(c, "mpirun 2 nodes x 2 ranks reads mpi");
     }
 }
 
