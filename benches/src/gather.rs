@@ -130,7 +130,7 @@ impl Op {
     }
 }
 
-const DEFAULT_TABLE_BYTES: usize = 2 << 30;
+pub(crate) const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
 /// Runs `wm-bench gather` or `wm-bench scatter`: starts `--ranks` local
 /// ranks when no launcher did, then benchmarks. Returns the exit code (3
@@ -161,9 +161,9 @@ pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
 }
 
 /// A small fast generator (xorshift64*), seeded per rank and batch.
-struct Rng(u64);
+pub(crate) struct Rng(u64);
 impl Rng {
-    fn new(seed: u64, rank: usize, batch: usize) -> Self {
+    pub(crate) fn new(seed: u64, rank: usize, batch: usize) -> Self {
         let mut s = seed ^ ((rank as u64) << 40) ^ ((batch as u64) << 20) ^ 0x9E37_79B9_7F4A_7C15;
         for _ in 0..4 {
             s ^= s >> 12;
@@ -172,7 +172,7 @@ impl Rng {
         }
         Self(s | 1)
     }
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
@@ -419,8 +419,8 @@ impl DeviceRun {
 }
 
 /// The same batches (rank 0's) moved by plain single-threaded code from or
-/// into a private table of the same shape.
-struct Baseline {
+/// into a private table of the same shape (also `wm-bench get`'s baseline).
+pub(crate) struct Baseline {
     op: Op,
     table: Vec<u8>,
     buf: Vec<u8>,
@@ -433,23 +433,34 @@ struct Baseline {
 
 impl Baseline {
     fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
-        let es = a.dtype.size();
-        let row_bytes = a.dim * es;
+        Self::with(op, rows, a.dim, a.dtype, out, a.batch, a.baseline_pages == BaselinePages::Huge)
+    }
+
+    /// A private table of `rows` rows of `dim` elements of `dtype`, holding
+    /// the benchmark values, for batches of `batch` ids moved as `out`.
+    pub(crate) fn with(op: Op, rows: usize, dim: usize, dtype: DType, out: DType, batch: usize, huge: bool) -> Self {
+        let es = dtype.size();
+        let row_bytes = dim * es;
         let mut table = vec![0u8; rows * row_bytes];
-        if a.baseline_pages == BaselinePages::Huge {
+        if huge {
             wholemem::advise_huge_pages(&mut table);
         }
         for (r, row) in table.chunks_mut(row_bytes).enumerate() {
-            for c in 0..a.dim {
-                values::put(a.dtype, &mut row[c * es..][..es], values::at(r, c, a.dtype));
+            for c in 0..dim {
+                values::put(dtype, &mut row[c * es..][..es], values::at(r, c, dtype));
             }
         }
-        let buf = vec![0u8; a.batch * a.dim * out.size()];
-        Self { op, table, buf, dim: a.dim, dtype: a.dtype, out, seconds: 0.0, bytes: 0.0 }
+        let buf = vec![0u8; batch * dim * out.size()];
+        Self { op, table, buf, dim, dtype, out, seconds: 0.0, bytes: 0.0 }
+    }
+
+    /// Bytes of huge pages of the private table, as a fraction.
+    pub(crate) fn huge_fraction(&self) -> f64 {
+        wholemem::huge_page_bytes(&self.table) as f64 / self.table.len().max(1) as f64
     }
 
     /// Moves one batch; `timed` adds it to the figures.
-    fn batch(&mut self, ids: &[i64], timed: bool) {
+    pub(crate) fn batch(&mut self, ids: &[i64], timed: bool) {
         let (es, os, dim) = (self.dtype.size(), self.out.size(), self.dim);
         let (row_bytes, buf_row) = (dim * es, dim * os);
         let same = self.dtype == self.out;
@@ -492,7 +503,7 @@ impl Baseline {
         Ok(())
     }
 
-    fn gbps(&self) -> f64 {
+    pub(crate) fn gbps(&self) -> f64 {
         self.bytes / self.seconds.max(1e-12) / 1e9
     }
 }

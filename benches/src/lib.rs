@@ -1,5 +1,6 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
-//! subcommands, one module each: [`gather`] (gather and scatter), [`load`],
+//! subcommands, one module each: [`gather`] (gather and scatter), [`get`]
+//! (one-sided reads), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
 //! [`ranks`]; the report every benchmark prints (speeds, baseline, ratio,
@@ -8,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod gather;
+pub mod get;
 pub mod kernels;
 pub mod load;
 pub mod probe;

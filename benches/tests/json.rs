@@ -50,6 +50,23 @@ fn gather_and_scatter_under_wm_run_are_json() {
 }
 
 #[test]
+fn get_under_wm_run_and_starting_its_own_ranks_is_json() {
+    for (launch, how) in [(true, "socket"), (false, "shm")] {
+        let mut args = vec!["get", "--json", "--method", how];
+        args.extend(SMALL);
+        let out = if launch {
+            wm_run(&["-n", "2", "--node-size", "1"], &args)
+        } else {
+            Command::new(WM_BENCH).args(&args).args(["--ranks", "2"]).output().unwrap()
+        };
+        let j = json_lines(&format!("wm-bench {args:?} (launched by wm-run: {launch})"), &out);
+        assert_eq!(j.len(), 1, "{j:?}");
+        assert_eq!((j[0]["op"].as_str(), j[0]["method"].as_str(), j[0]["readers"].as_u64()), (Some("get"), Some(how), Some(2)), "{}", j[0]);
+        assert_eq!(j[0]["verified"], true, "{}", j[0]);
+    }
+}
+
+#[test]
 fn load_under_wm_run_is_json() {
     let out = wm_run(&["-n", "2"], &["load", "--json", "--rows", "20011", "--dim", "9", "--iters", "1"]);
     let j = json_lines("wm-run -n 2 -- wm-bench load --json", &out);

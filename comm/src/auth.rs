@@ -172,6 +172,12 @@ impl JobKey {
         key
     }
 
+    /// A value that shows whether two processes hold the same key without
+    /// showing the key: a MAC of a fixed label. Safe to send to peers.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        self.mac(b"wholemem key fingerprint v1", &[], &[], &[]).finalize().into_bytes().into()
+    }
+
     fn mac(&self, label: &[u8], server: &[u8], client: &[u8], claim: &[u8]) -> Hmac<Sha256> {
         let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.0).expect("HMAC takes keys of any length");
         m.update(label);
@@ -202,6 +208,9 @@ pub(crate) enum Purpose {
     Rendezvous = 1,
     /// A rank connecting to a lower rank of the mesh.
     Mesh = 2,
+    /// A one-sided reader (a rank or an outside process) connecting to a
+    /// rank's read server or a job's table catalogue.
+    Reader = 3,
 }
 
 /// What a caller says it is, covered by its MAC.
@@ -238,6 +247,7 @@ impl Claim {
         let purpose = match b[0] {
             1 => Purpose::Rendezvous,
             2 => Purpose::Mesh,
+            3 => Purpose::Reader,
             p => return Err(format!("unknown purpose {p}")),
         };
         if b[1..8].iter().chain(&b[40..48]).any(|&x| x != 0) {
@@ -247,8 +257,13 @@ impl Claim {
     }
 }
 
-/// A stream whose reads and writes can be bounded in time.
-pub(crate) trait Timed: Read + Write {
+/// A stream whose reads and writes can be bounded in time (TCP and Unix
+/// streams), so a handshake never waits past its deadline.
+pub trait Timed: Read + Write {
+    /// Makes the stream blocking, with `t` as its read and write timeout.
+    ///
+    /// # Errors
+    /// The system call's.
     fn set_timeouts(&self, t: Duration) -> io::Result<()>;
 }
 
@@ -388,6 +403,56 @@ pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: I
     key.mac(SERVER_LABEL, &server, &client, &claim_bytes).verify_slice(&proof).map_err(|_| HandshakeError::WrongKey)
 }
 
+/// Who a one-sided reader says it is, inside its MAC.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReaderId {
+    /// A rank of the job (its world rank).
+    Rank(usize),
+    /// A process outside the job that holds the key.
+    Outside,
+}
+
+/// The claim a reader makes: its identity, and the nonce the server
+/// published (so a proof made for one server is worth nothing at another).
+fn reader_claim(who: ReaderId, server: u64) -> Claim {
+    let rank = match who {
+        ReaderId::Rank(r) => r as u64,
+        ReaderId::Outside => u64::MAX,
+    };
+    Claim { purpose: Purpose::Reader, rank, world: 0, from_nonce: 0, to_nonce: server }
+}
+
+/// A one-sided reader's side of the handshake with a read server or a
+/// table catalogue (`wm-onesided`): proves it holds `key`, claims `who`,
+/// names the server by the nonce the server published, and checks the
+/// server's proof. Everything by `deadline`.
+///
+/// # Errors
+/// Why the handshake failed, in words (refused, wrong key, timed out).
+pub fn call_as_reader<S: Timed>(s: &mut S, key: &JobKey, who: ReaderId, server: u64, deadline: Instant) -> std::result::Result<(), String> {
+    call(s, key, &reader_claim(who, server), deadline).map_err(|e| e.to_string())
+}
+
+/// A read server's side of that handshake: accepts only a reader that
+/// proves `key` and names `server`; then proves itself. Returns who the
+/// reader claims to be.
+///
+/// # Errors
+/// Why the caller was refused, in words (for the server's log).
+pub fn serve_reader<S: Timed>(s: &mut S, key: &JobKey, server: u64, deadline: Instant) -> std::result::Result<ReaderId, String> {
+    let claim = serve(s, key, deadline, |c| {
+        if c.purpose != Purpose::Reader {
+            return Err("it is not a one-sided reader".into());
+        }
+        if c.to_nonce != server || c.world != 0 || c.from_nonce != 0 {
+            return Err("its claim names another server".into());
+        }
+        Ok(())
+    })
+    .map_err(|e| e.to_string())?;
+    Ok(if claim.rank == u64::MAX { ReaderId::Outside } else { ReaderId::Rank(usize::try_from(claim.rank).unwrap_or(usize::MAX)) })
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::net::UnixStream;
@@ -475,6 +540,31 @@ mod tests {
         let e = call(&mut b, &JobKey::generate().unwrap(), &claim(), soon()).unwrap_err();
         assert!(matches!(e, HandshakeError::WrongKey), "{e}");
         stranger.join().unwrap();
+    }
+
+    #[test]
+    fn readers_prove_the_key_and_name_their_server() {
+        let k = JobKey::generate().unwrap();
+        for (who, server_nonce, named, ok) in
+            [(ReaderId::Outside, 5, 5, true), (ReaderId::Rank(2), 5, 5, true), (ReaderId::Outside, 5, 6, false)]
+        {
+            let (mut a, mut b) = UnixStream::pair().unwrap();
+            let sk = k.clone();
+            let server = thread::spawn(move || serve_reader(&mut a, &sk, server_nonce, soon()).inspect_err(|_| drop(a)));
+            let client = call_as_reader(&mut b, &k, who, named, soon());
+            let served = server.join().unwrap();
+            assert_eq!(client.is_ok(), ok, "{client:?}");
+            match served {
+                Ok(got) => assert!(ok && got == who, "{got:?}"),
+                Err(e) => assert!(!ok && e.contains("names another server"), "{e}"),
+            }
+        }
+        // A rank's mesh claim is not a reader's.
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let sk = k.clone();
+        let server = thread::spawn(move || serve_reader(&mut a, &sk, 0, soon()).inspect_err(|_| drop(a)));
+        let _ = call(&mut b, &k, &claim(), soon());
+        assert!(server.join().unwrap().unwrap_err().contains("not a one-sided reader"));
     }
 
     #[test]

@@ -147,6 +147,13 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         drop(bufs);
     }
 
+    /// This communicator as the MPI backend's, when it is one: the seam
+    /// through which `wm-onesided` opens MPI RMA windows on it.
+    #[cfg(feature = "mpi")]
+    fn as_mpi(&self) -> Option<&crate::mpi_backend::MpiComm> {
+        None
+    }
+
     /// This rank's world rank.
     fn world_rank(&self) -> usize {
         self.world_ranks()[self.rank()]

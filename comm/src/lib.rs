@@ -28,6 +28,7 @@
 pub mod auth;
 mod communicator;
 mod error;
+pub mod fdpass;
 pub mod launch;
 // `Send`/`Sync` for the MPI handles, serialised by a mutex.
 #[cfg(feature = "mpi")]
@@ -50,6 +51,23 @@ pub use communicator::{CommExt, Communicator};
 pub use error::{Error, Result, rank_list};
 pub use ranks::{RankEnv, RankSource};
 pub use socket::{Rendezvous, SocketComm};
+
+/// Most reports [`warn`] prints per process; after that it counts them
+/// silently.
+const WARN_MAX: usize = 20;
+static WARNED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Reports something a user should know but that is not an error — a
+/// stranger refused at a listener, a fallback taken — on standard error as
+/// `wholemem: …`, at most 20 times per process.
+pub fn warn(msg: &str) {
+    use std::sync::atomic::Ordering;
+    match WARNED.fetch_add(1, Ordering::Relaxed) {
+        n if n < WARN_MAX => eprintln!("wholemem: {msg}"),
+        WARN_MAX => eprintln!("wholemem: {msg} (further such messages are not shown)"),
+        _ => {}
+    }
+}
 
 /// The world communicator for this process, from the environment.
 ///

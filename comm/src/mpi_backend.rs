@@ -189,6 +189,17 @@ impl MpiComm {
         self.inner.mpi.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Runs `f` with this communicator's raw MPI handle, holding the lock
+    /// that serialises the communicator's MPI calls (MPI is initialised
+    /// with serialised threading). The seam through which `wm-onesided`
+    /// opens and uses MPI RMA windows — the one public signature of this
+    /// crate with an FFI type, documented in ARCHITECTURE.md.
+    pub fn with_raw<R>(&self, f: impl FnOnce(mpi::ffi::MPI_Comm) -> R) -> R {
+        use mpi::raw::AsRaw;
+        let h = self.mpi();
+        f(h.0.as_raw())
+    }
+
     /// A sub-communicator: MPI split by colour, matched with the socket
     /// communicator of the same members.
     /// A sub-communicator: the MPI communicator split by colour and key,
@@ -325,6 +336,9 @@ fn allgatherv(c: &SimpleCommunicator, data: &[u8]) -> Result<Vec<Vec<u8>>> {
 }
 
 impl Communicator for MpiComm {
+    fn as_mpi(&self) -> Option<&MpiComm> {
+        Some(self)
+    }
     fn rank(&self) -> usize {
         self.inner.sock.rank()
     }

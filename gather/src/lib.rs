@@ -35,6 +35,8 @@ mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
 pub mod profile;
+#[allow(unsafe_code)]
+pub mod rows;
 
 pub use column::{Column, Run};
 pub use wholemem::{ConversionError, DType, Element};

@@ -98,6 +98,43 @@ pub fn relocated(program: &str) -> String {
     if moved.exists() { moved.to_string_lossy().into_owned() } else { program.to_owned() }
 }
 
+/// A private scratch directory (mode 700) for one test, removed on drop.
+#[derive(Debug)]
+pub struct Scratch(pub std::path::PathBuf);
+
+impl Scratch {
+    /// A fresh directory under the temporary directory, named by `tag`,
+    /// this process and thread.
+    ///
+    /// # Panics
+    /// When it cannot be made.
+    pub fn new(tag: &str) -> Self {
+        use std::os::unix::fs::PermissionsExt;
+        let p = std::env::temp_dir().join(format!("wm-test.{tag}.{}.{:?}", std::process::id(), std::thread::current().id()));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).unwrap_or_else(|e| panic!("creating {}: {e}", p.display()));
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap_or_else(|e| panic!("chmod {}: {e}", p.display()));
+        Self(p)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A fresh job key: 64 hexadecimal digits from `/dev/urandom`.
+///
+/// # Panics
+/// When `/dev/urandom` cannot be read.
+pub fn random_key() -> String {
+    use std::io::Read;
+    let mut b = [0u8; 32];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b)).unwrap_or_else(|e| panic!("reading /dev/urandom: {e}"));
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
 /// Every rank's output, prefixed with its rank.
 pub fn transcript(r: &Report) -> String {
     let mut s = String::new();

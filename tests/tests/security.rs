@@ -13,39 +13,14 @@ use std::net::TcpStream;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wm_tests::World;
+use wm_tests::{Scratch, World, random_key as key};
 
 const SEC: &str = env!("CARGO_BIN_EXE_wm-test-security");
-
-/// A private scratch directory, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new(tag: &str) -> Self {
-        let p = std::env::temp_dir().join(format!("wm-security.{tag}.{}.{:?}", std::process::id(), thread::current().id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).unwrap();
-        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o700)).unwrap();
-        Self(p)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-fn key() -> String {
-    let mut b = [0u8; 32];
-    std::fs::File::open("/dev/urandom").unwrap().read_exact(&mut b).unwrap();
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
 
 /// One rank started by hand.
 fn rank(rank: usize, world: usize, rendezvous: &str, env: &[(&str, &str)], args: &[&str]) -> Child {

@@ -120,6 +120,25 @@ pub const WM_HUGE_PAGES: EnvVar = EnvVar {
     default: "auto",
     doc: "`off` keeps shared host portions in ordinary pages; by default portions of 16 huge pages (32 MiB) or more are built from huge pages where the kernel allows (`MADV_COLLAPSE`)",
 };
+/// Which transport one-sided reads use.
+pub const WM_ONE_SIDED: EnvVar = EnvVar {
+    name: "WM_ONE_SIDED",
+    default: "auto: shared memory within a node; libfabric across nodes where built with `fabric` and a provider is named; else sockets",
+    doc: "`auto`, `shm`, `fabric`, `mpi` or `socket`: the transport of one-sided reads (`wm-onesided`) for every owner",
+};
+/// Whether one-sided readers keep a profile.
+pub const WM_PROFILE: EnvVar = EnvVar {
+    name: "WM_PROFILE",
+    default: "0",
+    doc: "`1`: one-sided readers count calls, rows, bytes and the time spent waiting for locks, registering memory, posting reads and waiting for them",
+};
+/// The libfabric provider of one-sided reads.
+pub const WM_FABRIC_PROVIDER: EnvVar = EnvVar {
+    name: "WM_FABRIC_PROVIDER",
+    default: "`FI_PROVIDER`, else `tcp`",
+    doc: "the libfabric provider one-sided reads use with the `fabric` feature (`tcp` here; `verbs`, `efa`, `cxi`, `shm` on clusters)",
+};
+
 /// Forces GPU tests to fail rather than skip.
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
@@ -165,6 +184,9 @@ pub const ALL: &[EnvVar] = &[
     WM_DEVICE,
     WM_THREADS,
     WM_HUGE_PAGES,
+    WM_ONE_SIDED,
+    WM_PROFILE,
+    WM_FABRIC_PROVIDER,
     WM_REQUIRE_GPU,
     WM_KERNEL_CACHE,
     WM_UNTAGGED,

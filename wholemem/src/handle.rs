@@ -14,7 +14,10 @@ use crate::partition::Partition;
 use crate::types::{Location, MemoryType};
 use crate::{Error, Result};
 
+mod portion;
 mod rows;
+
+pub use portion::{MappedPortion, Portion};
 
 /// What a collective allocation asks for. Every rank must pass the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,6 +114,10 @@ pub struct WholeMemory {
     device_ptrs: Vec<Option<u64>>,
     /// Striped locks shared by the node's ranks (host mapped types only).
     row_locks: Option<RowLocks>,
+    /// The sealed memfds holding this rank's rows (host memory): every
+    /// rank's for Continuous (a rank's rows may end in its successor's),
+    /// this rank's own otherwise.
+    portion_fds: Vec<OwnedFd>,
     /// [`huge_page_bytes`](Self::huge_page_bytes) of a mapped host table,
     /// measured at allocation.
     mapped_huge_bytes: usize,
@@ -196,12 +203,11 @@ impl WholeMemory {
         if req.loc == Location::Device {
             return Self::allocate_device(comm, req, partition, hierarchy);
         }
-        let exchanged = match req.ty {
+        let (exchanged, own) = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
                     let locks =
                         if me == 0 { Some(host::locks::create().map_err(|e| Error::os("creating the row-lock table", e))?) } else { None };
-                    let portion = portion.ok_or_else(|| Error::InvalidArgument(format!("{} memory has no shared portions", req.ty)))?;
                     // Where the kernel has no pidfds, a stand-in: this rank's
                     // death then cannot be seen by the row locks' waiters,
                     // which wait for the timeout instead.
@@ -213,16 +219,21 @@ impl WholeMemory {
                 let (mine, locks, pidfd) = agree(comm.as_ref(), created)?;
                 // Every descriptor that arrives is checked against the size
                 // this rank computes for it from the (agreed) request.
-                let sizes = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).map_or(0, |(b, _)| b);
+                let sizes = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).0;
                 let extras = host::HostExtras { pidfd, locks, sizes: &sizes };
                 let exchanged = host::exchange_portions(comm.as_ref(), mine, Some(extras))?;
-                Some(agree(comm.as_ref(), exchanged)?)
+                (Some(agree(comm.as_ref(), exchanged)?), None)
             }
-            MemoryType::Distributed | MemoryType::Hierarchy => None,
+            // This rank's rows only, in a memfd of their own: private to
+            // the process until a one-sided reader is handed it.
+            MemoryType::Distributed | MemoryType::Hierarchy => {
+                let own = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me))?;
+                (None, Some(own))
+            }
         };
-        let (fds, pidfds, lock_fd) = match exchanged {
-            Some(host::Exchanged { fds, pidfds, locks }) => (fds, pidfds, locks),
-            None => (Vec::new(), Vec::new(), None),
+        let (fds, pidfds, lock_fd) = match (exchanged, own) {
+            (Some(host::Exchanged { fds, pidfds, locks }), _) => (fds, pidfds, locks),
+            (None, own) => (own.into_iter().collect(), Vec::new(), None),
         };
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
             let locks = match lock_fd {
@@ -236,7 +247,13 @@ impl WholeMemory {
             Ok((storage, locks))
         });
         let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
-        drop(fds);
+        // Keep the memfds that hold this rank's rows (for one-sided
+        // readers); the mappings hold what they need of the others.
+        let portion_fds: Vec<OwnedFd> = match req.ty {
+            MemoryType::Continuous => fds,
+            MemoryType::Chunked => fds.into_iter().nth(me).into_iter().collect(),
+            MemoryType::Distributed | MemoryType::Hierarchy => fds,
+        };
         let storage_huge = if req.ty.is_mapped() { storage.huge_bytes() } else { 0 };
         let chunk_ptrs: Vec<Option<RowPtr>> =
             (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
@@ -255,6 +272,7 @@ impl WholeMemory {
             device_ptrs: vec![None; chunk_ptrs.len()],
             chunk_ptrs,
             row_locks,
+            portion_fds,
             mapped_huge_bytes: if req.ty.is_mapped() { storage_huge } else { 0 },
             #[cfg(feature = "cuda")]
             gpu: Err(String::new()),
@@ -321,6 +339,7 @@ impl WholeMemory {
             chunk_ptrs: vec![None; comm.size()],
             device_ptrs,
             row_locks: None,
+            portion_fds: Vec::new(),
             mapped_huge_bytes: 0,
             gpu: Ok(gpu),
             nccl,

@@ -36,7 +36,7 @@ mod types;
 pub use capability::{Capabilities, NO_CUDA, Support, query};
 pub use dtype::{ConversionError, DType, Element};
 pub use error::{Error, Result, ShardProblem};
-pub use handle::{AllocRequest, WholeMemory};
+pub use handle::{AllocRequest, MappedPortion, Portion, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};
 pub use partition::Partition;
 

@@ -20,7 +20,6 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde::{Deserialize, Serialize};
 use wm_topology::NodeIdentity;
@@ -147,6 +146,41 @@ impl Rendezvous {
         }
     }
 
+    /// The key of the job that met here, for a process joining it from
+    /// outside (a one-sided reader): `WM_JOB_KEY` or `WM_JOB_KEY_FILE`,
+    /// else (for `dir:`) the directory's `job.key`, never a new one.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] saying where the key was looked for.
+    pub fn reader_key(&self) -> Result<JobKey> {
+        if let Some(k) = JobKey::from_env()? {
+            return Ok(k);
+        }
+        match self {
+            Self::Dir(dir) => super::rendezvous::existing_dir_key(dir),
+            Self::Tcp(addr) => Err(Error::Bootstrap(format!(
+                "joining the job at {addr} needs its key: set {} (or {}) to the key the job's ranks hold",
+                wm_topology::env::WM_JOB_KEY.name,
+                wm_topology::env::WM_JOB_KEY_FILE.name
+            ))),
+        }
+    }
+
+    /// The address a listener of this process advertises to other nodes:
+    /// `WM_HOST_ADDR`, else `WM_IFACE`'s, else what the rendezvous `how`
+    /// implies — the local address that routes to a `host:port`
+    /// rendezvous, the host name's address for `dir:` or none.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] for a bad `WM_HOST_ADDR` or `WM_IFACE`.
+    pub fn advertised_ip(how: Option<&Rendezvous>) -> Result<IpAddr> {
+        let implied = || match how {
+            Some(Rendezvous::Tcp(addr)) => route_to(addr).unwrap_or_else(hostname_ip),
+            _ => hostname_ip(),
+        };
+        Ok(choose_addr(implied)?.addr)
+    }
+
     /// From `WM_RENDEZVOUS`, if set.
     ///
     /// # Errors
@@ -223,6 +257,15 @@ pub(crate) fn choose_addr(implied: impl FnOnce() -> IpAddr) -> Result<Chosen> {
     Ok(Chosen { addr: implied(), by_hand: false })
 }
 
+/// The local address the kernel would use to reach `addr` (`host:port`):
+/// a UDP socket's route, found without sending anything.
+fn route_to(addr: &str) -> Option<IpAddr> {
+    let target = addr.to_socket_addrs().ok()?.find(|a| a.is_ipv4())?;
+    let probe = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).ok()?;
+    probe.connect(target).ok()?;
+    probe.local_addr().ok().map(|a| a.ip()).filter(|ip| !ip.is_unspecified())
+}
+
 /// The address of this host's name (what `dir:` and MPI rendezvous
 /// advertise unless told otherwise).
 pub(crate) fn hostname_ip() -> IpAddr {
@@ -255,19 +298,10 @@ pub(crate) fn exchange(rank: usize, world: usize, node: &NodeIdentity, exchange:
     Ok((l, infos))
 }
 
-/// Most refusals a process reports; after that it counts them silently.
-const WARN_MAX: usize = 20;
-static WARNED: AtomicUsize = AtomicUsize::new(0);
-
-/// Reports something a user should know but that is not an error — a
-/// stranger refused at a listener, a fallback taken — on standard error,
-/// at most [`WARN_MAX`] times per process.
+/// Reports something a user should know but that is not an error (see
+/// [`crate::warn`]).
 pub(crate) fn warn(msg: &str) {
-    match WARNED.fetch_add(1, Ordering::Relaxed) {
-        n if n < WARN_MAX => eprintln!("wholemem: {msg}"),
-        WARN_MAX => eprintln!("wholemem: {msg} (further such messages are not shown)"),
-        _ => {}
-    }
+    crate::warn(msg);
 }
 
 /// Where the job key comes from for a rendezvous: the environment, or

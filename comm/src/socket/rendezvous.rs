@@ -373,6 +373,16 @@ pub(crate) const KEY_FILE: &str = "job.key";
 /// directory of this user's that nobody else can write may hold it —
 /// anyone who can write the directory could plant a key of their own.
 pub(crate) fn dir_key(dir: &Path) -> Result<JobKey> {
+    dir_key_with(dir, true)
+}
+
+/// The job key kept in a rendezvous directory, for a process that joins
+/// a running job (a one-sided reader): read it, never create it.
+pub(crate) fn existing_dir_key(dir: &Path) -> Result<JobKey> {
+    dir_key_with(dir, false)
+}
+
+fn dir_key_with(dir: &Path, create: bool) -> Result<JobKey> {
     let meta = std::fs::metadata(dir).map_err(|e| Error::Bootstrap(format!("rendezvous directory {}: {e}", dir.display())))?;
     let me = sys::effective_uid();
     if !meta.is_dir() {
@@ -389,6 +399,13 @@ pub(crate) fn dir_key(dir: &Path) -> Result<JobKey> {
         )));
     }
     let path = dir.join(KEY_FILE);
+    if !path.exists() && !create {
+        return Err(Error::Bootstrap(format!(
+            "rendezvous directory {} holds no {KEY_FILE}: set {} to the job's key",
+            dir.display(),
+            wm_topology::env::WM_JOB_KEY.name
+        )));
+    }
     if !path.exists() {
         // Write a fresh key beside it and link it into place: `link` fails
         // if another rank got there first, and then its key is the one.

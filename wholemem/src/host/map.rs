@@ -220,15 +220,6 @@ fn mmap(addr: *mut libc::c_void, len: usize, prot: i32, flags: i32, fd: i32) -> 
 }
 
 impl Region {
-    /// Private zero-filled memory (`len > 0`).
-    pub fn anonymous(len: usize) -> io::Result<Self> {
-        assert!(len > 0);
-        let ptr = mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1)?;
-        let region = Self { ptr, len };
-        region.advise_huge_pages(0, len);
-        Ok(region)
-    }
-
     /// `len` bytes of a shared file from offset 0 (`len > 0`), page tables
     /// filled in now so that no later access faults. Placed at a huge-page
     /// boundary when it spans a huge page, so huge pages the file holds are
@@ -240,6 +231,29 @@ impl Region {
         let region = Self::reserve_aligned(len.div_ceil(page_size()) * page_size(), align)?;
         // SAFETY: the reservation is fresh; nothing points into it.
         unsafe { region.place(0, fd, len) }?;
+        Ok(region)
+    }
+
+    /// Shared files mapped read-only side by side (each from its offset 0,
+    /// every one but the last a whole number of pages), `len` bytes in all
+    /// (`len > 0`), page tables filled in now, at a huge-page boundary when
+    /// they span a huge page: another process's table portion, for
+    /// one-sided reads. Writes through it fault, so nothing here can change
+    /// the owner's rows.
+    pub fn read_only_pieces(pieces: &[(BorrowedFd<'_>, usize)], len: usize) -> io::Result<Self> {
+        assert!(len > 0 && pieces.iter().map(|p| p.1).sum::<usize>() == len);
+        let huge = huge_page_size();
+        let align = if len >= huge { huge } else { page_size() };
+        let region = Self::reserve_aligned(len.div_ceil(page_size()) * page_size(), align)?;
+        let mut at = 0;
+        for &(fd, bytes) in pieces {
+            if bytes > 0 {
+                // SAFETY: the reservation is fresh; nothing points into it.
+                unsafe { region.place_with(at, fd, bytes, libc::MAP_POPULATE, libc::PROT_READ) }?;
+            }
+            at += bytes;
+        }
+        region.advise_huge_pages(0, len);
         Ok(region)
     }
 
@@ -279,7 +293,7 @@ impl Region {
     /// handing out pointers.
     pub unsafe fn place(&self, offset: usize, fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.place_with(offset, fd, len, libc::MAP_POPULATE) }?;
+        unsafe { self.place_with(offset, fd, len, libc::MAP_POPULATE, libc::PROT_READ | libc::PROT_WRITE) }?;
         self.advise_huge_pages(offset, len);
         Ok(())
     }
@@ -291,18 +305,18 @@ impl Region {
     /// As for [`place`](Self::place).
     unsafe fn place_lazily(&self, offset: usize, fd: BorrowedFd<'_>, len: usize) -> io::Result<()> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.place_with(offset, fd, len, 0) }
+        unsafe { self.place_with(offset, fd, len, 0, libc::PROT_READ | libc::PROT_WRITE) }
     }
 
     /// # Safety
     /// As for [`place`](Self::place).
-    unsafe fn place_with(&self, offset: usize, fd: BorrowedFd<'_>, len: usize, extra: i32) -> io::Result<()> {
+    unsafe fn place_with(&self, offset: usize, fd: BorrowedFd<'_>, len: usize, extra: i32, prot: i32) -> io::Result<()> {
         assert!(offset % page_size() == 0 && len > 0 && offset + len <= self.len, "placement outside the reservation");
         let flags = libc::MAP_SHARED | libc::MAP_FIXED | extra;
         // SAFETY: the target range is inside this reservation (asserted), so
         // MAP_FIXED replaces only pages this Region owns.
         let at = unsafe { self.ptr.as_ptr().add(offset) };
-        mmap(at.cast(), len, libc::PROT_READ | libc::PROT_WRITE, flags, fd.as_raw_fd()).map(drop)
+        mmap(at.cast(), len, prot, flags, fd.as_raw_fd()).map(drop)
     }
 
     /// Asks for transparent huge pages: random rows of a large table miss

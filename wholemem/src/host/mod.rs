@@ -4,7 +4,7 @@
 //! |---|---|
 //! | Continuous | one reservation of the whole table; every rank's memfd placed in it at a page boundary |
 //! | Chunked | one mapping per rank's memfd, each on its own |
-//! | Distributed, Hierarchy | private memory for its own rows only |
+//! | Distributed, Hierarchy | a memfd of its own rows only, mapped by this rank alone (shared only with one-sided readers) |
 //!
 //! Continuous places portions at boundaries of a layout unit, so a portion's
 //! memfd backs the units from the one holding its first byte up to the one
@@ -71,30 +71,50 @@ pub(crate) fn continuous_split(byte_offsets: &[usize], total: usize, r: usize) -
     }
 }
 
-/// Bytes of rank `rank`'s memfd in a mapped layout, and whether it is
-/// built from huge pages; `None` for types without shared portions. The
-/// creator sizes its memfd by it and every receiver checks against it.
-pub(crate) fn portion_bytes(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Option<(usize, bool)> {
+/// Bytes of rank `rank`'s memfd, and whether it is built from huge pages.
+/// The creator sizes its memfd by it and every receiver (a node peer of a
+/// mapped table, a one-sided reader) checks against it.
+pub(crate) fn portion_bytes(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> (usize, bool) {
     match ty {
         MemoryType::Continuous => {
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
             let bytes = continuous_split(&offs, total, rank + 1) - continuous_split(&offs, total, rank);
-            Some((bytes, continuous_unit(total, p.world()) > page_size()))
+            (bytes, continuous_unit(total, p.world()) > page_size())
         }
-        MemoryType::Chunked => {
+        MemoryType::Chunked | MemoryType::Distributed | MemoryType::Hierarchy => {
             let bytes = p.count(rank) * granularity;
-            Some((bytes, bytes >= huge_layout_min()))
+            (bytes, bytes >= huge_layout_min())
         }
-        MemoryType::Distributed | MemoryType::Hierarchy => None,
+    }
+}
+
+/// The memfds that hold rank `rank`'s rows, as indices into every rank's
+/// memfds (non-empty ones only, in order: placed side by side they are
+/// contiguous), and where the rank's first row starts in them. A
+/// continuous rank's rows may begin in an earlier unit than its memfd's
+/// and end in a later rank's; the others' are exactly their own memfd.
+pub(crate) fn portion_pieces(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> (Vec<usize>, usize) {
+    match ty {
+        MemoryType::Continuous => {
+            let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
+            let (start, end) = (offs[rank], offs[rank + 1]);
+            if start == end {
+                return (Vec::new(), 0);
+            }
+            let split = |k: usize| continuous_split(&offs, total, k);
+            let pieces: Vec<usize> =
+                (0..p.world()).filter(|&k| split(k) < split(k + 1) && split(k) < end && split(k + 1) > start).collect();
+            let first = pieces.first().map_or(0, |&k| split(k));
+            (pieces, start - first)
+        }
+        MemoryType::Chunked | MemoryType::Distributed | MemoryType::Hierarchy => (vec![rank], 0),
     }
 }
 
 /// The memfd this rank contributes, sized for the layout and sealed.
-pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Result<Option<OwnedFd>> {
-    let Some((bytes, huge)) = portion_bytes(ty, p, granularity, total, rank) else { return Ok(None) };
-    map::memfd(&format!("wholemem-r{rank}"), bytes, huge)
-        .map(Some)
-        .map_err(|e| Error::os(format!("creating a shared portion of {bytes} bytes"), e))
+pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, total: usize, rank: usize) -> Result<OwnedFd> {
+    let (bytes, huge) = portion_bytes(ty, p, granularity, total, rank);
+    map::memfd(&format!("wholemem-r{rank}"), bytes, huge).map_err(|e| Error::os(format!("creating a shared portion of {bytes} bytes"), e))
 }
 
 /// A memfd that world rank `from` sent, checked before anything maps it:
@@ -224,7 +244,8 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, host: Op
     Ok(Ok(Exchanged { fds, pidfds, locks: lock_fd }))
 }
 
-/// Maps what this rank needs.
+/// Maps what this rank needs: every rank's memfd `fds` of a mapped type,
+/// this rank's own (`fds[0]`) of the others.
 pub(crate) fn map_storage(
     ty: MemoryType,
     p: &Partition,
@@ -262,7 +283,8 @@ pub(crate) fn map_storage(
         }
         MemoryType::Distributed | MemoryType::Hierarchy => {
             let len = p.count(rank) * granularity;
-            let region = (len > 0).then(|| Region::anonymous(len)).transpose().map_err(oops("allocating this rank's rows"))?;
+            let fd = fds.first().filter(|_| len > 0);
+            let region = fd.map(|fd| Region::shared(fd.as_fd(), len)).transpose().map_err(oops("mapping this rank's rows"))?;
             Ok(HostStorage::Local(region))
         }
     }
@@ -331,10 +353,10 @@ mod tests {
         let page = page_size();
         let p = Partition::from_counts(&[3, 5]);
         let g = page;
-        let (want, _) = portion_bytes(MemoryType::Chunked, &p, g, 8 * g, 1).unwrap();
+        let (want, _) = portion_bytes(MemoryType::Chunked, &p, g, 8 * g, 1);
         assert_eq!(want, 5 * page);
         // What a rank creates passes the receiver's check.
-        let good = create_portion(MemoryType::Chunked, &p, g, 8 * g, 1).unwrap().unwrap();
+        let good = create_portion(MemoryType::Chunked, &p, g, 8 * g, 1).unwrap();
         received(good, want, 7, "table portion").unwrap();
         // A sealed portion one page short: the size check refuses it.
         let short = map::memfd("wholemem-test-short", want - page, false).unwrap();

@@ -1,0 +1,226 @@
+//! A reader's connections to read servers: connecting, the handshake,
+//! requests and their answers, liveness.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::OwnedFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
+use std::time::{Duration, Instant};
+
+use wm_comm::JobKey;
+use wm_comm::auth::{self, ReaderId, Timed};
+
+use crate::wire::{self, Request, Response};
+use crate::{Error, Result};
+
+/// One connection to a read server.
+#[derive(Debug)]
+pub(crate) enum Conn {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read(buf),
+            Conn::Tcp(s) => s.read(buf),
+        }
+    }
+    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.read_vectored(bufs),
+            Conn::Tcp(s) => s.read_vectored(bufs),
+        }
+    }
+}
+
+impl Conn {
+    /// Fills every buffer of `bufs`, in order, with one `readv` for up to
+    /// a thousand of them at a time: rows straight into their places.
+    pub(crate) fn read_into(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<()> {
+        let mut slices: Vec<io::IoSliceMut<'_>> = bufs.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
+        let mut rest = &mut slices[..];
+        while !rest.is_empty() {
+            match self.read_vectored(rest) {
+                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection")),
+                Ok(n) => io::IoSliceMut::advance_slices(&mut rest, n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Conn::Unix(s) => s.write(buf),
+            Conn::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Timed for Conn {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Conn::Unix(s) => s.set_timeouts(t),
+            Conn::Tcp(s) => s.set_timeouts(t),
+        }
+    }
+}
+
+/// Where a read server listens.
+#[derive(Debug, Clone)]
+pub(crate) enum Addr {
+    /// Its abstract Unix socket (same node).
+    Unix(String),
+    /// Its TCP address.
+    Tcp(SocketAddr),
+}
+
+impl std::fmt::Display for Addr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Addr::Unix(n) => write!(f, "@{n}"),
+            Addr::Tcp(a) => write!(f, "{a}"),
+        }
+    }
+}
+
+/// Who a reader is and what it proves: the same for all its connections.
+#[derive(Debug, Clone)]
+pub(crate) struct Identity {
+    pub key: JobKey,
+    pub who: ReaderId,
+    /// How long one request may wait for its answer.
+    pub timeout: Duration,
+}
+
+/// Whether an I/O error means the server went away (the table was freed or
+/// its process ended) rather than a slow or broken one.
+pub(crate) fn is_gone(e: &io::Error) -> bool {
+    use io::ErrorKind::*;
+    matches!(e.kind(), UnexpectedEof | ConnectionReset | ConnectionRefused | ConnectionAborted | BrokenPipe | NotConnected)
+        || e.raw_os_error() == Some(libc::ECONNREFUSED)
+}
+
+/// The error for a failed exchange with `owner`'s server at `at`.
+pub(crate) fn lost(table: &str, owner: usize, at: &Addr, what: &str, e: &io::Error) -> Error {
+    if is_gone(e) {
+        Error::Gone {
+            table: table.to_owned(),
+            detail: format!("rank {owner}'s read server at {at} is gone while {what} ({e}): the job freed the table or ended"),
+        }
+    } else if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
+        Error::Timeout { what: format!("{what} from rank {owner}'s read server at {at} (table {table:?})"), secs: 0.0 }
+    } else {
+        Error::io(format!("{what} from rank {owner}'s read server at {at} (table {table:?})"), io::Error::new(e.kind(), e.to_string()))
+    }
+}
+
+/// Connects to a read server and proves this reader's key; the server
+/// proves its own. `nonce` is the one the server published.
+pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Identity) -> Result<Conn> {
+    let deadline = Instant::now() + id.timeout.min(Duration::from_secs(30));
+    let mut conn = match at {
+        Addr::Unix(name) => {
+            let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::io("an abstract socket name", e))?;
+            let s = UnixStream::connect_addr(&addr).map_err(|e| lost(table, owner, at, "connecting", &e))?;
+            // The server must run as this user: nobody else gets to serve
+            // rows to this process.
+            let uid = wm_comm::fdpass::peer_uid(&s).map_err(|e| Error::io("reading a read server's credentials", e))?;
+            if uid != wm_comm::fdpass::effective_uid() {
+                return Err(Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") });
+            }
+            Conn::Unix(s)
+        }
+        Addr::Tcp(a) => {
+            let s = TcpStream::connect_timeout(a, id.timeout.min(Duration::from_secs(30)))
+                .map_err(|e| lost(table, owner, at, "connecting", &e))?;
+            let _ = s.set_nodelay(true);
+            Conn::Tcp(s)
+        }
+    };
+    auth::call_as_reader(&mut conn, &id.key, id.who, nonce, deadline)
+        .map_err(|detail| Error::Refused { at: format!("rank {owner}'s read server at {at}"), detail })?;
+    conn.set_timeouts(id.timeout).map_err(|e| Error::io("setting a connection's timeouts", e))?;
+    Ok(conn)
+}
+
+impl Conn {
+    /// Asks for the owner's `count` memfds (Unix connections).
+    pub(crate) fn portion(&mut self, table: &str, owner: usize, at: &Addr, count: usize, timeout: Duration) -> Result<Vec<OwnedFd>> {
+        let Conn::Unix(s) = self else {
+            return Err(Error::Unsupported { what: "receiving a portion".into(), reason: "only over a Unix socket".into() });
+        };
+        s.write_all(&Request::Portion.encode()).map_err(|e| lost(table, owner, at, "asking for its portion", &e))?;
+        let mut h = [0u8; wire::HEADER];
+        let fds = wm_comm::fdpass::recv_fds(s, &mut h, count, Instant::now() + timeout)
+            .map_err(|e| lost(table, owner, at, "receiving its portion", &e))?;
+        let r = Response::decode(&h, 0).map_err(|d| Error::Malformed { from: format!("rank {owner}'s read server"), detail: d })?;
+        if !r.ok {
+            let msg = self.message(r.bytes, table, owner, at)?;
+            return Err(Error::PeerFailed { rank: owner, detail: msg });
+        }
+        if fds.len() != count {
+            return Err(Error::Malformed {
+                from: format!("rank {owner}'s read server"),
+                detail: format!("{} descriptors with its portion, not {count}", fds.len()),
+            });
+        }
+        Ok(fds)
+    }
+
+    /// Reads an error message of `n` bytes (bounded by the header check).
+    pub(crate) fn message(&mut self, n: usize, table: &str, owner: usize, at: &Addr) -> Result<String> {
+        let mut m = vec![0u8; n.min(wire::MAX_MESSAGE)];
+        self.read_exact(&mut m).map_err(|e| lost(table, owner, at, "reading an error message", &e))?;
+        Ok(String::from_utf8_lossy(&m).into_owned())
+    }
+
+    /// The server's epoch.
+    pub(crate) fn ping(&mut self, table: &str, owner: usize, at: &Addr) -> Result<u64> {
+        self.write_all(&Request::Ping.encode()).map_err(|e| lost(table, owner, at, "pinging", &e))?;
+        let mut h = [0u8; wire::HEADER];
+        self.read_exact(&mut h).map_err(|e| lost(table, owner, at, "pinging", &e))?;
+        let r = Response::decode(&h, 0).map_err(|d| Error::Malformed { from: format!("rank {owner}'s read server"), detail: d })?;
+        Ok(r.epoch)
+    }
+
+    /// Makes the connection a liveness probe: non-blocking, never used for
+    /// requests again.
+    pub(crate) fn into_probe(self) -> Result<Probe> {
+        match &self {
+            Conn::Unix(s) => s.set_nonblocking(true),
+            Conn::Tcp(s) => s.set_nonblocking(true),
+        }
+        .map_err(|e| Error::io("making a connection non-blocking", e))?;
+        Ok(Probe(self))
+    }
+}
+
+/// A connection kept open only to notice when the server goes away: the
+/// server never writes on it unasked, so anything readable — the end of the
+/// stream, an error — means it closed.
+#[derive(Debug)]
+pub(crate) struct Probe(Conn);
+
+impl Probe {
+    /// Whether the server is still there (one non-blocking `recv`).
+    pub(crate) fn alive(&self) -> bool {
+        let mut b = [0u8; 1];
+        // Nothing is ever expected on a probe, so reading (not peeking)
+        // loses nothing.
+        let r = match &self.0 {
+            Conn::Unix(s) => (&*s).read(&mut b),
+            Conn::Tcp(s) => (&*s).read(&mut b),
+        };
+        matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}

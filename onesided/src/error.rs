@@ -1,0 +1,150 @@
+//! The one error type of one-sided reads.
+
+use std::io;
+
+/// What can go wrong reading a table one-sidedly.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A negative or too large id; nothing was read.
+    #[error("id {index} at position {position} is out of range for table {table:?} of {rows} rows")]
+    IndexOutOfRange {
+        /// The table.
+        table: String,
+        /// The bad id.
+        index: i64,
+        /// Where it was in the ids.
+        position: usize,
+        /// Rows in the table.
+        rows: usize,
+    },
+    /// A caller passed something unusable; the message names the value.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The transport or operation cannot work here; the reason says why.
+    #[error("{what} is not supported: {reason}")]
+    Unsupported {
+        /// What was asked for.
+        what: String,
+        /// Why it cannot be done.
+        reason: String,
+    },
+    /// The table is gone: its job freed it, or the job (or the rank owning
+    /// the rows) ended. Every later read of this reader fails the same way.
+    #[error("table {table:?} is gone: {detail}")]
+    Gone {
+        /// The table.
+        table: String,
+        /// How it was noticed.
+        detail: String,
+    },
+    /// No table of this name is published where the reader looked.
+    #[error("no table {name:?} is published at {at}: {detail}")]
+    NotPublished {
+        /// The name asked for.
+        name: String,
+        /// Where it was looked for.
+        at: String,
+        /// What was found instead.
+        detail: String,
+    },
+    /// A server, catalogue or record sent something the protocol does not
+    /// allow.
+    #[error("{from} sent malformed data: {detail}")]
+    Malformed {
+        /// Who sent it.
+        from: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// A server or catalogue refused this reader, or could not prove it
+    /// holds the job's key.
+    #[error("{at} refused the connection: {detail} (does this process hold the job's key, WM_JOB_KEY?)")]
+    Refused {
+        /// Where it connected.
+        at: String,
+        /// Why, in words.
+        detail: String,
+    },
+    /// Another rank of a collective call (creating, publishing or freeing a
+    /// table) failed.
+    #[error("rank {rank} failed: {detail}")]
+    PeerFailed {
+        /// The world rank.
+        rank: usize,
+        /// Its error.
+        detail: String,
+    },
+    /// A wait that did not end within `WM_TIMEOUT_S` (or the join timeout).
+    #[error("{what} timed out after {secs:.1} s (set WM_TIMEOUT_S to change the limit)")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit, in seconds.
+        secs: f64,
+    },
+    /// Converting or placing rows failed.
+    #[error(transparent)]
+    Gather(#[from] wm_gather::Error),
+    /// The memory layer refused.
+    #[error(transparent)]
+    Memory(#[from] wholemem::Error),
+    /// Talking to the other ranks failed.
+    #[error(transparent)]
+    Comm(#[from] wm_comm::Error),
+    /// A libfabric call failed.
+    #[error("libfabric: {call} failed: {detail}")]
+    Fabric {
+        /// The call.
+        call: &'static str,
+        /// libfabric's words.
+        detail: String,
+    },
+    /// An MPI call failed.
+    #[error("MPI: {call} failed: {detail}")]
+    Mpi {
+        /// The call.
+        call: &'static str,
+        /// MPI's words.
+        detail: String,
+    },
+    /// An operating-system call failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What was being done.
+        context: String,
+        /// The underlying error.
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Error {
+    /// An [`Error::Io`] with context.
+    pub(crate) fn io(context: impl Into<String>, source: io::Error) -> Self {
+        Self::Io { context: context.into(), source }
+    }
+}
+
+impl wholemem::agree::PeerError for Error {
+    fn peer_failed(rank: usize, detail: String) -> Self {
+        Self::PeerFailed { rank, detail }
+    }
+
+    fn malformed(rank: usize, detail: String) -> Self {
+        Self::Malformed { from: format!("rank {rank}"), detail }
+    }
+
+    fn as_malformed(&self) -> Option<(usize, &str)> {
+        None
+    }
+}
+
+/// The result type of this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Fails on every rank if any rank failed (the lowest failing rank's error).
+/// Collective.
+pub(crate) fn agree<T>(comm: &dyn wm_comm::Communicator, mine: Result<T>) -> Result<T> {
+    wholemem::agree::agree(comm, mine, wholemem::agree::Rule::Lowest)
+}

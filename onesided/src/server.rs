@@ -1,0 +1,364 @@
+//! A rank's read server: answers readers' requests for its rows from a
+//! read-only mapping of its own portion, on threads of its own, so the
+//! rank itself never takes part in a read.
+//!
+//! Two listeners — an abstract Unix socket for readers on this node (which
+//! may also ask for the portion's memfd, to map it themselves) and TCP for
+//! the others — each with a thread blocked in `accept`. Every connection
+//! gets a thread: the reader's handshake (job key; on Unix sockets also
+//! this user's uid), then requests until the reader hangs up. Strangers
+//! are refused and reported, never fatal. [`Server::stop`] shuts every
+//! connection down, so readers see the table go at once.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use wm_comm::JobKey;
+use wm_comm::auth::{self, Timed};
+
+use crate::record::UNIX_PREFIX;
+use crate::shm::Mapped;
+use crate::wire::{self, Request, Response};
+use crate::{Error, Result};
+
+/// Connections a server holds at once; more are refused until some end.
+const CONNS_MAX: usize = 1024;
+/// How long a caller has to prove itself.
+const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
+
+/// What every connection thread shares.
+#[derive(Debug)]
+struct Shared {
+    table: String,
+    /// This rank's world rank (for messages).
+    rank: usize,
+    rows: Mapped,
+    count: usize,
+    row_bytes: usize,
+    /// The portion's memfds, for readers on this node.
+    portion: Vec<OwnedFd>,
+    key: JobKey,
+    nonce: u64,
+    epoch: AtomicU64,
+    stop: AtomicBool,
+    /// Every open connection, so `stop` can shut them down.
+    conns: Mutex<HashMap<u64, Open>>,
+    next: AtomicU64,
+    timeout: Duration,
+}
+
+/// An open connection: a handle to shut it down with, and its thread.
+type Open = (Stream, Option<JoinHandle<()>>);
+
+#[derive(Debug)]
+enum Stream {
+    Unix(UnixStream),
+    Tcp(TcpStream),
+}
+
+impl Stream {
+    fn shutdown(&self) {
+        let _ = match self {
+            Stream::Unix(s) => s.shutdown(Shutdown::Both),
+            Stream::Tcp(s) => s.shutdown(Shutdown::Both),
+        };
+    }
+}
+
+/// A running read server.
+#[derive(Debug)]
+pub(crate) struct Server {
+    shared: Arc<Shared>,
+    acceptors: Vec<JoinHandle<()>>,
+    pub unix_name: String,
+    pub tcp_addr: SocketAddr,
+}
+
+/// What a server serves.
+pub(crate) struct Serve {
+    pub table: String,
+    pub rank: usize,
+    pub rows: Mapped,
+    pub count: usize,
+    pub row_bytes: usize,
+    pub portion: Vec<OwnedFd>,
+    pub key: JobKey,
+    pub nonce: u64,
+    pub timeout: Duration,
+    /// The address to listen on for other nodes.
+    pub ip: std::net::IpAddr,
+}
+
+impl Server {
+    /// Opens the listeners and starts serving.
+    pub(crate) fn start(s: Serve) -> Result<Self> {
+        let unix_name = format!("{UNIX_PREFIX}{}.{:016x}", std::process::id(), s.nonce);
+        let addr = UnixAddr::from_abstract_name(unix_name.as_bytes()).map_err(|e| Error::io("an abstract socket name", e))?;
+        let unix = UnixListener::bind_addr(&addr).map_err(|e| Error::io("binding a read server's Unix socket", e))?;
+        let tcp = TcpListener::bind((s.ip, 0)).map_err(|e| Error::io(format!("binding a read server on {}", s.ip), e))?;
+        let tcp_addr = tcp.local_addr().map_err(|e| Error::io("a read server's address", e))?;
+        let shared = Arc::new(Shared {
+            table: s.table,
+            rank: s.rank,
+            rows: s.rows,
+            count: s.count,
+            row_bytes: s.row_bytes,
+            portion: s.portion,
+            key: s.key,
+            nonce: s.nonce,
+            epoch: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            conns: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+            timeout: s.timeout,
+        });
+        let mut acceptors = Vec::new();
+        let sh = shared.clone();
+        acceptors.push(spawn("wm-onesided-unix", move || {
+            for s in unix.incoming() {
+                if sh.stop.load(Ordering::Acquire) {
+                    break;
+                }
+                match s {
+                    Ok(s) => admit(&sh, Stream::Unix(s), "a process on this node".into()),
+                    Err(e) => report_accept(&sh, &e),
+                }
+            }
+        })?);
+        let sh = shared.clone();
+        acceptors.push(spawn("wm-onesided-tcp", move || {
+            for s in tcp.incoming() {
+                if sh.stop.load(Ordering::Acquire) {
+                    break;
+                }
+                match s {
+                    Ok(s) => {
+                        let from = s.peer_addr().map_or_else(|_| "an unknown address".to_owned(), |a| a.to_string());
+                        let _ = s.set_nodelay(true);
+                        admit(&sh, Stream::Tcp(s), from)
+                    }
+                    Err(e) => report_accept(&sh, &e),
+                }
+            }
+        })?);
+        Ok(Self { shared, acceptors, unix_name, tcp_addr })
+    }
+
+    /// Sets the epoch readers are told.
+    pub(crate) fn set_epoch(&self, e: u64) {
+        self.shared.epoch.store(e, Ordering::Release);
+    }
+
+    /// Stops serving: no new connections; every open one shut down (its
+    /// reader's next request fails saying the table is gone); every thread
+    /// joined.
+    pub(crate) fn stop(&mut self) {
+        if self.shared.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wake the acceptors: each sees the flag on its next connection.
+        if let Ok(a) = UnixAddr::from_abstract_name(self.unix_name.as_bytes()) {
+            let _ = UnixStream::connect_addr(&a);
+        }
+        let _ = TcpStream::connect_timeout(&self.tcp_addr, Duration::from_secs(1));
+        for a in self.acceptors.drain(..) {
+            let _ = a.join();
+        }
+        let conns: Vec<Open> = self.shared.conns.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, v)| v).collect();
+        for (s, _) in &conns {
+            s.shutdown();
+        }
+        for (_, h) in conns {
+            if let Some(h) = h {
+                let _ = h.join();
+            }
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>> {
+    std::thread::Builder::new().name(name.into()).spawn(f).map_err(|e| Error::io("starting a read server thread", e))
+}
+
+fn report_accept(sh: &Shared, e: &io::Error) {
+    if !sh.stop.load(Ordering::Acquire) {
+        wm_comm::warn(&format!("rank {}: accepting a one-sided reader of table {:?} failed: {e}", sh.rank, sh.table));
+        // Out of descriptors, say: do not spin.
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Registers a connection and gives it a thread.
+fn admit(sh: &Arc<Shared>, s: Stream, from: String) {
+    let mut conns = sh.conns.lock().unwrap_or_else(|p| p.into_inner());
+    if conns.len() >= CONNS_MAX {
+        drop(conns);
+        wm_comm::warn(&format!("rank {} refused a one-sided reader from {from}: {CONNS_MAX} connections are open", sh.rank));
+        return;
+    }
+    let kept = match &s {
+        Stream::Unix(u) => u.try_clone().map(Stream::Unix),
+        Stream::Tcp(t) => t.try_clone().map(Stream::Tcp),
+    };
+    let Ok(kept) = kept else {
+        drop(conns);
+        wm_comm::warn(&format!("rank {} refused a one-sided reader from {from}: cannot duplicate its socket", sh.rank));
+        return;
+    };
+    let id = sh.next.fetch_add(1, Ordering::Relaxed);
+    let sh2 = sh.clone();
+    let who = from.clone();
+    let spawned = spawn("wm-onesided-conn", move || {
+        serve(&sh2, s, &who);
+        // Gone from the table unless `stop` took it (and joins this thread).
+        let mine = sh2.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+        drop(mine);
+    });
+    match spawned {
+        Ok(h) => {
+            conns.insert(id, (kept, Some(h)));
+        }
+        Err(_) => {
+            drop(conns);
+            wm_comm::warn(&format!("rank {} refused a one-sided reader from {from}: cannot start a thread for it", sh.rank));
+        }
+    }
+}
+
+/// One connection, from handshake to hang-up.
+fn serve(sh: &Shared, s: Stream, from: &str) {
+    let deadline = Instant::now() + HANDSHAKE_LIMIT;
+    let refused =
+        |why: String| wm_comm::warn(&format!("rank {} refused a one-sided reader of table {:?} from {from}: {why}", sh.rank, sh.table));
+    let result = match s {
+        Stream::Unix(mut u) => {
+            match wm_comm::fdpass::peer_uid(&u) {
+                Ok(uid) if uid == wm_comm::fdpass::effective_uid() => {}
+                Ok(uid) => return refused(format!("it runs as uid {uid}, not as this user")),
+                Err(e) => return refused(format!("its credentials cannot be read: {e}")),
+            }
+            if let Err(why) = auth::serve_reader(&mut u, &sh.key, sh.nonce, deadline) {
+                return refused(why);
+            }
+            let dup = u.try_clone().ok();
+            requests(sh, &mut u, dup.as_ref())
+        }
+        Stream::Tcp(mut t) => {
+            if let Err(why) = auth::serve_reader(&mut t, &sh.key, sh.nonce, deadline) {
+                return refused(why);
+            }
+            requests(sh, &mut t, None)
+        }
+    };
+    if let Err(e) = result
+        && !sh.stop.load(Ordering::Acquire)
+        && !crate::client::is_gone(&e)
+    {
+        wm_comm::warn(&format!("rank {}: a one-sided reader of table {:?} from {from}: {e}", sh.rank, sh.table));
+    }
+}
+
+/// Answers requests until the reader hangs up (`Ok`) or breaks the
+/// protocol (`Err`, after telling it why). `unix` is the connection again
+/// when it can carry descriptors.
+fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&UnixStream>) -> io::Result<()> {
+    // Idle readers wait as long as they like; a reader that stops reading
+    // an answer is given up on after the timeout.
+    s.set_timeouts(sh.timeout)?;
+    let mut ids: Vec<u64> = Vec::new();
+    let mut rows: Vec<usize> = Vec::new();
+    loop {
+        let mut h = [0u8; wire::HEADER];
+        match read_idle(s, &mut h) {
+            Ok(true) => {}
+            Ok(false) => return Ok(()),
+            Err(e) => return Err(e),
+        }
+        let request = match Request::decode(&h, sh.row_bytes) {
+            Ok(r) => r,
+            Err(why) => {
+                // The stream cannot be trusted past a bad header.
+                let _ = answer_error(s, sh, &why);
+                return Err(io::Error::other(format!("a bad request: {why}")));
+            }
+        };
+        let epoch = sh.epoch.load(Ordering::Acquire);
+        match request {
+            Request::Ping => s.write_all(&Response { ok: true, epoch, bytes: 0 }.encode())?,
+            Request::Portion => match unix {
+                Some(u) => {
+                    let h = Response { ok: true, epoch, bytes: 0 }.encode();
+                    let fds: Vec<_> = sh.portion.iter().map(AsFd::as_fd).collect();
+                    wm_comm::fdpass::send_fds(u, &h, &fds, Instant::now() + sh.timeout)?;
+                }
+                None => answer_error(s, sh, "a portion is handed out over a Unix socket only")?,
+            },
+            Request::Read { rows: n, skip, len } => {
+                ids.resize(n, 0);
+                s.read_exact(bytemuck::cast_slice_mut(&mut ids))?;
+                rows.clear();
+                rows.extend(ids.iter().map(|&i| usize::try_from(i).unwrap_or(usize::MAX)));
+                if let Some((i, &r)) = rows.iter().enumerate().find(|&(_, &r)| r >= sh.count) {
+                    answer_error(s, sh, &format!("row {r} at position {i} is not one of its {} rows", sh.count))?;
+                    continue;
+                }
+                let head = Response { ok: true, epoch, bytes: n * len }.encode();
+                sh.rows.send_rows(s.fd(), &head, &rows, skip, len)?;
+            }
+        }
+    }
+}
+
+/// A stream whose descriptor rows are sent on.
+trait Fd {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
+}
+
+impl Fd for UnixStream {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+impl Fd for TcpStream {
+    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.as_fd()
+    }
+}
+
+/// Reads a request header, waiting as long as it takes for its first
+/// byte: `Ok(false)` when the reader hung up.
+fn read_idle<S: Read + Timed>(s: &mut S, h: &mut [u8; wire::HEADER]) -> io::Result<bool> {
+    let mut got = 0;
+    while got == 0 {
+        match s.read(&mut h[..]) {
+            Ok(0) => return Ok(false),
+            Ok(n) => got = n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e) if crate::client::is_gone(&e) => return Ok(false),
+            Err(e) => return Err(e),
+        }
+    }
+    s.read_exact(&mut h[got..])?;
+    Ok(true)
+}
+
+fn answer_error<W: Write>(s: &mut W, sh: &Shared, why: &str) -> io::Result<()> {
+    let msg = &why.as_bytes()[..why.len().min(wire::MAX_MESSAGE)];
+    s.write_all(&Response { ok: false, epoch: sh.epoch.load(Ordering::Acquire), bytes: msg.len() }.encode())?;
+    s.write_all(msg)
+}

@@ -1,0 +1,553 @@
+//! One-sided reads with real processes: `wm-test-onesided SCENARIO …`.
+//!
+//! Rank scenarios (started by the harness, `wm-run` or `mpirun`):
+//! - `reads [METHOD]` — every host type the world supports; f32, f64 and
+//!   i32 tables with zero-row ranks; i32 and i64 ids with repeats; every
+//!   output type a table converts to; `get` across owners; bad ids (an
+//!   error naming the id, then a good read), bad buffers, refused
+//!   conversions; one reader used by several threads at once.
+//! - `busy [METHOD]` — rank 0 reads while every other rank is busy in
+//!   collectives of its own and then waits in a barrier: the owners take
+//!   no part.
+//! - `job DIR NAME ROUNDS METHOD TYPE MODE` — the job an outside reader
+//!   joins: writes epoch `e`'s values, publishes, and waits for the reader
+//!   (files in `DIR`) before the next; then `free` (frees and waits) or
+//!   `hold` (waits to be killed).
+//!
+//! Other processes (not ranks):
+//! - `reader DIR NAME ROUNDS METHOD MODE` — joins through the rendezvous
+//!   the job wrote to `DIR`, checks `info`, reads every epoch from several
+//!   threads, starts a `child` (fork/exec) that joins and reads on its own,
+//!   refuses a wrong key; then sees the table gone after the job frees it
+//!   (`free`) or after it kills the job's ranks with SIGKILL (`hold`).
+//! - `child DIR NAME EPOCH [JOIN_TIMEOUT_S]` — the loader worker: joins
+//!   and reads.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use half::{bf16, f16};
+use wholemem::{AllocRequest, Location, MemoryType, WholeMemory, query};
+use wm_comm::{Communicator, JobKey, Rendezvous};
+use wm_gather::{DType, Ids};
+use wm_onesided::{Error as OErr, Method, Options, Reader, Table};
+use wm_tests::Rng;
+
+type Comm = Arc<dyn Communicator>;
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let scenario = args.first().cloned().unwrap_or_default();
+    let rest = &args[1.min(args.len())..];
+    let result = match scenario.as_str() {
+        "reads" => method(rest.first()).and_then(|m| rank(|w| reads(w, m))),
+        "busy" => method(rest.first()).and_then(|m| rank(|w| busy(w, m))),
+        "job" => rank(|w| job(w, rest)),
+        "reader" => outside_reader(rest),
+        "child" => child(rest),
+        other => Err(anyhow::anyhow!("unknown scenario {other:?}")),
+    };
+    if let Err(e) = result {
+        eprintln!("FAILED: {e:#}");
+        std::process::exit(1);
+    }
+    println!("ok");
+}
+
+fn rank(f: impl FnOnce(&Comm) -> Result<()>) -> Result<()> {
+    let world = wm_comm::init().context("bootstrap")?;
+    f(&world)
+}
+
+/// `auto` (or nothing) for automatic, else a method name.
+fn method(arg: Option<&String>) -> Result<Option<Method>> {
+    match arg.map(String::as_str) {
+        None | Some("auto") => Ok(None),
+        Some(m) => Ok(Some(m.parse()?)),
+    }
+}
+
+// ------------------------------------------------------------------ values
+
+/// The value at (row, col) after `epoch` publishes: depends on all three.
+fn value(row: usize, col: usize, epoch: u64) -> f64 {
+    ((row * 37 + col * 3 + epoch as usize * 1009) % 8191) as f64 - 4000.0
+}
+
+/// Writes `v` as one element of `d` (ints as `as` casts do).
+fn put(d: DType, out: &mut [u8], v: f64) {
+    match d {
+        DType::F16 => out.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
+        DType::Bf16 => out.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
+        DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+        DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
+        DType::I8 => out.copy_from_slice(&((v as i64) as i8).to_le_bytes()),
+        DType::I16 => out.copy_from_slice(&((v as i64) as i16).to_le_bytes()),
+        DType::I32 => out.copy_from_slice(&((v as i64) as i32).to_le_bytes()),
+        DType::I64 => out.copy_from_slice(&(v as i64).to_le_bytes()),
+    }
+}
+
+/// Reads one element of `d` as f64 (exactly).
+fn get(d: DType, b: &[u8]) -> f64 {
+    match d {
+        DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
+        DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::F64 => f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
+        DType::I8 => f64::from(b[0] as i8),
+        DType::I16 => f64::from(i16::from_le_bytes([b[0], b[1]])),
+        DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        DType::I64 => i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
+    }
+}
+
+/// The bytes a correct read of `row` produces: the table's element, then
+/// converted to `out` (the half crate rounds, ints cast).
+fn expected(row: usize, cols: usize, epoch: u64, table: DType, out: DType) -> Vec<u8> {
+    let mut b = vec![0u8; cols * out.size()];
+    let mut tmp = [0u8; 8];
+    for c in 0..cols {
+        put(table, &mut tmp[..table.size()], value(row, c, epoch));
+        put(out, &mut b[c * out.size()..][..out.size()], get(table, &tmp[..table.size()]));
+    }
+    b
+}
+
+/// Writes this rank's rows for `epoch`.
+fn fill(mem: &mut WholeMemory, cols: usize, dtype: DType, epoch: u64) -> Result<()> {
+    let own = mem.local_rows();
+    let mut bytes = vec![0u8; own.len() * cols * dtype.size()];
+    for (i, r) in own.clone().enumerate() {
+        for c in 0..cols {
+            put(dtype, &mut bytes[(i * cols + c) * dtype.size()..][..dtype.size()], value(r, c, epoch));
+        }
+    }
+    mem.write_local(&bytes)?;
+    Ok(())
+}
+
+/// Checks `out` (rows `ids` read as `out_dt`) against the values of `epoch`.
+fn verify(out: &[u8], ids: &[usize], cols: usize, epoch: u64, table: DType, out_dt: DType, ctx: &str) -> Result<()> {
+    let rb = cols * out_dt.size();
+    ensure!(out.len() == ids.len() * rb, "{ctx}: {} output bytes for {} rows", out.len(), ids.len());
+    for (i, &id) in ids.iter().enumerate() {
+        let want = expected(id, cols, epoch, table, out_dt);
+        if out[i * rb..(i + 1) * rb] != want[..] {
+            bail!("{ctx}: output row {i} (id {id}) is wrong: got {:?}…, want {:?}…", &out[i * rb..][..rb.min(16)], &want[..rb.min(16)]);
+        }
+    }
+    Ok(())
+}
+
+fn allocate(world: &Comm, ty: MemoryType, rows: usize, cols: usize, dtype: DType, part: Option<Vec<usize>>) -> Result<WholeMemory> {
+    let g = cols * dtype.size();
+    let req = AllocRequest { ty, loc: Location::Host, total: rows * g, granularity: g, partition: part };
+    Ok(WholeMemory::allocate(world, &req)?)
+}
+
+/// The method a reader should have chosen for owner `r`.
+fn expected_method(world: &Comm, forced: Option<Method>, r: usize) -> Method {
+    match forced {
+        Some(m) => m,
+        None if world.same_node(r, world.rank()) => Method::Shm,
+        None if cfg!(feature = "fabric") && std::env::var_os("WM_FABRIC_PROVIDER").is_some() => Method::Fabric,
+        None => Method::Socket,
+    }
+}
+
+// ------------------------------------------------------------------ reads
+
+fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let mut rng = Rng::new(&[0x0e5, n as u64]);
+    let mut own = Rng::new(&[0xbeef, me as u64]);
+    let opts = Options { method: forced, ..Options::default() };
+    let mut case = 0;
+    for ty in MemoryType::ALL {
+        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+            println!("skip host {ty}: {reason}");
+            continue;
+        }
+        if forced == Some(Method::Shm) && (0..n).any(|r| !world.same_node(r, me)) {
+            println!("skip host {ty} with shm: ranks on other nodes");
+            continue;
+        }
+        for (dtype, cols, outs) in [
+            (DType::F32, 7usize, &[DType::F32, DType::F16, DType::Bf16, DType::F64][..]),
+            (DType::F64, 1, &[DType::F64, DType::F32][..]),
+            (DType::I32, 33, &[DType::I32, DType::I64, DType::I8][..]),
+        ] {
+            case += 1;
+            let rows = 300 + rng.below(900) as usize;
+            // A partition in which rank 1 (every other case) and sometimes
+            // the last rank own nothing.
+            let part: Option<Vec<usize>> = (n > 1).then(|| {
+                let mut p = vec![0usize; n];
+                for _ in 0..rows {
+                    let r = rng.below(n as u64) as usize;
+                    p[if (case % 2 == 1 && r == 1) || (case % 3 == 0 && r == n - 1 && n > 2) { 0 } else { r }] += 1;
+                }
+                p
+            });
+            let ctx = format!("{ty} {dtype}x{cols} rows={rows} partition={part:?} method={forced:?}");
+            let mut mem = allocate(world, ty, rows, cols, dtype, part).context(ctx.clone())?;
+            fill(&mut mem, cols, dtype, 1)?;
+            let name = format!("reads-{case}");
+            let table = Table::new(&mem, &name, dtype, &opts).context(ctx.clone())?;
+            table.publish()?;
+            let reader = table.reader().context(ctx.clone())?;
+            let counts = reader.info().counts;
+            for (r, &m) in reader.methods().iter().enumerate().filter(|&(r, _)| counts[r] > 0) {
+                let want = expected_method(world, forced, r);
+                ensure!(m == want, "{ctx}: owner {r} is read by {m}, expected {want}");
+            }
+            let info = reader.info();
+            ensure!((info.rows, info.cols, info.dtype, info.name.as_str()) == (rows, cols, dtype, name.as_str()), "{ctx}: info {info:?}");
+
+            // Random ids with repeats, both id types, every output type.
+            for &out_dt in outs {
+                for wide in [false, true] {
+                    let count = own.below(700) as usize + 1;
+                    let mut ids: Vec<usize> = (0..count).map(|_| own.below(rows as u64) as usize).collect();
+                    ids.extend_from_within(..count / 4);
+                    let mut out = vec![0u8; ids.len() * cols * out_dt.size()];
+                    if wide {
+                        let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+                        reader.get_batch(Ids::I64(&v), &mut out, out_dt)
+                    } else {
+                        let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+                        reader.get_batch(Ids::I32(&v), &mut out, out_dt)
+                    }
+                    .with_context(|| format!("{ctx}: get_batch -> {out_dt}"))?;
+                    verify(&out, &ids, cols, 1, dtype, out_dt, &format!("{ctx} get_batch -> {out_dt} wide={wide}"))?;
+                }
+            }
+            // A range across owners, and the very last row.
+            let start = own.below(rows as u64 / 2) as usize;
+            let len = rows - start;
+            let mut out = vec![0u8; len * cols * dtype.size()];
+            reader.get(start, len, &mut out, dtype).context(ctx.clone())?;
+            verify(&out, &(start..rows).collect::<Vec<_>>(), cols, 1, dtype, dtype, &format!("{ctx} get({start}, {len})"))?;
+            reader.get(rows - 1, 1, &mut out[..cols * dtype.size()], dtype)?;
+
+            // Bad input: an error naming the value, then a good read.
+            let mut one = vec![0u8; cols * dtype.size()];
+            for bad in [-1i64, rows as i64, i64::MAX] {
+                match reader.get_batch(Ids::I64(&[0, bad]), &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
+                    Err(OErr::IndexOutOfRange { index, position: 1, .. }) if index == bad => {}
+                    other => bail!("{ctx}: id {bad} gave {other:?}"),
+                }
+            }
+            match reader.get(rows - 1, 2, &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
+                Err(e @ OErr::IndexOutOfRange { .. }) => ensure!(e.to_string().contains(&rows.to_string()), "{ctx}: {e}"),
+                other => bail!("{ctx}: a range past the end gave {other:?}"),
+            }
+            let e = reader.get_batch(Ids::I64(&[0, 1]), &mut one, dtype).expect_err("a short buffer");
+            ensure!(e.to_string().contains(&format!("the output has {} bytes", one.len())), "{ctx}: {e}");
+            let wrong_kind = if dtype.is_float() { DType::I32 } else { DType::F32 };
+            let e = reader.get_batch(Ids::I64(&[0]), &mut vec![0u8; cols * wrong_kind.size()], wrong_kind).expect_err("float <-> int");
+            ensure!(e.to_string().contains("float") || e.to_string().contains("integer"), "{ctx}: {e}");
+            let last = rows - 1;
+            reader.get_batch(Ids::I64(&[last as i64]), &mut one, dtype)?;
+            verify(&one, &[last], cols, 1, dtype, dtype, &format!("{ctx} after bad input"))?;
+
+            // One reader, several threads at once (clones share it).
+            std::thread::scope(|s| -> Result<()> {
+                let hs: Vec<_> = (0..3u64)
+                    .map(|t| {
+                        let r = reader.clone();
+                        let ctx = ctx.clone();
+                        s.spawn(move || -> Result<()> {
+                            let mut g = Rng::new(&[t, me as u64, 77]);
+                            for _ in 0..5 {
+                                let ids: Vec<usize> = (0..200).map(|_| g.below(rows as u64) as usize).collect();
+                                let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+                                let mut out = vec![0u8; ids.len() * cols * dtype.size()];
+                                r.get_batch(Ids::I64(&v), &mut out, dtype)?;
+                                verify(&out, &ids, cols, 1, dtype, dtype, &format!("{ctx} thread {t}"))?;
+                            }
+                            Ok(())
+                        })
+                    })
+                    .collect();
+                for h in hs {
+                    h.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
+                }
+                Ok(())
+            })?;
+            if me == 0 {
+                println!("{ctx}: verified, read by {}", reader.method_names());
+            }
+            // Nobody frees while others read.
+            world.barrier()?;
+            table.free().context(ctx.clone())?;
+            match reader.get_batch(Ids::I64(&[0]), &mut one, dtype) {
+                Err(OErr::Gone { .. }) => {}
+                other => bail!("{ctx}: a read after free gave {other:?}"),
+            }
+            mem.free()?;
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ busy
+
+/// Rank 0 reads while the others run collectives among themselves and
+/// then wait in a barrier; none of them serves a read by calling anything.
+fn busy(world: &Comm, forced: Option<Method>) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (4000usize, 16usize);
+    let mut mem = allocate(world, MemoryType::Distributed, rows, cols, DType::F32, None)?;
+    fill(&mut mem, cols, DType::F32, 3)?;
+    let table = Table::new(&mem, "busy", DType::F32, &Options { method: forced, ..Options::default() })?;
+    for _ in 0..3 {
+        table.publish()?;
+    }
+    ensure!(table.epoch() == 3, "epoch {}", table.epoch());
+    let others = world.split(u32::from(me != 0), me as u32)?;
+    if me == 0 {
+        let reader = table.reader()?;
+        let mut g = Rng::new(&[5]);
+        for b in 0..40 {
+            let ids: Vec<usize> = (0..2000).map(|_| g.below(rows as u64) as usize).collect();
+            let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+            let mut out = vec![0u8; ids.len() * cols * 4];
+            reader.get_batch(Ids::I64(&v), &mut out, DType::F32)?;
+            verify(&out, &ids, cols, 3, DType::F32, DType::F32, &format!("busy batch {b}"))?;
+        }
+        ensure!(reader.epoch()? == 3, "the servers say epoch {}", reader.epoch()?);
+        println!("rank 0 read 40 batches from {n} owners by {}", reader.method_names());
+    } else {
+        for i in 0..200u64 {
+            let got = wm_comm::CommExt::allgather_value(others.as_ref(), i)?;
+            ensure!(got.iter().all(|&x| x == i), "allgather {i}: {got:?}");
+        }
+    }
+    world.barrier()?;
+    table.free()?;
+    mem.free()?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ outside
+
+fn touch(p: &Path) -> Result<()> {
+    std::fs::write(p, b"").with_context(|| format!("writing {}", p.display()))
+}
+
+fn wait_file(p: &Path, secs: u64) -> Result<()> {
+    let start = Instant::now();
+    while !p.exists() {
+        ensure!(start.elapsed() < Duration::from_secs(secs), "waited {secs} s for {}", p.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+const OUT_COLS: usize = 24;
+
+/// The publishing job.
+fn job(world: &Comm, rest: &[String]) -> Result<()> {
+    let [dir, name, rounds, m, ty, mode] = rest else { bail!("job DIR NAME ROUNDS METHOD TYPE MODE") };
+    let dir = PathBuf::from(dir);
+    let rounds: u64 = rounds.parse()?;
+    let forced = method(Some(m))?;
+    let ty: MemoryType = ty.parse().map_err(anyhow::Error::msg)?;
+    let me = world.rank();
+    if me == 0 {
+        // Where an outside reader meets this job: the rendezvous, with the
+        // port rank 0 picked where it was 0.
+        let mut at = std::env::var("WM_RENDEZVOUS")?;
+        if let Some(host) = at.strip_suffix(":0") {
+            let port = std::fs::read_to_string(std::env::var("WM_RENDEZVOUS_PORT_FILE")?)?;
+            at = format!("{host}:{}", port.trim());
+        }
+        std::fs::write(dir.join("rendezvous"), at)?;
+    }
+    let rows = 3000;
+    let mut mem = allocate(world, ty, rows, OUT_COLS, DType::F32, None)?;
+    let table = Table::new(&mem, name, DType::F32, &Options { method: forced, ..Options::default() })?;
+    for e in 1..=rounds {
+        fill(&mut mem, OUT_COLS, DType::F32, e)?;
+        table.publish()?;
+        if me == 0 {
+            touch(&dir.join(format!("published-{e}")))?;
+            wait_file(&dir.join(format!("read-{e}")), 120)?;
+        }
+        world.barrier()?;
+    }
+    match mode.as_str() {
+        "free" => {
+            table.free()?;
+            if me == 0 {
+                touch(&dir.join("freed"))?;
+                wait_file(&dir.join("done"), 120)?;
+            }
+            world.barrier()?;
+            mem.free()?;
+            Ok(())
+        }
+        "hold" => {
+            std::fs::write(dir.join(format!("pid-{me}")), std::process::id().to_string())?;
+            world.barrier()?;
+            if me == 0 {
+                touch(&dir.join("holding"))?;
+            }
+            // The reader kills every rank; nobody gets past this.
+            std::thread::sleep(Duration::from_secs(120));
+            bail!("rank {me} was not killed")
+        }
+        other => bail!("unknown mode {other:?}"),
+    }
+}
+
+fn read_all(reader: &Reader, epoch: u64, threads: u64) -> Result<()> {
+    let info = reader.info();
+    std::thread::scope(|s| -> Result<()> {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let r = reader.clone();
+                let info = info.clone();
+                s.spawn(move || -> Result<()> {
+                    let mut g = Rng::new(&[t, epoch]);
+                    let ids: Vec<usize> = (0..1500).map(|_| g.below(info.rows as u64) as usize).collect();
+                    let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+                    let mut out = vec![0u8; ids.len() * info.cols * 4];
+                    r.get_batch(Ids::I32(&v), &mut out, DType::F32)?;
+                    verify(&out, &ids, info.cols, epoch, DType::F32, DType::F32, &format!("outside thread {t} epoch {epoch}"))?;
+                    let mut all = vec![0u8; info.rows * info.cols * 8];
+                    r.get(0, info.rows, &mut all, DType::F64)?;
+                    verify(
+                        &all,
+                        &(0..info.rows).collect::<Vec<_>>(),
+                        info.cols,
+                        epoch,
+                        DType::F32,
+                        DType::F64,
+                        &format!("outside get epoch {epoch}"),
+                    )
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
+        }
+        Ok(())
+    })
+}
+
+fn rendezvous_of(dir: &Path) -> Result<Rendezvous> {
+    wait_file(&dir.join("rendezvous"), 120)?;
+    Ok(Rendezvous::parse(std::fs::read_to_string(dir.join("rendezvous"))?.trim())?)
+}
+
+/// The outside reader.
+fn outside_reader(rest: &[String]) -> Result<()> {
+    let [dir, name, rounds, m, mode] = rest else { bail!("reader DIR NAME ROUNDS METHOD MODE") };
+    let dir = PathBuf::from(dir);
+    let rounds: u64 = rounds.parse()?;
+    let forced = method(Some(m))?;
+    let at = rendezvous_of(&dir)?;
+    let opts = Options { method: forced, join_timeout: Some(Duration::from_secs(60)), ..Options::default() };
+    // A stranger with another key is refused, and told so.
+    let stranger = Options { key: Some(JobKey::generate()?), join_timeout: Some(Duration::from_secs(60)), ..opts.clone() };
+    wait_file(&dir.join("published-1"), 120)?;
+    match Reader::join(&at, name, &stranger) {
+        Err(e @ OErr::Refused { .. }) => println!("a wrong key: {e}"),
+        other => bail!("a reader with a wrong key got {other:?}"),
+    }
+    let reader = Reader::join(&at, name, &opts)?;
+    let info = reader.info();
+    ensure!((info.rows, info.cols, info.dtype, info.name.as_str()) == (3000, OUT_COLS, DType::F32, name.as_str()), "info {info:?}");
+    println!(
+        "joined {name} at {at:?}: {} rows x {} {} over {} ranks, read by {}",
+        info.rows,
+        info.cols,
+        info.dtype,
+        info.ranks,
+        reader.method_names()
+    );
+    if let Some(m) = forced {
+        ensure!(reader.methods().iter().zip(&info.counts).all(|(&x, &c)| x == m || c == 0), "methods {:?}", reader.methods());
+    }
+    for e in 1..=rounds {
+        wait_file(&dir.join(format!("published-{e}")), 120)?;
+        ensure!(reader.epoch()? == e, "epoch {} after publish {e}", reader.epoch()?);
+        read_all(&reader, e, 3)?;
+        if e == rounds {
+            // A loader worker: a process started by fork and exec joins on its own.
+            let exe = std::env::current_exe()?;
+            let st = std::process::Command::new(exe).args(["child", &dir.to_string_lossy(), name, &e.to_string()]).status()?;
+            ensure!(st.success(), "the child reader {st}");
+            // And a reopened reader (what a forked child without exec uses).
+            read_all(&reader.reopen()?, e, 1)?;
+        }
+        touch(&dir.join(format!("read-{e}")))?;
+    }
+    let mut one = vec![0u8; OUT_COLS * 4];
+    match mode.as_str() {
+        "free" => {
+            wait_file(&dir.join("freed"), 120)?;
+            match reader.get_batch(Ids::I64(&[5]), &mut one, DType::F32) {
+                Err(e @ OErr::Gone { .. }) => println!("after free: {e}"),
+                other => bail!("a read after the job freed the table gave {other:?}"),
+            }
+            let again = Options { join_timeout: Some(Duration::from_millis(300)), ..opts.clone() };
+            match Reader::join(&at, name, &again) {
+                Err(e @ OErr::NotPublished { .. }) => println!("joining after free: {e}"),
+                other => bail!("joining after free gave {other:?}"),
+            }
+            touch(&dir.join("done"))?;
+        }
+        "hold" => {
+            wait_file(&dir.join("holding"), 120)?;
+            let mut killed = 0;
+            for entry in std::fs::read_dir(&dir)? {
+                let entry = entry?;
+                if entry.file_name().to_string_lossy().starts_with("pid-") {
+                    let pid = std::fs::read_to_string(entry.path())?;
+                    let st = std::process::Command::new("kill").args(["-KILL", pid.trim()]).status()?;
+                    ensure!(st.success(), "kill -KILL {pid}: {st}");
+                    killed += 1;
+                }
+            }
+            ensure!(killed == info.ranks, "killed {killed} of {} ranks", info.ranks);
+            // Every later read fails (the kernel closes a dead process's
+            // sockets at once); it must not hang or crash.
+            let start = Instant::now();
+            loop {
+                match reader.get_batch(Ids::I64(&[5, 2999]), &mut [0u8; 2 * OUT_COLS * 4], DType::F32) {
+                    Err(e) => {
+                        println!("after SIGKILL: {e}");
+                        ensure!(matches!(e, OErr::Gone { .. }), "a read after the job died gave {e:?}");
+                        break;
+                    }
+                    Ok(()) => {
+                        ensure!(start.elapsed() < Duration::from_secs(30), "reads still succeed 30 s after the job was killed");
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                }
+            }
+        }
+        other => bail!("unknown mode {other:?}"),
+    }
+    Ok(())
+}
+
+/// A reader started by the outside reader (fork and exec).
+fn child(rest: &[String]) -> Result<()> {
+    let (dir, name, epoch, wait) = match rest {
+        [d, n, e] => (d, n, e, 30),
+        [d, n, e, w] => (d, n, e, w.parse()?),
+        _ => bail!("child DIR NAME EPOCH [JOIN_TIMEOUT_S]"),
+    };
+    let at = rendezvous_of(Path::new(dir))?;
+    let reader = Reader::join(&at, name, &Options { join_timeout: Some(Duration::from_secs(wait)), ..Options::default() })?;
+    read_all(&reader, epoch.parse()?, 2)?;
+    println!("child reader read epoch {epoch}");
+    Ok(())
+}

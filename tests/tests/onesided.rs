@@ -1,0 +1,193 @@
+//! One-sided reads with real processes, for every transport this build
+//! and machine offer: shm (ranks of one node), socket (forced, and across
+//! simulated nodes), fabric with the tcp provider (feature `fabric`), MPI
+//! RMA under `mpirun` (feature `mpi`; CI runs more in `.ci/run`).
+//!
+//! - every host type, 1–4 ranks, 2 simulated nodes, i32/i64 ids, repeats,
+//!   zero-row ranks, conversions, bad ids then a good read;
+//! - one rank reading while the others are busy in collectives of their
+//!   own (no owner takes part);
+//! - a reader outside the job (a separate process, no rank) joining
+//!   through `dir:` and `host:port` rendezvous with the job's key (a wrong
+//!   key refused), reading while the job writes then publishes, a
+//!   fork/exec child joining on its own, and an error — no hang, no crash —
+//!   after the job frees the table and after the job is SIGKILLed.
+
+use std::process::Command;
+use std::thread;
+
+use wm_tests::{Scratch, World, random_key as key};
+
+const PROG: &str = env!("CARGO_BIN_EXE_wm-test-onesided");
+
+#[test]
+fn shm_reads_every_type_on_1_to_4_ranks() {
+    for n in 1..=4 {
+        World::new(n).run_ok(PROG, &["reads"]);
+    }
+}
+
+#[test]
+fn socket_reads_every_type_on_1_to_4_ranks() {
+    for n in [1, 2, 4] {
+        World::new(n).run_ok(PROG, &["reads", "socket"]);
+    }
+}
+
+#[test]
+fn shm_and_socket_across_two_simulated_nodes() {
+    World::new(4).nodes_of(2).run_ok(PROG, &["reads"]);
+    World::new(2).nodes_of(1).tcp().run_ok(PROG, &["reads"]);
+}
+
+#[test]
+fn one_rank_reads_while_the_others_are_busy() {
+    World::new(3).run_ok(PROG, &["busy"]);
+    World::new(3).run_ok(PROG, &["busy", "socket"]);
+    World::new(4).nodes_of(2).run_ok(PROG, &["busy"]);
+}
+
+#[cfg(feature = "fabric")]
+mod fabric {
+    use super::*;
+
+    fn tcp(w: World) -> World {
+        w.env("FI_PROVIDER", "tcp").env("WM_FABRIC_PROVIDER", "tcp")
+    }
+
+    #[test]
+    fn fabric_reads_every_type_on_1_to_4_ranks() {
+        for n in [1, 2, 4] {
+            tcp(World::new(n)).run_ok(PROG, &["reads", "fabric"]);
+        }
+        tcp(World::new(4).nodes_of(2)).run_ok(PROG, &["reads", "fabric"]);
+    }
+
+    #[test]
+    fn fabric_is_chosen_across_nodes_when_a_provider_is_named() {
+        tcp(World::new(4).nodes_of(2)).run_ok(PROG, &["reads"]);
+        tcp(World::new(3)).run_ok(PROG, &["busy", "fabric"]);
+    }
+
+    #[test]
+    fn an_outside_fabric_reader_sees_publishes_and_a_killed_job() {
+        outside(tcp(World::new(2).nodes_of(1)), "fabric", "distributed", "free");
+        outside(tcp(World::new(2).nodes_of(1)), "fabric", "hierarchy", "hold");
+    }
+}
+
+#[cfg(feature = "mpi")]
+mod mpi_rma {
+    use super::*;
+
+    /// `mpirun` with the options a root CI container needs, or `None`
+    /// (with a skip line) where there is no `mpirun`.
+    fn mpirun() -> Option<Command> {
+        if Command::new("mpirun").arg("--version").output().is_err() {
+            println!("SKIP MPI RMA: no mpirun on this machine");
+            return None;
+        }
+        let mut c = Command::new("mpirun");
+        c.args(["--allow-run-as-root", "--oversubscribe"]);
+        Some(c)
+    }
+
+    fn ok(mut c: Command, what: &str) {
+        let out = c.output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{what}: {:?}\n{text}", out.status);
+    }
+
+    #[test]
+    fn mpi_rma_reads_every_type_under_mpirun() {
+        let prog = wm_tests::relocated(PROG);
+        for np in ["2", "3"] {
+            let Some(mut c) = mpirun() else { return };
+            c.args(["-np", np, "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi"]);
+            ok(c, &format!("mpirun -np {np} reads mpi"));
+        }
+        let Some(mut c) = mpirun() else { return };
+        c.args(["-np", "3", "-x", "WM_TIMEOUT_S=120", &prog, "busy", "mpi"]);
+        ok(c, "mpirun -np 3 busy mpi");
+        // Two simulated nodes of two ranks (MPMD: each half its node id).
+        let Some(mut c) = mpirun() else { return };
+        c.args(["-np", "2", "-x", "WM_NODE_ID=node0", "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi", ":"]);
+        c.args(["-np", "2", "-x", "WM_NODE_ID=node1", "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi"]);
+        ok(c, "mpirun 2 nodes x 2 ranks reads mpi");
+    }
+}
+
+/// A job publishing a table of type `ty` over `method`, and a reader
+/// process outside it; `mode` is `free` (the job frees the table) or
+/// `hold` (the reader SIGKILLs the job).
+fn outside(world: World, method: &str, ty: &str, mode: &str) {
+    let dir = Scratch::new(&format!("{method}-{ty}-{mode}"));
+    let key = key();
+    let name = format!("outside-{ty}");
+    let world = world.env("WM_JOB_KEY", &key).env("WM_TIMEOUT_S", "60");
+    let args: Vec<String> = ["job", &dir.0.to_string_lossy(), &name, "3", method, ty, mode].iter().map(|s| s.to_string()).collect();
+    let job = thread::spawn(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        world.run(PROG, &a)
+    });
+    let reader = Command::new(wm_tests::relocated(PROG))
+        .args(["reader", &dir.0.to_string_lossy(), &name, "3", method, mode])
+        .env("WM_JOB_KEY", &key)
+        .env("WM_TIMEOUT_S", "60")
+        .env_remove("WM_RANK")
+        .env_remove("WM_WORLD_SIZE")
+        .env_remove("WM_RENDEZVOUS")
+        .env_remove("WM_NODE_ID")
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&reader.stdout).into_owned() + &String::from_utf8_lossy(&reader.stderr);
+    if !reader.status.success() {
+        // Let the job finish (it waits for the reader's files up to its
+        // limits) so its output shows too.
+        std::fs::write(dir.0.join("done"), b"").unwrap();
+    }
+    let report = job.join().unwrap();
+    let transcript = wm_tests::transcript(&report);
+    assert!(reader.status.success(), "the outside reader failed:\n{out}\njob:\n{transcript}");
+    match mode {
+        "free" => assert!(report.success(), "the job failed: {:?}\n{transcript}\nreader:\n{out}", report.failures()),
+        _ => assert!(
+            report.ranks.iter().all(|r| r.status.code().is_none()),
+            "every rank should have been killed: {:?}\n{transcript}",
+            report.failures()
+        ),
+    }
+    assert!(out.contains("child reader read epoch 3"), "{out}");
+    eprintln!("{out}");
+}
+
+#[test]
+fn an_outside_reader_on_the_node_reads_shm_and_sees_the_table_freed() {
+    outside(World::new(2), "auto", "chunked", "free");
+    outside(World::new(3), "auto", "distributed", "free");
+}
+
+#[test]
+fn an_outside_reader_across_nodes_reads_sockets_through_host_port() {
+    outside(World::new(2).nodes_of(1).tcp(), "auto", "hierarchy", "free");
+    outside(World::new(2).tcp(), "socket", "continuous", "free");
+}
+
+#[test]
+fn an_outside_reader_errors_after_the_job_is_killed() {
+    outside(World::new(2), "auto", "distributed", "hold");
+    outside(World::new(2).nodes_of(1).tcp(), "socket", "distributed", "hold");
+}
+
+#[test]
+fn joining_a_table_nobody_published_is_an_error_not_a_hang() {
+    let dir = Scratch::new("nothing");
+    std::fs::write(dir.0.join("rendezvous"), format!("dir:{}", dir.0.display())).unwrap();
+    let out = Command::new(wm_tests::relocated(PROG))
+        .args(["child", &dir.0.to_string_lossy(), "absent", "1", "1"])
+        .env("WM_JOB_KEY", key())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && text.contains("no table \"absent\" is published"), "{text}");
+}
