@@ -45,12 +45,14 @@ const FILL_ROWS: usize = 16 * 1024;
 /// supports.
 #[derive(Debug)]
 pub struct Embedding<T: EmbeddingElement> {
-    table: WholeTensor<T>,
-    layout: RowLayout,
+    pub(crate) table: WholeTensor<T>,
+    pub(crate) layout: RowLayout,
     optimizer: Option<Optimizer>,
     /// One row of `optimizer.state_width(dim)` f32 per embedding row, same
     /// partition, memory type and location. `None` for SGD or no optimizer.
     state: Option<WholeTensor<f32>>,
+    /// The node cache of remote rows, if enabled (`cache.rs`).
+    pub(crate) cache: crate::cache::Caches,
 }
 
 /// The ids as row numbers (after the range check).
@@ -165,7 +167,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         } else {
             None
         };
-        let mut emb = Self { table, layout, optimizer, state };
+        let mut emb = Self { table, layout, optimizer, state, cache: crate::cache::Caches::default() };
         emb.reset_state()?;
         Ok(emb)
     }
@@ -198,8 +200,12 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// The weights, writable: to load them, for example with
     /// `wm_gather::scatter_from`. Such writes follow the table's rules
     /// (collective for Distributed and Hierarchy; separate them from reads
-    /// on other ranks with a barrier).
+    /// on other ranks with a barrier). With a node cache, the next
+    /// [`gather`](Self::gather) empties every node's cache first when any
+    /// rank borrowed the table this way (see
+    /// [`enable_node_cache`](Self::enable_node_cache)).
     pub fn table_mut(&mut self) -> &mut WholeTensor<T> {
+        self.cache.lend();
         &mut self.table
     }
 
@@ -233,6 +239,9 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// every rank of a collective call); [`Error::Gather`] for a wrongly
     /// sized buffer or an integer `O`; [`Error::Comm`].
     pub fn gather<O: Element, I: Index>(&self, ids: &[I], out: &mut [O]) -> Result<()> {
+        if self.cache.node_enabled() {
+            return self.gather_cached(I::ids(ids), bytemuck::cast_slice_mut(out), O::DTYPE);
+        }
         wm_gather::gather(self.table.memory(), &self.layout, I::ids(ids), bytemuck::cast_slice_mut(out), O::DTYPE)?;
         Ok(())
     }
@@ -287,6 +296,9 @@ impl<T: EmbeddingElement> Embedding<T> {
             }
         })?;
         comm.barrier()?;
+        // Every row changed: every node's cache empties (collective, as
+        // this call is).
+        self.cache.clear_node()?;
         Ok(())
     }
 
@@ -404,9 +416,13 @@ impl<T: EmbeddingElement> Embedding<T> {
         let first = p.offset(comm.rank()) as i64;
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
-        // 3. Read, update and write back this rank's touched rows.
+        // 3. Read, update and write back this rank's touched rows. Should
+        //    any of it fail (on every rank alike), the next gather empties
+        //    every node's cache, as after a loan of the table.
+        let lent_before = self.cache.lend();
         let mut w = vec![0f32; own.len() * dim];
-        self.gather(&own, &mut w)?;
+        // Own rows: never in a node cache.
+        wm_gather::gather(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
         let width = opt.state_width(dim);
         let mut s = vec![0f32; own.len() * width];
         if let Some(state) = &self.state {
@@ -422,6 +438,12 @@ impl<T: EmbeddingElement> Embedding<T> {
         if self.table.memory().memory_type().is_mapped() {
             comm.barrier()?;
         }
+        // Every node's cache drops every rank's updated rows.
+        let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
+        self.cache.invalidate_node(Ids::I64(&changed))?;
+        if !lent_before {
+            self.cache.unlend();
+        }
         Ok(())
     }
 
@@ -430,6 +452,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// # Errors
     /// When a peer is lost or times out.
     pub fn free(self) -> Result<()> {
+        self.cache.free()?;
         if let Some(state) = self.state {
             state.free()?;
         }

@@ -255,6 +255,43 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
     });
 }
 
+/// Whether `positions` are distinct rows of an output of `out_rows` rows:
+/// what [`gather_rows`] needs of them to write each output row once.
+pub(crate) fn distinct_below(positions: &[usize], out_rows: usize) -> bool {
+    let mut seen = vec![false; out_rows];
+    positions.iter().all(|&p| p < out_rows && !std::mem::replace(&mut seen[p], true))
+}
+
+/// Copies (converting) row `k` of the dense rows `src` into output row
+/// `positions[k]`, split over `threads`: the safe form of [`gather_rows`]
+/// over a buffer, for placing rows that arrived packed.
+///
+/// # Errors
+/// A message naming the sizes when `src` is not `positions.len()` rows of
+/// `conv`'s source type, or the positions are not distinct rows of `out`.
+pub(crate) fn place_rows(src: &[u8], conv: RowConv, positions: &[usize], out: &mut [u8], threads: usize) -> Result<(), String> {
+    let (sb, db) = (conv.src_bytes(), conv.dst_bytes());
+    if positions.len().checked_mul(sb) != Some(src.len()) {
+        return Err(format!("{} bytes are not {} rows of {sb} bytes", src.len(), positions.len()));
+    }
+    if db == 0 || out.len() % db != 0 || !distinct_below(positions, out.len() / db) {
+        return Err(format!("{} positions are not distinct rows of an output of {} bytes in rows of {db}", positions.len(), out.len()));
+    }
+    struct Packed(SendPtr, usize);
+    impl RowAddr for Packed {
+        #[inline]
+        fn addr(&self, k: usize) -> *mut u8 {
+            self.0.0.wrapping_add(k * self.1)
+        }
+    }
+    let rows: Vec<usize> = (0..positions.len()).collect();
+    // SAFETY: row k of `src` lies inside it (length checked above) and is
+    // only read; the positions are distinct rows of `out` (checked above),
+    // which is a separate, exclusively borrowed buffer.
+    unsafe { gather_rows(&Packed(SendPtr(src.as_ptr().cast_mut()), sb), &rows, Some(positions), conv, out, threads) };
+    Ok(())
+}
+
 /// Copies input row `i` into table row `rows[i]` for every `i`, converting;
 /// when a row appears more than once the last occurrence wins. Split over
 /// `threads` by row (a row is always written by one thread, in order).

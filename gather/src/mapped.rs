@@ -68,6 +68,40 @@ pub(crate) fn gather(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: 
     Ok(())
 }
 
+/// Copies table rows `rows` (converted) into output rows `positions`
+/// (one each) of `out`, through the mapping: the safe entry for a caller
+/// that places rows itself (the node cache's hits).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the values when the table is not
+/// mapped here, a row is out of range, the layout does not fit the rows,
+/// or the positions are not distinct rows of `out`.
+pub(crate) fn gather_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], positions: &[usize], out: &mut [u8]) -> Result<()> {
+    layout.check_fits(mem.granularity())?;
+    if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
+        return Err(Error::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows())));
+    }
+    let db = conv.dst_bytes();
+    if rows.len() != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
+        return Err(Error::InvalidArgument(format!(
+            "{} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
+            rows.len(),
+            positions.len(),
+            out.len()
+        )));
+    }
+    if conv.src_bytes() != layout.bytes() {
+        return Err(Error::InvalidArgument(format!("a conversion of {} bytes per row for a layout of {}", conv.src_bytes(), layout.bytes())));
+    }
+    let src = MappedRows::new(mem, layout)?;
+    // SAFETY: every row is below the row count and mapped on this rank
+    // (MappedRows::new checked every rank's rows are), the layout fits in a
+    // row and matches the conversion; the positions are distinct rows of
+    // `out` (all checked above), a buffer apart from the table.
+    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
+    Ok(())
+}
+
 /// Bytes of table that one 64-byte line of page-table entries maps (8
 /// entries of 4 KiB pages).
 const PTE_LINE_SPAN: usize = 32 << 10;
