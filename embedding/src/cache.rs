@@ -123,11 +123,13 @@ impl<T: EmbeddingElement> Embedding<T> {
         Some(c.lock().map_or_else(|p| p.into_inner().stats(), |c| c.stats()))
     }
 
-    /// Rows the node cache of this rank's node holds now, and can hold.
-    pub fn node_cache_occupancy(&self) -> Option<(usize, usize)> {
+    /// The node cache's rows (`None` without one): how many this rank's
+    /// node holds now, how many it can hold, and how many rows ranks of
+    /// other nodes own (what it may hold).
+    pub fn node_cache_rows(&self) -> Option<(usize, usize, usize)> {
         let c = self.cache.node.as_ref()?;
         let c = c.lock().ok()?;
-        Some((c.cached_rows(), c.capacity()))
+        Some((c.cached_rows(), c.capacity(), c.remote_rows()))
     }
 
     /// The cached gather: first, whether any rank wrote the table by

@@ -262,17 +262,22 @@ pub(crate) fn distinct_below(positions: &[usize], out_rows: usize) -> bool {
     positions.iter().all(|&p| p < out_rows && !std::mem::replace(&mut seen[p], true))
 }
 
-/// Copies (converting) row `k` of the dense rows `src` into output row
-/// `positions[k]`, split over `threads`: the safe form of [`gather_rows`]
-/// over a buffer, for placing rows that arrived packed.
+/// Copies (converting) row `from[k]` of the dense rows `src` into output
+/// row `positions[k]` for every `k`, split over `threads`: the safe form of
+/// [`gather_rows`] over a buffer, for placing rows that arrived packed (a
+/// row of `src` may go to several places).
 ///
 /// # Errors
-/// A message naming the sizes when `src` is not `positions.len()` rows of
-/// `conv`'s source type, or the positions are not distinct rows of `out`.
-pub(crate) fn place_rows(src: &[u8], conv: RowConv, positions: &[usize], out: &mut [u8], threads: usize) -> Result<(), String> {
+/// A message naming the sizes when `src` is not whole rows of `conv`'s
+/// source type, an index is past them, or the positions are not distinct
+/// rows of `out`.
+pub(crate) fn place_rows(src: &[u8], conv: RowConv, from: &[usize], positions: &[usize], out: &mut [u8], threads: usize) -> Result<(), String> {
     let (sb, db) = (conv.src_bytes(), conv.dst_bytes());
-    if positions.len().checked_mul(sb) != Some(src.len()) {
-        return Err(format!("{} bytes are not {} rows of {sb} bytes", src.len(), positions.len()));
+    if sb == 0 || src.len() % sb != 0 || from.len() != positions.len() {
+        return Err(format!("{} bytes of rows of {sb} bytes for {} rows to {} places", src.len(), from.len(), positions.len()));
+    }
+    if let Some(bad) = from.iter().find(|&&k| k >= src.len() / sb) {
+        return Err(format!("row {bad} of {} packed rows", src.len() / sb));
     }
     if db == 0 || out.len() % db != 0 || !distinct_below(positions, out.len() / db) {
         return Err(format!("{} positions are not distinct rows of an output of {} bytes in rows of {db}", positions.len(), out.len()));
@@ -284,11 +289,10 @@ pub(crate) fn place_rows(src: &[u8], conv: RowConv, positions: &[usize], out: &m
             self.0.0.wrapping_add(k * self.1)
         }
     }
-    let rows: Vec<usize> = (0..positions.len()).collect();
-    // SAFETY: row k of `src` lies inside it (length checked above) and is
+    // SAFETY: every row `from[k]` lies inside `src` (checked above) and is
     // only read; the positions are distinct rows of `out` (checked above),
     // which is a separate, exclusively borrowed buffer.
-    unsafe { gather_rows(&Packed(SendPtr(src.as_ptr().cast_mut()), sb), &rows, Some(positions), conv, out, threads) };
+    unsafe { gather_rows(&Packed(SendPtr(src.as_ptr().cast_mut()), sb), from, Some(positions), conv, out, threads) };
     Ok(())
 }
 

@@ -102,6 +102,61 @@ pub(crate) fn gather_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ro
     Ok(())
 }
 
+/// This rank's own host rows, numbered from 0 within them.
+struct OwnRows {
+    base: SendPtr,
+    span: RowSpan,
+}
+
+impl RowAddr for OwnRows {
+    #[inline]
+    fn addr(&self, local_row: usize) -> *mut u8 {
+        self.base.0.wrapping_add(self.span.at(local_row))
+    }
+}
+
+/// Copies this rank's own host rows `rows` (numbered from 0 within them,
+/// converted) into output rows `positions` of `out`: for any memory type,
+/// a rank maps its own host rows.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the values for device memory, a row
+/// this rank does not own, a layout that does not fit, or positions that
+/// are not distinct rows of `out`.
+pub(crate) fn gather_own_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], positions: &[usize], out: &mut [u8]) -> Result<()> {
+    layout.check_fits(mem.granularity())?;
+    let me = mem.comm().rank();
+    let count = mem.local_rows().len();
+    if let Some(bad) = rows.iter().find(|&&r| r >= count) {
+        return Err(Error::InvalidArgument(format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank())));
+    }
+    let db = conv.dst_bytes();
+    if rows.len() != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
+        return Err(Error::InvalidArgument(format!(
+            "{} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
+            rows.len(),
+            positions.len(),
+            out.len()
+        )));
+    }
+    if conv.src_bytes() != layout.bytes() {
+        return Err(Error::InvalidArgument(format!("a conversion of {} bytes per row for a layout of {}", conv.src_bytes(), layout.bytes())));
+    }
+    let base = match (mem.location(), mem.rank_ptr(me)) {
+        (wholemem::Location::Host, Some(p)) => p,
+        _ => {
+            return Err(Error::InvalidArgument(format!("rank {} does not map its own rows of this table in host memory", mem.comm().world_rank())));
+        }
+    };
+    let src = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
+    // SAFETY: every row is below this rank's row count and `base` starts
+    // this rank's host rows, mapped for all of them; the layout fits in a
+    // row and matches the conversion; the positions are distinct rows of
+    // `out` (all checked above), a buffer apart from the table.
+    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
+    Ok(())
+}
+
 /// Bytes of table that one 64-byte line of page-table entries maps (8
 /// entries of 4 KiB pages).
 const PTE_LINE_SPAN: usize = 32 << 10;

@@ -85,6 +85,8 @@ pub struct NodeCache {
     /// Whether some node has more than one rank (then updates talk).
     shared: bool,
     stats: CacheStats,
+    /// The fetched rows' buffer, kept between calls.
+    scratch: Vec<u8>,
 }
 
 /// What identifies the table a cache belongs to.
@@ -228,6 +230,7 @@ impl NodeCache {
             data,
             shared,
             stats: CacheStats::default(),
+            scratch: Vec::new(),
             comm,
             local,
         })
@@ -293,16 +296,25 @@ impl NodeCache {
             Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out),
         };
 
-        // 1. Look up every id of a row another node owns.
+        // 1. Look up every id of a row another node owns; this rank's own
+        //    host rows are read in place, every other id is fetched.
         let rows = ids.to_rows();
+        let own = mem.local_rows();
+        let own_host = mem.location() == Location::Host;
         let (mut hit_slots, mut hit_at) = (Vec::new(), Vec::new());
-        let (mut fetch, mut fetch_at) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
+        let (mut own_rows, mut own_at) = (Vec::new(), Vec::new());
+        // (row, position) of every id fetched.
+        let mut pending: Vec<(usize, usize)> = Vec::with_capacity(rows.len());
         // Each access as (cacheable row << 1) | missed.
         let mut accesses: Vec<u64> = Vec::with_capacity(rows.len());
         for (i, &row) in rows.iter().enumerate() {
+            if own_host && own.contains(&row) {
+                own_rows.push(row - own.start);
+                own_at.push(i);
+                continue;
+            }
             let Some(r) = self.space.index(row) else {
-                fetch.push(row as i64);
-                fetch_at.push(i);
+                pending.push((row, i));
                 continue;
             };
             match self.tags.lookup(r) {
@@ -312,8 +324,7 @@ impl NodeCache {
                     accesses.push((r as u64) << 1);
                 }
                 None => {
-                    fetch.push(row as i64);
-                    fetch_at.push(i);
+                    pending.push((row, i));
                     accesses.push(((r as u64) << 1) | 1);
                 }
             }
@@ -323,21 +334,41 @@ impl NodeCache {
             (Some(data), false) => mapped::gather_to(data, &self.cached_layout()?, conv, &hit_slots, &hit_at, out),
             (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
         };
+        let copied = copied.and_then(|()| mapped::gather_own_to(mem, &self.layout, conv, &own_rows, &own_at, out));
 
-        // 2. Everything else through the table's gather, in its own type.
+        // 2. Everything else through the table's gather, in its own type,
+        //    each row once however often it was asked.
+        pending.sort_unstable();
+        let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
+        let mut from = Vec::with_capacity(pending.len());
+        for &(row, _) in &pending {
+            if fetch.last() != Some(&(row as i64)) {
+                fetch.push(row as i64);
+            }
+            from.push(fetch.len() - 1);
+        }
+        let places: Vec<usize> = pending.iter().map(|p| p.1).collect();
         let rb = self.layout.bytes();
         let same = RowConv::new(self.layout.dtype(), self.layout.dtype(), self.layout.cols())?;
-        let mut fetched = vec![0u8; fetch.len() * rb];
-        crate::gather_collective(mem, &self.layout, copied.map(|()| same), Ids::I64(&fetch), &mut fetched)?;
-        self.stats.lookups += accesses.len() as u64;
-        self.stats.hits += hit_slots.len() as u64;
-        let placed = kernel::place_rows(&fetched, conv, &fetch_at, out, crate::threads(mem)).map_err(Error::InvalidArgument);
+        let mut fetched = std::mem::take(&mut self.scratch);
+        fetched.resize(fetch.len() * rb, 0);
+        let result = crate::gather_collective(mem, &self.layout, copied.map(|()| same), Ids::I64(&fetch), &mut fetched);
+        let result = result.and_then(|()| {
+            self.stats.lookups += accesses.len() as u64;
+            self.stats.hits += hit_slots.len() as u64;
+            let placed = kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument);
+            // 3. Count, decide, fill. The rows fetched are in table order,
+            //    so their numbers among the cacheable rows ascend too.
+            let missed_at: Vec<(usize, usize)> =
+                fetch.iter().enumerate().filter_map(|(k, &row)| self.space.index(row as usize).map(|r| (r, k))).collect();
+            self.update(placed, accesses, &missed_at, &fetched)
+        });
+        self.scratch = fetched;
+        result
+    }
 
-        // 3. Count, decide, fill.
-        let mut missed_at: Vec<(usize, usize)> =
-            fetch.iter().enumerate().filter_map(|(k, &row)| self.space.index(row as usize).map(|r| (r, k))).collect();
-        missed_at.sort_unstable();
-        missed_at.dedup_by_key(|m| m.0);
+    /// Step 3: counts, the leader's decision, the fills.
+    fn update(&mut self, placed: Result<()>, accesses: Vec<u64>, missed_at: &[(usize, usize)], fetched: &[u8]) -> Result<()> {
         let report = tally(accesses);
         if !self.shared {
             placed?;
@@ -348,7 +379,7 @@ impl NodeCache {
             let (fills, evicted) = self.tags.decide(&missed);
             self.stats.evictions += evicted;
             for f in fills {
-                if self.fill(f, &missed_at, &fetched).is_ok() {
+                if self.fill(f, missed_at, fetched).is_ok() {
                     self.stats.fills += 1;
                 } else {
                     // The slot holds nothing rather than something wrong: a
@@ -359,7 +390,7 @@ impl NodeCache {
             }
             return Ok(());
         }
-        let outcome = placed.and_then(|()| self.update_shared(&report, &missed_at, &fetched));
+        let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
         let agreed = agree(self.comm.as_ref(), outcome);
         if agreed.is_err() {
             // Some fill may be missing somewhere: hold nothing.
