@@ -79,7 +79,7 @@ pub struct MoveArgs {
     pub(crate) id_dist: IdDist,
     /// Gather through a node cache of this fraction of the table's rows (distributed and hierarchy tables across
     /// nodes), and each batch also without it: reports both, the speed-up, the hit rate and the best static choice's.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     pub(crate) cache_ratio: Option<f64>,
     /// Gather through `wm_embedding::Embedding::gather` (f32, f16 or bf16 tables; f32 output) instead of
     /// `wm_gather::gather`; with --cache-ratio, the embedding's node cache.
