@@ -14,6 +14,14 @@
 //!   cache is emptied before anything is read. That question is one small
 //!   allgather per cached gather.
 //! - A failed `apply_gradients` counts as such a loan.
+//!
+//! And the device cache (feature `cuda`): this rank's own rows and their
+//! optimizer state in its GPU's memory (`wm_gather::cache::DeviceCache`).
+//! `apply_gradients` reads and updates them there and writes the updated
+//! rows back before it returns — the next collective (a gather: peers read
+//! the host rows) finds them home. `init` and `reset_state` overwrite the
+//! rows, so the cache forgets them; a loan of the table on any rank (known
+//! at the next `apply_gradients`, whose agreement carries it) does too.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +29,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use wm_comm::CommExt;
 use wm_gather::cache::{CacheStats, NodeCache};
 use wm_gather::{DType, Ids};
+
+#[cfg(feature = "cuda")]
+use wholemem::WholeTensor;
 
 use crate::table::{Embedding, EmbeddingElement};
 use crate::{Error, Result};
@@ -33,6 +44,11 @@ pub(crate) struct Caches {
     /// Whether this rank wrote (or may have written) the table by another
     /// path since the last cached gather.
     lent: AtomicBool,
+    /// The same, since the last step (for the device cache).
+    device_lent: AtomicBool,
+    /// This rank's device cache of its own rows and their state.
+    #[cfg(feature = "cuda")]
+    device: Option<wm_gather::cache::DeviceCache>,
 }
 
 fn poisoned() -> Error {
@@ -45,9 +61,32 @@ impl Caches {
         self.node.is_some()
     }
 
-    /// Marks the table as written by another path; whether it already was.
+    /// Marks the table as written by another path; whether it already was
+    /// (for the node cache).
     pub(crate) fn lend(&self) -> bool {
+        self.device_lent.store(true, Ordering::Relaxed);
         self.lent.swap(true, Ordering::Relaxed)
+    }
+
+    /// Whether the table was lent since the last step, clearing the mark.
+    pub(crate) fn take_device_loan(&self) -> bool {
+        self.device_lent.swap(false, Ordering::Relaxed)
+    }
+
+    /// Whether a device cache is enabled.
+    pub(crate) fn device_enabled(&self) -> bool {
+        #[cfg(feature = "cuda")]
+        return self.device.is_some();
+        #[cfg(not(feature = "cuda"))]
+        false
+    }
+
+    /// This rank's device cache forgets every row (the host rows changed).
+    pub(crate) fn forget_device(&mut self) {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &mut self.device {
+            d.clear();
+        }
     }
 
     /// Takes back a mark this rank set itself.
@@ -72,7 +111,8 @@ impl Caches {
         Ok(())
     }
 
-    /// Frees the caches (collective).
+    /// Frees the caches (collective). A device cache has no dirty rows
+    /// between calls (`apply_gradients` writes them back).
     pub(crate) fn free(self) -> Result<()> {
         if let Some(c) = self.node {
             c.into_inner().map_err(|_| poisoned())?.free()?;
@@ -130,6 +170,70 @@ impl<T: EmbeddingElement> Embedding<T> {
         let c = self.cache.node.as_ref()?;
         let c = c.lock().ok()?;
         Some((c.cached_rows(), c.capacity(), c.remote_rows()))
+    }
+
+    /// Keeps up to `ratio` of this rank's own rows — and their optimizer
+    /// state alongside — in its GPU's memory: [`apply_gradients`](Self::apply_gradients)
+    /// reads and updates cached rows there, and writes what it updated back
+    /// to the host table before it returns. Collective; for host tables
+    /// whose ranks each have a GPU. A device cache already there is
+    /// replaced.
+    ///
+    /// # Errors
+    /// On every rank: [`Error::Gather`] naming the ratio when it is not
+    /// greater than 0 and at most 1, for a device table, or when a rank has
+    /// no GPU (the reason named).
+    #[cfg(feature = "cuda")]
+    pub fn enable_device_cache(&mut self, ratio: f64) -> Result<()> {
+        self.cache.device = None;
+        let state_layout = self.state.as_ref().map(wm_gather::RowLayout::of).transpose()?;
+        let side = self.state.as_ref().zip(state_layout.as_ref()).map(|(s, l)| (s.memory(), l));
+        let cache = wm_gather::cache::DeviceCache::new(self.table.memory(), &self.layout, side, ratio)?;
+        self.cache.device = Some(cache);
+        Ok(())
+    }
+
+    /// Drops the device cache, if any (it holds no dirty rows between
+    /// calls). Not collective.
+    #[cfg(feature = "cuda")]
+    pub fn disable_device_cache(&mut self) {
+        self.cache.device = None;
+    }
+
+    /// What the device cache did so far (`None` without one).
+    #[cfg(feature = "cuda")]
+    pub fn device_cache_stats(&self) -> Option<CacheStats> {
+        self.cache.device.as_ref().map(wm_gather::cache::DeviceCache::stats)
+    }
+
+    /// Reads own rows `own` (global ids) and their state through the
+    /// device cache, as f32.
+    pub(crate) fn read_own_cached(&mut self, own: &[i64], w: &mut [f32], s: &mut [f32]) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &mut self.cache.device {
+            let rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
+            let side = self.state.as_mut().map(WholeTensor::memory_mut);
+            d.read(self.table.memory_mut(), side, &rows, bytemuck::cast_slice_mut(w), bytemuck::cast_slice_mut(s), DType::F32)?;
+            return Ok(());
+        }
+        let _ = (own, w, s);
+        Err(Error::InvalidArgument("no device cache".into()))
+    }
+
+    /// Writes own rows `own` and their state through the device cache, then
+    /// writes every dirty row back to the host tables.
+    pub(crate) fn write_own_cached(&mut self, own: &[i64], w: &[f32], s: &[f32]) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        if let Some(d) = &mut self.cache.device {
+            let rows: Vec<usize> = own.iter().map(|&r| r as usize).collect();
+            let side = self.state.as_mut().map(WholeTensor::memory_mut);
+            d.write(self.table.memory_mut(), side, &rows, bytemuck::cast_slice(w), bytemuck::cast_slice(s), DType::F32)?;
+            let side = self.state.as_mut().map(WholeTensor::memory_mut);
+            d.writeback(self.table.memory_mut(), side)?;
+            return Ok(());
+        }
+        let _ = (own, w, s);
+        Err(Error::InvalidArgument("no device cache".into()))
     }
 
     /// The cached gather: first, whether any rank wrote the table by

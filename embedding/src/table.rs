@@ -50,7 +50,7 @@ pub struct Embedding<T: EmbeddingElement> {
     optimizer: Option<Optimizer>,
     /// One row of `optimizer.state_width(dim)` f32 per embedding row, same
     /// partition, memory type and location. `None` for SGD or no optimizer.
-    state: Option<WholeTensor<f32>>,
+    pub(crate) state: Option<WholeTensor<f32>>,
     /// The node cache of remote rows, if enabled (`cache.rs`).
     pub(crate) cache: crate::cache::Caches,
 }
@@ -297,8 +297,9 @@ impl<T: EmbeddingElement> Embedding<T> {
         })?;
         comm.barrier()?;
         // Every row changed: every node's cache empties (collective, as
-        // this call is).
+        // this call is), and this rank's device cache forgets its rows.
         self.cache.clear_node()?;
+        self.cache.forget_device();
         Ok(())
     }
 
@@ -308,6 +309,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// # Errors
     /// [`Error::Gather`], [`Error::Comm`].
     pub fn reset_state(&mut self) -> Result<()> {
+        self.cache.forget_device();
         let (Some(opt), Some(state)) = (self.optimizer, self.state.as_mut()) else { return Ok(()) };
         let initial = opt.initial_state(self.layout.cols());
         let layout = RowLayout::of(state)?;
@@ -359,7 +361,11 @@ impl<T: EmbeddingElement> Embedding<T> {
         };
         let checked = check();
         let opt = checked.as_ref().ok().copied();
-        let all = agree(comm.as_ref(), checked.map(|_| ()), &lr.to_le_bytes())?;
+        // The rate travels with whether this rank wrote the table by another
+        // path since the last step (a device cache then forgets its rows).
+        let mut extra = lr.to_le_bytes().to_vec();
+        extra.push(u8::from(self.cache.take_device_loan()));
+        let all = agree(comm.as_ref(), checked.map(|_| ()), &extra)?;
         // Every rank compares the same allgathered rates, so a rate that is
         // missing or differs is the same error everywhere.
         let rate = |m: &[u8]| m.first_chunk::<4>().map(|b| f32::from_le_bytes(*b));
@@ -376,6 +382,9 @@ impl<T: EmbeddingElement> Embedding<T> {
         }
         // Every rank passed its checks, this one included.
         let Some(opt) = opt else { return Err(Error::NoOptimizer) };
+        if all.iter().any(|m| m.get(4) == Some(&1)) {
+            self.cache.forget_device();
+        }
 
         // 1. Sum repeats here, then send each owner its rows (as its local
         //    row numbers) and their gradients. Sorted ids group by owner.
@@ -421,19 +430,30 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    every node's cache, as after a loan of the table.
         let lent_before = self.cache.lend();
         let mut w = vec![0f32; own.len() * dim];
-        // Own rows: never in a node cache.
-        wm_gather::gather(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
         let width = opt.state_width(dim);
         let mut s = vec![0f32; own.len() * width];
-        if let Some(state) = &self.state {
-            wm_gather::gather_into(state, &own, &mut s)?;
+        let device = self.cache.device_enabled();
+        if device {
+            // Through this rank's device cache (its own rows only).
+            self.read_own_cached(&own, &mut w, &mut s)?;
+        } else {
+            // Own rows: never in a node cache.
+            wm_gather::gather(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
+            if let Some(state) = &self.state {
+                wm_gather::gather_into(state, &own, &mut s)?;
+            }
         }
         for (i, g) in sums.chunks_exact(dim).enumerate() {
             opt.update_row(lr, &mut w[i * dim..(i + 1) * dim], &mut s[i * width..(i + 1) * width], g);
         }
-        wm_gather::scatter(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
-        if let Some(state) = &mut self.state {
-            wm_gather::scatter_from(state, &own, &s)?;
+        if device {
+            // Dirty on the GPU, then home before any other path reads them.
+            self.write_own_cached(&own, &w, &s)?;
+        } else {
+            wm_gather::scatter(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
+            if let Some(state) = &mut self.state {
+                wm_gather::scatter_from(state, &own, &s)?;
+            }
         }
         if self.table.memory().memory_type().is_mapped() {
             comm.barrier()?;

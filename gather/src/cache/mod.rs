@@ -19,9 +19,13 @@
 //! what they do in [`CacheStats`]. `docs/cache.md` has the design, the
 //! coherence rules and the figures.
 
+#[cfg(feature = "cuda")]
+mod device;
 mod node;
 mod policy;
 
+#[cfg(feature = "cuda")]
+pub use device::DeviceCache;
 pub use node::NodeCache;
 pub use policy::WAYS;
 

@@ -464,7 +464,7 @@ impl NodeCache {
             let (Ok(slot), Ok(row), Ok(filler)) = (slot, row, filler) else {
                 return Err(bad(format!("a cache fill {w:?} past usize")));
             };
-            let f = Fill { slot, row };
+            let f = Fill { slot, row, evicted: None };
             if !self.tags.fits(f) || filler >= ls {
                 return Err(bad(format!("a fill of slot {slot} with row {row} by local rank {filler}, which this cache cannot hold")));
             }

@@ -74,6 +74,8 @@ pub(crate) struct Fill {
     pub(crate) slot: usize,
     /// The row (numbered among the cacheable rows).
     pub(crate) row: usize,
+    /// The row the slot held before, if any (known to the decider).
+    pub(crate) evicted: Option<usize>,
 }
 
 /// The tags of every slot (identical on every rank of a node) and, on the
@@ -115,6 +117,12 @@ impl Tags {
         }
     }
 
+    /// The row slot `slot` holds, if any.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn row_at(&self, slot: usize) -> Option<usize> {
+        self.tags.get(slot).copied().filter(|&t| t != EMPTY).map(|t| t as usize)
+    }
+
     /// Slots holding rows, now.
     pub(crate) fn occupied(&self) -> usize {
         self.tags.iter().filter(|&&t| t != EMPTY).count()
@@ -145,7 +153,7 @@ impl Tags {
                 for &r in missed {
                     if self.tags[r] != r as u64 {
                         self.tags[r] = r as u64;
-                        fills.push(Fill { slot: r, row: r });
+                        fills.push(Fill { slot: r, row: r, evicted: None });
                     }
                 }
             }
@@ -189,8 +197,9 @@ impl Tags {
                             }
                         };
                         if let Some(w) = way {
-                            self.tags[first + w] = r as u64;
-                            fills.push(Fill { slot: first + w, row: r });
+                            let before = std::mem::replace(&mut self.tags[first + w], r as u64);
+                            let evicted = (before != EMPTY).then_some(before as usize);
+                            fills.push(Fill { slot: first + w, row: r, evicted });
                         }
                     }
                 }
@@ -248,7 +257,7 @@ mod tests {
         let mut t = Tags::new(Placement::Direct, 10, true);
         assert_eq!(t.slots(), 10);
         let (fills, evicted) = t.decide(&[3, 7]);
-        assert_eq!((fills, evicted), (vec![Fill { slot: 3, row: 3 }, Fill { slot: 7, row: 7 }], 0));
+        assert_eq!((fills, evicted), (vec![Fill { slot: 3, row: 3, evicted: None }, Fill { slot: 7, row: 7, evicted: None }], 0));
         assert_eq!(t.lookup(3), Some(3));
         assert_eq!(t.lookup(4), None);
         assert!(t.invalidate(3) && !t.invalidate(3));
@@ -272,6 +281,7 @@ mod tests {
         t.count(5, 1000);
         let (fills, evicted) = t.decide(&[5, 6]);
         assert_eq!((fills.len(), evicted), (1, 1));
+        assert_eq!(fills[0].evicted, Some(68), "the coldest held row goes");
         assert!(t.lookup(5).is_some() && t.lookup(68).is_none() && t.lookup(6).is_none());
         // A row no hotter than the coldest held one stays out.
         t.count(7, 69 - 7);
@@ -301,8 +311,8 @@ mod tests {
             assert_eq!(leader.tags, follower.tags);
         }
         assert_eq!(leader.occupied(), leader.slots());
-        assert!(!leader.fits(Fill { slot: 0, row: 10_000 }));
-        assert!(!leader.fits(Fill { slot: 8 * WAYS, row: 1 }));
+        assert!(!leader.fits(Fill { slot: 0, row: 10_000, evicted: None }));
+        assert!(!leader.fits(Fill { slot: 8 * WAYS, row: 1, evicted: None }));
         leader.clear();
         assert_eq!(leader.occupied(), 0);
     }

@@ -3,6 +3,12 @@
 //! `wm-run --node-size K`). Every check runs on every rank; the first wrong
 //! result exits non-zero naming the rank, the case and what differed.
 //!
+//! Scenarios: `node` (the node cache of remote rows on every collective
+//! type), `embedding` (an embedding with a node cache, trained), `bad-ratio`
+//! (refusals on every rank), `device` (an embedding with a device cache of
+//! its host rows, trained beside one without: on a GPU only; elsewhere it
+//! prints why it skips, and fails under `WM_REQUIRE_GPU=1`).
+//!
 //! The node cache is checked two ways after every cached gather: against
 //! an uncached gather of the same ids (byte for byte), and against this
 //! program's own model of the table (each row's value is a function of
@@ -29,6 +35,7 @@ fn main() {
         "node" => node_cache(&world),
         "embedding" => embedding(&world),
         "bad-ratio" => bad_ratio(&world),
+        "device" => device(&world),
         other => bail!("unknown scenario {other:?}"),
     });
     if let Err(e) = result {
@@ -420,5 +427,81 @@ fn bad_ratio(world: &Comm) -> Result<()> {
     let mut x = vec![0f32; ids.len() * cols];
     emb.gather(&ids, &mut x)?;
     emb.free()?;
+    Ok(())
+}
+
+// ------------------------------------------------------------- device cache
+
+/// Two embeddings of the same host table type and initial values, one with
+/// a device cache of its rows and state: after every step of the same
+/// batches, weights and every state slot agree to the bit, the cache held
+/// rows and wrote back what it updated, and bad ratios are refused.
+fn device_case<T: EmbeddingElement + FromF64>(world: &Comm, ty: MemoryType, ratio: f64) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, dim) = (700, 8);
+    let case = format!("device cache {ty} {} ratio {ratio}", T::DTYPE);
+    let make = || -> Result<Embedding<T>> {
+        let mut e = Embedding::<T>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::adam()))?;
+        e.init(Init::Normal { mean: 0.0, std: 0.1 }, 5)?;
+        Ok(e)
+    };
+    let (mut cached, mut plain) = (make()?, make()?);
+    expect_err(cached.enable_device_cache(0.0), &["cache ratio 0"], "a device cache of ratio 0")?;
+    cached.enable_device_cache(ratio).with_context(|| case.clone())?;
+    let mut hrng = Rng::new(&[23, rows as u64]);
+    let hot: Vec<usize> = (0..16).map(|_| hrng.below(rows as u64) as usize).collect();
+    let all: Vec<i64> = (0..rows as i64).collect();
+    for step in 0..8u64 {
+        let ids = batch(rows, &hot, me, step, n);
+        let grads: Vec<f32> = (0..ids.len() * dim).map(|k| ((k as u64 * 29 + step * 5 + me as u64) % 11) as f32 * 0.02 - 0.1).collect();
+        cached.apply_gradients(&ids, &grads, 0.05)?;
+        plain.apply_gradients(&ids, &grads, 0.05)?;
+        if step == 5 {
+            // A loan of the table (a rewrite of one rank's rows, on both).
+            for e in [&mut cached, &mut plain] {
+                if me == n - 1 {
+                    let own = e.table().local_rows();
+                    let vals: Vec<T> = own.clone().flat_map(|r| (0..dim).map(move |c| T::from_f64((r + c) as f64 * 0.01))).collect();
+                    e.table_mut().write_local(&vals)?;
+                }
+            }
+            world.barrier()?;
+        }
+        let (mut a, mut b) = (vec![0f32; rows * dim], vec![0f32; rows * dim]);
+        cached.gather(&all, &mut a)?;
+        plain.gather(&all, &mut b)?;
+        ensure!(a == b, "{case}: weights differ after step {step}");
+        for slot in cached.optimizer().map(|o| o.state_slots(dim)).unwrap_or_default() {
+            let (mut a, mut b) = (vec![0f32; rows * slot.cols], vec![0f32; rows * slot.cols]);
+            cached.gather_state(slot.name, &all, &mut a)?;
+            plain.gather_state(slot.name, &all, &mut b)?;
+            ensure!(a == b, "{case}: state {} differs after step {step}", slot.name);
+        }
+    }
+    let s = cached.device_cache_stats().context("the embedding has its device cache")?;
+    ensure!(s.lookups > 0 && s.hits > 0 && s.fills > 0 && s.writebacks > 0, "{case}: implausible statistics {s:?}");
+    if me == 0 {
+        println!("case {case}: lookups {} hits {} fills {} evictions {} writebacks {}", s.lookups, s.hits, s.fills, s.evictions, s.writebacks);
+    }
+    cached.free()?;
+    plain.free()?;
+    Ok(())
+}
+
+fn device(world: &Comm) -> Result<()> {
+    if let Err(why) = wholemem::device::status() {
+        for ty in [MemoryType::Distributed, MemoryType::Chunked] {
+            wm_tests::skip(world.as_ref(), ty, Location::Device, &format!("device cache of host {ty} rows"), &why).map_err(anyhow::Error::msg)?;
+        }
+        return Ok(());
+    }
+    for ty in MemoryType::ALL {
+        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+            println!("skip host {ty}: {reason}");
+            continue;
+        }
+        device_case::<f32>(world, ty, 0.1)?;
+        device_case::<bf16>(world, ty, 1.0)?;
+    }
     Ok(())
 }
