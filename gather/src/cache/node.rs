@@ -329,15 +329,9 @@ impl NodeCache {
                 }
             }
         }
-        let copied = match (&self.data, hit_slots.is_empty()) {
-            (_, true) => Ok(()),
-            (Some(data), false) => mapped::gather_to(data, &self.cached_layout()?, conv, &hit_slots, &hit_at, out),
-            (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
-        };
-        let copied = copied.and_then(|()| mapped::gather_own_to(mem, &self.layout, conv, &own_rows, &own_at, out));
-
         // 2. Everything else through the table's gather, in its own type,
-        //    each row once however often it was asked.
+        //    each row once however often it was asked — while another
+        //    thread copies the hits and this rank's own rows into place.
         pending.sort_unstable();
         let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
         let mut from = Vec::with_capacity(pending.len());
@@ -348,15 +342,30 @@ impl NodeCache {
             from.push(fetch.len() - 1);
         }
         let places: Vec<usize> = pending.iter().map(|p| p.1).collect();
-        let rb = self.layout.bytes();
-        let same = RowConv::new(self.layout.dtype(), self.layout.dtype(), self.layout.cols())?;
+        let (layout, cached_layout) = (self.layout, self.cached_layout()?);
+        let rb = layout.bytes();
+        let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
         let mut fetched = std::mem::take(&mut self.scratch);
         fetched.resize(fetch.len() * rb, 0);
-        let result = crate::gather_collective(mem, &self.layout, copied.map(|()| same), Ids::I64(&fetch), &mut fetched);
+        let data = self.data.as_ref();
+        let (copied, result) = std::thread::scope(|s| {
+            let copier = s.spawn(|| -> Result<()> {
+                match (data, hit_slots.is_empty()) {
+                    (_, true) => {}
+                    (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out)?,
+                    (None, false) => return Err(Error::InvalidArgument("a hit in a cache without rows".into())),
+                }
+                mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out)
+            });
+            let result = crate::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched);
+            let copied = copier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (copied, result)
+        });
         let result = result.and_then(|()| {
             self.stats.lookups += accesses.len() as u64;
             self.stats.hits += hit_slots.len() as u64;
-            let placed = kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument);
+            let placed = copied
+                .and_then(|()| kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument));
             // 3. Count, decide, fill. The rows fetched are in table order,
             //    so their numbers among the cacheable rows ascend too.
             let missed_at: Vec<(usize, usize)> =
@@ -369,13 +378,19 @@ impl NodeCache {
 
     /// Step 3: counts, the leader's decision, the fills.
     fn update(&mut self, placed: Result<()>, accesses: Vec<u64>, missed_at: &[(usize, usize)], fetched: &[u8]) -> Result<()> {
-        let report = tally(accesses);
         if !self.shared {
+            // This rank is its node's leader: count in place.
             placed?;
-            for &(r, n, _) in &report {
-                self.tags.count(r, n);
+            let mut missed = Vec::new();
+            for &a in &accesses {
+                let r = (a >> 1) as usize;
+                self.tags.count(r, 1);
+                if a & 1 == 1 {
+                    missed.push(r);
+                }
             }
-            let missed: Vec<usize> = report.iter().filter(|m| m.2).map(|m| m.0).collect();
+            missed.sort_unstable();
+            missed.dedup();
             let (fills, evicted) = self.tags.decide(&missed);
             self.stats.evictions += evicted;
             for f in fills {
@@ -390,6 +405,7 @@ impl NodeCache {
             }
             return Ok(());
         }
+        let report = tally(accesses);
         let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
         let agreed = agree(self.comm.as_ref(), outcome);
         if agreed.is_err() {
