@@ -30,6 +30,7 @@ use wm_gather::cache::{CacheStats, NodeCache};
 use wm_gather::{DType, Ids, RowLayout};
 
 use crate::gather::{Baseline, MoveArgs, Op, batch_ids};
+use crate::ids::IdDist;
 use crate::report::{self, CacheFigures, Spread};
 use crate::values;
 
@@ -157,6 +158,31 @@ fn best_static(local: &dyn Communicator, counts: &HashMap<u64, u64>, capacity: u
     Ok((freq.iter().take(capacity).sum(), total))
 }
 
+/// The rows a static cache of `capacity` slots would hold if it knew the
+/// ids' distribution: the remote rows (`remote`) most likely to be asked,
+/// by the distribution's own probabilities — Zipf ranks in order, mapped to
+/// rows as the ids are (for uniform ids every row is as likely: the first
+/// remote rows in table order). A table-sized bitmap.
+fn likeliest(dist: IdDist, rows: usize, capacity: usize, remote: impl Fn(i64) -> bool) -> Vec<bool> {
+    let mut held = vec![false; rows];
+    let mut n = 0;
+    let a = crate::ids::spread(rows as u64);
+    for k in 1..=rows as u64 {
+        if n >= capacity {
+            break;
+        }
+        let row = match dist {
+            IdDist::Zipf(_) => crate::ids::row_of_rank(k, rows as u64, a),
+            IdDist::Uniform => k - 1,
+        };
+        if remote(row as i64) {
+            held[row as usize] = true;
+            n += 1;
+        }
+    }
+    held
+}
+
 /// The cached run, on every rank.
 ///
 /// # Errors
@@ -257,6 +283,10 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
     let cache = path.cache();
     let window = cache.map(|c| c.0.since(&before)).unwrap_or_default();
     let local = world.local();
+    // The static choice by the distribution's own probabilities.
+    let held = likeliest(a.id_dist, rows, cache.map_or(0, |c| c.1), remote);
+    let true_hits: u64 = counts.iter().filter(|(id, _)| held[**id as usize]).map(|(_, c)| c).sum();
+    let true_node = local.allgather_pod(&[true_hits])?.iter().sum::<u64>();
     let node = local.allgather_pod(&[window.lookups, window.hits])?;
     let (node_lookups, node_hits) = node.chunks(2).fold((0, 0), |(l, h), c| (l + c[0], h + c[1]));
     let capacity = cache.map_or(0, |c| c.1);
@@ -279,6 +309,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
         secs_test,
         secs_plain,
         rate(first_seen, counts.values().sum()),
+        rate(true_node, best_total),
     ];
     let all = world.allgather_pod(&mine)?;
     let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
@@ -308,6 +339,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             best_static: Spread::of(&col(4)),
             gap: col(4).iter().zip(col(3)).map(|(b, h)| b - h).fold(f64::MIN, f64::max),
             first_seen: Spread::of(&col(12)),
+            likeliest: Spread::of(&col(13)),
             // Lookups and hits are each rank's, fills and evictions each
             // node's (counted once, at its first rank).
             stats: CacheStats {

@@ -84,6 +84,10 @@ pub struct CacheFigures {
     /// The largest shortfall of a node's hit rate from its best static
     /// choice's.
     pub gap: f64,
+    /// Each node's hit rate of a static cache of the same size holding the
+    /// rows the id distribution makes likeliest (by its probabilities, not
+    /// by what the stream happened to ask), across ranks.
+    pub likeliest: Spread,
     /// Per rank, the fraction of its timed lookups that asked for a row it
     /// had not asked for before in the run: misses no online cache avoids.
     pub first_seen: Spread,
@@ -118,6 +122,7 @@ impl CacheFigures {
                 self.hit_rate.median, self.hit_rate.min, self.hit_rate.max, self.best_static.median, self.gap
             );
             println!("  first asked     {:.3}   (of the timed lookups: rows asked for the first time in the run)", self.first_seen.median);
+            println!("  likeliest rows  {:.3}   (hit rate of a static cache of the likeliest rows by the distribution)", self.likeliest.median);
             let s = &self.stats;
             println!(
                 "  cache           lookups {} hits {} fills {} evictions {} writebacks {}",
@@ -135,7 +140,7 @@ impl CacheFigures {
             "uncached_gbps_per_rank": self.uncached, "uncached_gbps_total": self.uncached_total,
             "speedup": self.speedup, "baseline_gbps": self.baseline, "ratio": self.test.median / self.baseline,
             "hit_rate": self.hit_rate, "best_static_hit_rate": self.best_static, "hit_rate_gap": self.gap,
-            "first_seen": self.first_seen,
+            "first_seen": self.first_seen, "likeliest_static_hit_rate": self.likeliest,
             "lookups": s.lookups, "hits": s.hits, "fills": s.fills, "evictions": s.evictions, "writebacks": s.writebacks,
         });
         if let (Some(o), serde_json::Value::Object(f)) = (j.as_object_mut(), fields) {
