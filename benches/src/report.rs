@@ -122,7 +122,10 @@ impl CacheFigures {
                 self.hit_rate.median, self.hit_rate.min, self.hit_rate.max, self.best_static.median, self.gap
             );
             println!("  first asked     {:.3}   (of the timed lookups: rows asked for the first time in the run)", self.first_seen.median);
-            println!("  likeliest rows  {:.3}   (hit rate of a static cache of the likeliest rows by the distribution)", self.likeliest.median);
+            println!(
+                "  likeliest rows  {:.3}   (hit rate of a static cache of the likeliest rows by the distribution)",
+                self.likeliest.median
+            );
             let s = &self.stats;
             println!(
                 "  cache           lookups {} hits {} fills {} evictions {} writebacks {}",

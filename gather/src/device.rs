@@ -499,7 +499,14 @@ fn slot_ids(mem: &WholeMemory, slots: &[usize]) -> Result<DeviceBuffer> {
 /// # Errors
 /// [`Error::InvalidArgument`] for a slot past the rows or a wrongly sized
 /// `out`; the driver's errors.
-pub(crate) fn read_slots(mem: &WholeMemory, buf: &DeviceBuffer, rows: SlotRows, layout: &RowLayout, slots: &[usize], out: &mut [u8]) -> Result<()> {
+pub(crate) fn read_slots(
+    mem: &WholeMemory,
+    buf: &DeviceBuffer,
+    rows: SlotRows,
+    layout: &RowLayout,
+    slots: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
     let rb = layout.bytes();
     if out.len() != slots.len() * rb {
         return Err(Error::InvalidArgument(format!("{} bytes for {} slot rows of {rb} bytes", out.len(), slots.len())));
@@ -540,7 +547,14 @@ pub(crate) fn read_slots(mem: &WholeMemory, buf: &DeviceBuffer, rows: SlotRows, 
 ///
 /// # Errors
 /// As [`read_slots`]; [`Error::InvalidArgument`] for a repeated slot.
-pub(crate) fn write_slots(mem: &WholeMemory, buf: &mut DeviceBuffer, rows: SlotRows, layout: &RowLayout, slots: &[usize], src: &[u8]) -> Result<()> {
+pub(crate) fn write_slots(
+    mem: &WholeMemory,
+    buf: &mut DeviceBuffer,
+    rows: SlotRows,
+    layout: &RowLayout,
+    slots: &[usize],
+    src: &[u8],
+) -> Result<()> {
     let rb = layout.bytes();
     if src.len() != slots.len() * rb {
         return Err(Error::InvalidArgument(format!("{} bytes for {} slot rows of {rb} bytes", src.len(), slots.len())));

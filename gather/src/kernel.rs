@@ -271,7 +271,14 @@ pub(crate) fn distinct_below(positions: &[usize], out_rows: usize) -> bool {
 /// A message naming the sizes when `src` is not whole rows of `conv`'s
 /// source type, an index is past them, or the positions are not distinct
 /// rows of `out`.
-pub(crate) fn place_rows(src: &[u8], conv: RowConv, from: &[usize], positions: &[usize], out: &mut [u8], threads: usize) -> Result<(), String> {
+pub(crate) fn place_rows(
+    src: &[u8],
+    conv: RowConv,
+    from: &[usize],
+    positions: &[usize],
+    out: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
     let (sb, db) = (conv.src_bytes(), conv.dst_bytes());
     if sb == 0 || src.len() % sb != 0 || from.len() != positions.len() {
         return Err(format!("{} bytes of rows of {sb} bytes for {} rows to {} places", src.len(), from.len(), positions.len()));

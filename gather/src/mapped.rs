@@ -76,7 +76,14 @@ pub(crate) fn gather(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: 
 /// [`Error::InvalidArgument`] naming the values when the table is not
 /// mapped here, a row is out of range, the layout does not fit the rows,
 /// or the positions are not distinct rows of `out`.
-pub(crate) fn gather_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], positions: &[usize], out: &mut [u8]) -> Result<()> {
+pub(crate) fn gather_to(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    conv: RowConv,
+    rows: &[usize],
+    positions: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
     layout.check_fits(mem.granularity())?;
     if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
         return Err(Error::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows())));
@@ -91,7 +98,11 @@ pub(crate) fn gather_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ro
         )));
     }
     if conv.src_bytes() != layout.bytes() {
-        return Err(Error::InvalidArgument(format!("a conversion of {} bytes per row for a layout of {}", conv.src_bytes(), layout.bytes())));
+        return Err(Error::InvalidArgument(format!(
+            "a conversion of {} bytes per row for a layout of {}",
+            conv.src_bytes(),
+            layout.bytes()
+        )));
     }
     let src = MappedRows::new(mem, layout)?;
     // SAFETY: every row is below the row count and mapped on this rank
@@ -123,7 +134,14 @@ impl RowAddr for OwnRows {
 /// [`Error::InvalidArgument`] naming the values for device memory, a row
 /// this rank does not own, a layout that does not fit, or positions that
 /// are not distinct rows of `out`.
-pub(crate) fn gather_own_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], positions: &[usize], out: &mut [u8]) -> Result<()> {
+pub(crate) fn gather_own_to(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    conv: RowConv,
+    rows: &[usize],
+    positions: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
     layout.check_fits(mem.granularity())?;
     let me = mem.comm().rank();
     let count = mem.local_rows().len();
@@ -140,12 +158,19 @@ pub(crate) fn gather_own_to(mem: &WholeMemory, layout: &RowLayout, conv: RowConv
         )));
     }
     if conv.src_bytes() != layout.bytes() {
-        return Err(Error::InvalidArgument(format!("a conversion of {} bytes per row for a layout of {}", conv.src_bytes(), layout.bytes())));
+        return Err(Error::InvalidArgument(format!(
+            "a conversion of {} bytes per row for a layout of {}",
+            conv.src_bytes(),
+            layout.bytes()
+        )));
     }
     let base = match (mem.location(), mem.rank_ptr(me)) {
         (wholemem::Location::Host, Some(p)) => p,
         _ => {
-            return Err(Error::InvalidArgument(format!("rank {} does not map its own rows of this table in host memory", mem.comm().world_rank())));
+            return Err(Error::InvalidArgument(format!(
+                "rank {} does not map its own rows of this table in host memory",
+                mem.comm().world_rank()
+            )));
         }
     };
     let src = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
@@ -179,7 +204,10 @@ pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usi
     let base = match (mem.location(), mem.rank_ptr(me)) {
         (wholemem::Location::Host, Some(p)) => p,
         _ => {
-            return Err(Error::InvalidArgument(format!("rank {} does not map its own rows of this table in host memory", mem.comm().world_rank())));
+            return Err(Error::InvalidArgument(format!(
+                "rank {} does not map its own rows of this table in host memory",
+                mem.comm().world_rank()
+            )));
         }
     };
     let conv = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;

@@ -119,7 +119,14 @@ impl DeviceCache {
             Ok((main, side))
         });
         let (main, side) = agree(mem.comm().as_ref(), made)?;
-        Ok(Self { own, tags: Tags::new(placement, mem.local_rows().len(), true), main, side, dirty: vec![false; slots], stats: CacheStats::default() })
+        Ok(Self {
+            own,
+            tags: Tags::new(placement, mem.local_rows().len(), true),
+            main,
+            side,
+            dirty: vec![false; slots],
+            stats: CacheStats::default(),
+        })
     }
 
     /// Rows this rank's cache can hold.

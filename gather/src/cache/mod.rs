@@ -78,9 +78,7 @@ pub fn check_ratio(ratio: f64) -> Result<()> {
     if ratio.is_finite() && ratio > 0.0 && ratio <= 1.0 {
         return Ok(());
     }
-    Err(Error::InvalidArgument(format!(
-        "cache ratio {ratio}: a cache holds a fraction of the table's rows, greater than 0 and at most 1"
-    )))
+    Err(Error::InvalidArgument(format!("cache ratio {ratio}: a cache holds a fraction of the table's rows, greater than 0 and at most 1")))
 }
 
 /// Slots for `ratio` of `rows` rows, rounded up (`ratio` checked).

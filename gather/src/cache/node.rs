@@ -364,8 +364,9 @@ impl NodeCache {
         let result = result.and_then(|()| {
             self.stats.lookups += accesses.len() as u64;
             self.stats.hits += hit_slots.len() as u64;
-            let placed = copied
-                .and_then(|()| kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument));
+            let placed = copied.and_then(|()| {
+                kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument)
+            });
             // 3. Count, decide, fill. The rows fetched are in table order,
             //    so their numbers among the cacheable rows ascend too.
             let missed_at: Vec<(usize, usize)> =
@@ -424,9 +425,9 @@ impl NodeCache {
     /// names) into slot `f.slot`.
     fn fill(&mut self, f: Fill, missed_at: &[(usize, usize)], fetched: &[u8]) -> Result<()> {
         let rb = self.layout.bytes();
-        let k = missed_at
-            .binary_search_by_key(&f.row, |m| m.0)
-            .map_err(|_| Error::InvalidArgument(format!("a fill of row {} of the node's remote rows, which this rank did not fetch", f.row)))?;
+        let k = missed_at.binary_search_by_key(&f.row, |m| m.0).map_err(|_| {
+            Error::InvalidArgument(format!("a fill of row {} of the node's remote rows, which this rank did not fetch", f.row))
+        })?;
         let data = self.data.as_mut().ok_or_else(|| Error::InvalidArgument("a fill of a cache without rows".into()))?;
         data.write_rows(f.slot, &fetched[missed_at[k].1 * rb..][..rb])?;
         Ok(())

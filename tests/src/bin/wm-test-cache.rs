@@ -157,7 +157,9 @@ fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: O
         let mut plain = vec![0u8; cached.len()];
         wm_gather::gather(&mem, &layout, id_arg(), &mut plain, out_dt)?;
         if cached != plain {
-            let k = (0..ids.len()).find(|&k| cached[k * width * out_dt.size()..][..width * out_dt.size()] != plain[k * width * out_dt.size()..][..width * out_dt.size()]);
+            let k = (0..ids.len()).find(|&k| {
+                cached[k * width * out_dt.size()..][..width * out_dt.size()] != plain[k * width * out_dt.size()..][..width * out_dt.size()]
+            });
             bail!("{case}, round {round}: the cached gather differs from the uncached one first at id {:?}", k.map(|k| ids[k]));
         }
         let got = decode(out_dt, &cached);
@@ -414,7 +416,11 @@ fn bad_ratio(world: &Comm) -> Result<()> {
     // A bad id in a cached gather fails on every rank, naming it.
     let bad_ids: Vec<i64> = if me == 0 { vec![1, rows as i64 + 3] } else { vec![2] };
     let mut out = vec![0u8; bad_ids.len() * cols * 4];
-    expect_err(cache.gather(&mem, Ids::I64(&bad_ids), &mut out, DType::F32), &[&format!("id {}", rows + 3)], "a bad id in a cached gather")?;
+    expect_err(
+        cache.gather(&mem, Ids::I64(&bad_ids), &mut out, DType::F32),
+        &[&format!("id {}", rows + 3)],
+        "a bad id in a cached gather",
+    )?;
     let mut out = vec![0u8; ids.len() * cols * 4];
     cache.gather(&mem, Ids::I64(&ids), &mut out, DType::F32)?;
     expect_err(cache.invalidate(Ids::I64(&bad_ids)), &[&format!("id {}", rows + 3)], "a bad id to invalidate")?;
@@ -481,7 +487,10 @@ fn device_case<T: EmbeddingElement + FromF64>(world: &Comm, ty: MemoryType, rati
     let s = cached.device_cache_stats().context("the embedding has its device cache")?;
     ensure!(s.lookups > 0 && s.hits > 0 && s.fills > 0 && s.writebacks > 0, "{case}: implausible statistics {s:?}");
     if me == 0 {
-        println!("case {case}: lookups {} hits {} fills {} evictions {} writebacks {}", s.lookups, s.hits, s.fills, s.evictions, s.writebacks);
+        println!(
+            "case {case}: lookups {} hits {} fills {} evictions {} writebacks {}",
+            s.lookups, s.hits, s.fills, s.evictions, s.writebacks
+        );
     }
     cached.free()?;
     plain.free()?;
@@ -491,7 +500,8 @@ fn device_case<T: EmbeddingElement + FromF64>(world: &Comm, ty: MemoryType, rati
 fn device(world: &Comm) -> Result<()> {
     if let Err(why) = wholemem::device::status() {
         for ty in [MemoryType::Distributed, MemoryType::Chunked] {
-            wm_tests::skip(world.as_ref(), ty, Location::Device, &format!("device cache of host {ty} rows"), &why).map_err(anyhow::Error::msg)?;
+            wm_tests::skip(world.as_ref(), ty, Location::Device, &format!("device cache of host {ty} rows"), &why)
+                .map_err(anyhow::Error::msg)?;
         }
         return Ok(());
     }
