@@ -378,3 +378,31 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
     }
     Ok(if verified { 0 } else { 3 })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_likeliest_rows_are_the_first_zipf_ranks_that_are_remote() {
+        let rows = 1000;
+        let a = crate::ids::spread(rows as u64);
+        // Rows below 500 are this node's.
+        let remote = |id: i64| id >= 500;
+        let held = likeliest(IdDist::Zipf(1.1), rows, 10, remote);
+        assert_eq!(held.iter().filter(|&&h| h).count(), 10);
+        let mut want = Vec::new();
+        for k in 1..=rows as u64 {
+            let r = crate::ids::row_of_rank(k, rows as u64, a) as usize;
+            if r >= 500 && want.len() < 10 {
+                want.push(r);
+            }
+        }
+        assert!(want.iter().all(|&r| held[r]), "{want:?}");
+        // Uniform: every row as likely, the first remote rows in order.
+        let held = likeliest(IdDist::Uniform, rows, 3, remote);
+        assert_eq!(held.iter().enumerate().filter(|(_, h)| **h).map(|(r, _)| r).collect::<Vec<_>>(), vec![500, 501, 502]);
+        // More slots than remote rows: all of them.
+        assert_eq!(likeliest(IdDist::Uniform, rows, 5000, remote).iter().filter(|&&h| h).count(), 500);
+    }
+}
