@@ -5,11 +5,12 @@
 //! the gather it replaces):
 //!
 //! 1. **Look up.** Each id of a row another node owns is looked up in this
-//!    rank's copy of the tags (identical on every rank of the node); hits
-//!    are copied from the shared rows into the output.
-//! 2. **Fetch.** Every other id (misses, and rows this node owns) goes
-//!    through the table's own collective gather, in the table's element
-//!    type; the rows are converted into place.
+//!    rank's copy of the tags (identical on every rank of the node).
+//! 2. **Fetch.** Every other id (misses, and rows of the node's other
+//!    ranks) goes through the table's own collective gather, each distinct
+//!    row once, in the table's element type, and is converted into place;
+//!    meanwhile a second thread copies the hits (from the shared rows) and
+//!    this rank's own rows into the output.
 //! 3. **Update.** The node's leader (its lowest rank) counts every access
 //!    of every rank of the node and decides which missed rows enter which
 //!    slots ([`Tags::decide`](super::policy::Tags::decide)); a rank that
