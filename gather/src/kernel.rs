@@ -219,6 +219,12 @@ fn prefetch(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
+/// Asks for the cache lines of `v` ahead of reading it (a hint).
+#[inline(always)]
+pub(crate) fn prefetch_slice<T>(v: &[T]) {
+    prefetch(v.as_ptr().cast(), std::mem::size_of_val(v));
+}
+
 /// Copies `rows[i]` of the source into output row `i` — or output row
 /// `to[i]` when `to` is given — for every `i`, split over `threads`.
 ///

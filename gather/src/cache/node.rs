@@ -297,25 +297,32 @@ impl NodeCache {
             Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out),
         };
 
-        // 1. Look up every id of a row another node owns; this rank's own
-        //    host rows are read in place, every other id is fetched.
+        // 1. Look up every id of a row another node owns (a few ids ahead,
+        //    the tags they will read are asked for); this rank's own host
+        //    rows are read in place, every other id is fetched.
         let rows = ids.to_rows();
         let own = mem.local_rows();
         let own_host = mem.location() == Location::Host;
+        let cacheable: Vec<Option<usize>> =
+            rows.iter().map(|&row| if own_host && own.contains(&row) { None } else { self.space.index(row) }).collect();
         let (mut hit_slots, mut hit_at) = (Vec::new(), Vec::new());
         let (mut own_rows, mut own_at) = (Vec::new(), Vec::new());
         // (row, position) of every id fetched.
         let mut pending: Vec<(usize, usize)> = Vec::with_capacity(rows.len());
         // Each access as (cacheable row << 1) | missed.
         let mut accesses: Vec<u64> = Vec::with_capacity(rows.len());
+        const AHEAD: usize = 8;
         for (i, &row) in rows.iter().enumerate() {
-            if own_host && own.contains(&row) {
-                own_rows.push(row - own.start);
-                own_at.push(i);
-                continue;
+            if let Some(Some(ahead)) = cacheable.get(i + AHEAD) {
+                self.tags.prefetch(*ahead);
             }
-            let Some(r) = self.space.index(row) else {
-                pending.push((row, i));
+            let Some(r) = cacheable[i] else {
+                if own_host && own.contains(&row) {
+                    own_rows.push(row - own.start);
+                    own_at.push(i);
+                } else {
+                    pending.push((row, i));
+                }
                 continue;
             };
             match self.tags.lookup(r) {
@@ -330,9 +337,11 @@ impl NodeCache {
                 }
             }
         }
+
         // 2. Everything else through the table's gather, in its own type,
-        //    each row once however often it was asked — while another
-        //    thread copies the hits and this rank's own rows into place.
+        //    each row once however often it was asked. Meanwhile another
+        //    thread copies the hits and this rank's own rows into place and,
+        //    on a node of one rank, counts and decides what enters.
         pending.sort_unstable();
         let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
         let mut from = Vec::with_capacity(pending.len());
@@ -348,19 +357,23 @@ impl NodeCache {
         let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
         let mut fetched = std::mem::take(&mut self.scratch);
         fetched.resize(fetch.len() * rb, 0);
-        let data = self.data.as_ref();
-        let (copied, result) = std::thread::scope(|s| {
-            let copier = s.spawn(|| -> Result<()> {
-                match (data, hit_slots.is_empty()) {
-                    (_, true) => {}
-                    (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out)?,
-                    (None, false) => return Err(Error::InvalidArgument("a hit in a cache without rows".into())),
-                }
-                mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out)
+        let (data, tags, alone) = (self.data.as_ref(), &mut self.tags, !self.shared);
+        let (copied, result, decided) = std::thread::scope(|s| {
+            let copier = s.spawn(|| {
+                let copied = match (data, hit_slots.is_empty()) {
+                    (_, true) => Ok(()),
+                    (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out),
+                    (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
+                };
+                let copied = copied.and_then(|()| mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out));
+                // The decision may evict a row just hit: its slot is
+                // refilled only after this thread is done reading it.
+                let decided = alone.then(|| decide_alone(tags, &accesses));
+                (copied, decided)
             });
             let result = crate::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched);
-            let copied = copier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (copied, result)
+            let (copied, decided) = copier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (copied, result, decided)
         });
         let result = result.and_then(|()| {
             self.stats.lookups += accesses.len() as u64;
@@ -368,53 +381,51 @@ impl NodeCache {
             let placed = copied.and_then(|()| {
                 kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument)
             });
-            // 3. Count, decide, fill. The rows fetched are in table order,
-            //    so their numbers among the cacheable rows ascend too.
+            // 3. Fill (and, where nodes have several ranks, count and
+            //    decide first). The rows fetched are in table order, so
+            //    their numbers among the cacheable rows ascend too.
             let missed_at: Vec<(usize, usize)> =
                 fetch.iter().enumerate().filter_map(|(k, &row)| self.space.index(row as usize).map(|r| (r, k))).collect();
-            self.update(placed, accesses, &missed_at, &fetched)
+            match decided {
+                Some((fills, evicted)) => placed.map(|()| self.fill_alone(&fills, evicted, &missed_at, &fetched)),
+                None => self.update_shared_and_agree(placed, accesses, &missed_at, &fetched),
+            }
         });
+        if result.is_err() {
+            // A decision may be in the tags without its fills: hold nothing.
+            self.tags.clear();
+        }
         self.scratch = fetched;
         result
     }
 
-    /// Step 3: counts, the leader's decision, the fills.
-    fn update(&mut self, placed: Result<()>, accesses: Vec<u64>, missed_at: &[(usize, usize)], fetched: &[u8]) -> Result<()> {
-        if !self.shared {
-            // This rank is its node's leader: count in place.
-            placed?;
-            let mut missed = Vec::new();
-            for &a in &accesses {
-                let r = (a >> 1) as usize;
-                self.tags.count(r, 1);
-                if a & 1 == 1 {
-                    missed.push(r);
-                }
+    /// Step 3 on a node of one rank: copies the decided rows into their
+    /// slots. A fill that fails leaves its slot empty (a later miss, never
+    /// a wrong row: the gather itself is complete).
+    fn fill_alone(&mut self, fills: &[Fill], evicted: u64, missed_at: &[(usize, usize)], fetched: &[u8]) {
+        self.stats.evictions += evicted;
+        for &f in fills {
+            if self.fill(f, missed_at, fetched).is_ok() {
+                self.stats.fills += 1;
+            } else {
+                self.tags.invalidate(f.row);
             }
-            missed.sort_unstable();
-            missed.dedup();
-            let (fills, evicted) = self.tags.decide(&missed);
-            self.stats.evictions += evicted;
-            for f in fills {
-                if self.fill(f, missed_at, fetched).is_ok() {
-                    self.stats.fills += 1;
-                } else {
-                    // The slot holds nothing rather than something wrong: a
-                    // fill that failed costs a later hit, never a wrong row
-                    // (the gather itself is complete).
-                    self.tags.invalidate(f.row);
-                }
-            }
-            return Ok(());
         }
+    }
+
+    /// Step 3 where some node has several ranks: the leader hears every
+    /// rank's accesses and decides, fillers fill, and one agreement over
+    /// the table's ranks ends the call.
+    fn update_shared_and_agree(
+        &mut self,
+        placed: Result<()>,
+        accesses: Vec<u64>,
+        missed_at: &[(usize, usize)],
+        fetched: &[u8],
+    ) -> Result<()> {
         let report = tally(accesses);
         let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
-        let agreed = agree(self.comm.as_ref(), outcome);
-        if agreed.is_err() {
-            // Some fill may be missing somewhere: hold nothing.
-            self.tags.clear();
-        }
-        agreed
+        agree(self.comm.as_ref(), outcome)
     }
 
     /// The layout of the cache's own rows: the cached elements, from 0.
@@ -644,6 +655,22 @@ impl NodeCache {
         }
         Ok(())
     }
+}
+
+/// On a node of one rank, this rank is the leader: counts its accesses in
+/// place and decides which missed rows enter which slots.
+fn decide_alone(tags: &mut Tags, accesses: &[u64]) -> (Vec<Fill>, u64) {
+    let mut missed = Vec::new();
+    for &a in accesses {
+        let r = (a >> 1) as usize;
+        tags.count(r, 1);
+        if a & 1 == 1 {
+            missed.push(r);
+        }
+    }
+    missed.sort_unstable();
+    missed.dedup();
+    tags.decide(&missed)
 }
 
 /// Distinct accesses with their number and whether they missed, in row

@@ -56,15 +56,39 @@ impl Placement {
     }
 }
 
-/// The set of row `r` among `sets`: a 64-bit mix of the number, reduced by
-/// a multiply (no modulo bias worth naming, no division).
+/// A 64-bit mix of row number `r` (splitmix64's finaliser).
 #[inline]
-fn set_of(r: usize, sets: usize) -> usize {
+fn mix(r: usize) -> u64 {
     let mut z = (r as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^= z >> 31;
-    ((u128::from(z) * sets as u128) >> 64) as usize
+    z ^ (z >> 31)
+}
+
+/// The set of row `r` among `sets`: its mix reduced by a multiply (the
+/// high bits; no modulo bias worth naming, no division).
+#[inline]
+fn set_of(r: usize, sets: usize) -> usize {
+    ((u128::from(mix(r)) * sets as u128) >> 64) as usize
+}
+
+/// One byte of row `r`'s mix (its low bits, which the set does not use):
+/// a lookup compares these first, 32 ways in one cache line, and reads a
+/// tag only where the byte matches.
+#[inline]
+fn fingerprint(r: usize) -> u8 {
+    mix(r) as u8
+}
+
+/// The ways among 8 fingerprint bytes (`word`, little-endian) equal to
+/// `fp`: bit 7 of each matching byte set (the classic zero-byte test on
+/// `word ^ fp…fp`; a byte above a true match may show a false one, which
+/// the tag check discards).
+#[inline]
+fn matches(word: u64, fp: u8) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let x = word ^ (ONES * u64::from(fp));
+    x.wrapping_sub(ONES) & !x & (ONES << 7)
 }
 
 /// A change the leader decided: `slot` now holds `row`.
@@ -85,6 +109,8 @@ pub(crate) struct Tags {
     placement: Placement,
     rows: usize,
     tags: Vec<u64>,
+    /// [`fingerprint`] of each slot's row (set-associative caches).
+    fps: Vec<u8>,
     /// Accesses per row (set-associative caches, on the leader).
     counts: Option<Vec<u32>>,
 }
@@ -97,7 +123,12 @@ impl Tags {
             Placement::Sets { .. } if leader => Some(vec![0u32; rows]),
             _ => None,
         };
-        Self { placement, rows, tags: vec![EMPTY; placement.slots(rows)], counts }
+        let slots = placement.slots(rows);
+        let fps = match placement {
+            Placement::Direct => Vec::new(),
+            Placement::Sets { .. } => vec![0; slots],
+        };
+        Self { placement, rows, tags: vec![EMPTY; slots], fps, counts }
     }
 
     /// Slots in the cache.
@@ -112,7 +143,18 @@ impl Tags {
             Placement::Direct => (self.tags[r] == r as u64).then_some(r),
             Placement::Sets { sets } => {
                 let first = set_of(r, sets) * WAYS;
-                self.tags[first..first + WAYS].iter().position(|&t| t == r as u64).map(|w| first + w)
+                let fp = fingerprint(r);
+                for (c, chunk) in self.fps[first..first + WAYS].chunks_exact(8).enumerate() {
+                    let mut m = matches(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])), fp);
+                    while m != 0 {
+                        let slot = first + c * 8 + m.trailing_zeros() as usize / 8;
+                        if self.tags[slot] == r as u64 {
+                            return Some(slot);
+                        }
+                        m &= m - 1;
+                    }
+                }
+                None
             }
         }
     }
@@ -121,6 +163,20 @@ impl Tags {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn row_at(&self, slot: usize) -> Option<usize> {
         self.tags.get(slot).copied().filter(|&t| t != EMPTY).map(|t| t as usize)
+    }
+
+    /// Asks for the memory [`lookup`](Self::lookup) of row `r` will read
+    /// (a hint: lookups of random rows wait on memory, so a caller asks a
+    /// few rows ahead).
+    #[inline]
+    pub(crate) fn prefetch(&self, r: usize) {
+        match self.placement {
+            Placement::Direct => crate::kernel::prefetch_slice(&self.tags[r..=r]),
+            Placement::Sets { sets } => {
+                let first = set_of(r, sets) * WAYS;
+                crate::kernel::prefetch_slice(&self.fps[first..first + WAYS]);
+            }
+        }
     }
 
     /// Slots holding rows, now.
@@ -197,7 +253,7 @@ impl Tags {
                             }
                         };
                         if let Some(w) = way {
-                            let before = std::mem::replace(&mut self.tags[first + w], r as u64);
+                            let before = self.set_tag(first + w, r as u64);
                             let evicted = (before != EMPTY).then_some(before as usize);
                             fills.push(Fill { slot: first + w, row: r, evicted });
                         }
@@ -211,7 +267,7 @@ impl Tags {
     /// Applies a fill the leader decided (`slot < slots`, `row < rows`,
     /// checked by the caller); whether it evicted a row.
     pub(crate) fn apply(&mut self, f: Fill) -> bool {
-        let before = std::mem::replace(&mut self.tags[f.slot], f.row as u64);
+        let before = self.set_tag(f.slot, f.row as u64);
         before != EMPTY && before != f.row as u64
     }
 
@@ -230,7 +286,7 @@ impl Tags {
     pub(crate) fn invalidate(&mut self, r: usize) -> bool {
         match self.lookup(r) {
             Some(s) => {
-                self.tags[s] = EMPTY;
+                self.set_tag(s, EMPTY);
                 true
             }
             None => false,
@@ -240,6 +296,15 @@ impl Tags {
     /// Forgets every row (counts stay: a row hot before is hot after).
     pub(crate) fn clear(&mut self) {
         self.tags.fill(EMPTY);
+        self.fps.fill(0);
+    }
+
+    /// Puts `tag` in `slot` (with its fingerprint); the tag it held.
+    fn set_tag(&mut self, slot: usize, tag: u64) -> u64 {
+        if let Some(fp) = self.fps.get_mut(slot) {
+            *fp = if tag == EMPTY { 0 } else { fingerprint(tag as usize) };
+        }
+        std::mem::replace(&mut self.tags[slot], tag)
     }
 }
 
@@ -315,6 +380,31 @@ mod tests {
         assert!(!leader.fits(Fill { slot: 8 * WAYS, row: 1, evicted: None }));
         leader.clear();
         assert_eq!(leader.occupied(), 0);
+    }
+
+    #[test]
+    fn fingerprints_find_every_matching_way_and_only_tags_decide() {
+        // Every byte position, and a match above another match.
+        for pos in 0..8 {
+            let word = u64::from_le_bytes(std::array::from_fn(|i| if i == pos { 0xab } else { 0x11 }));
+            let m = matches(word, 0xab);
+            assert_eq!(m.trailing_zeros() as usize / 8, pos, "{m:#x}");
+        }
+        assert_eq!(matches(u64::from_le_bytes([7; 8]), 7).count_ones(), 8);
+        assert_eq!(matches(u64::from_le_bytes([7; 8]), 8), 0);
+        // Many rows in one set: each is found in its own way, the others not.
+        let mut t = Tags::new(Placement::Sets { sets: 1 }, 10_000, true);
+        let held: Vec<usize> = (0..WAYS).map(|i| i * 313).collect();
+        for &r in &held {
+            t.count(r, 1);
+        }
+        t.decide(&held);
+        for &r in &held {
+            assert_eq!(t.tags[t.lookup(r).expect("held")], r as u64);
+        }
+        assert_eq!((0..10_000).filter(|r| t.lookup(*r).is_some()).count(), WAYS);
+        t.invalidate(held[3]);
+        assert_eq!(t.lookup(held[3]), None);
     }
 
     #[test]
