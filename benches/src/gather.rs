@@ -18,6 +18,7 @@ use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};
 use wm_gather::{DType, Ids, RowLayout};
 
+use crate::ids::IdDist;
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
 use crate::values;
@@ -66,12 +67,24 @@ pub struct MoveArgs {
     /// Timed batches.
     #[arg(long, default_value_t = 20)]
     pub(crate) iters: usize,
-    /// Untimed batches first.
+    /// Untimed batches first (with --cache-ratio or --embedding: through the path under test only, warming its cache).
     #[arg(long, default_value_t = 3)]
     pub(crate) warmup: usize,
     /// Seed of the random ids.
     #[arg(long, default_value_t = 1)]
     pub(crate) seed: u64,
+    /// How ids are drawn: uniform, or zipf:S (row of rank k asked with probability proportional to k^-S; ranks
+    /// spread over the table by a fixed permutation).
+    #[arg(long, default_value = "uniform")]
+    pub(crate) id_dist: IdDist,
+    /// Gather through a node cache of this fraction of the table's rows (distributed and hierarchy tables across
+    /// nodes), and each batch also without it: reports both, the speed-up, the hit rate and the best static choice's.
+    #[arg(long, allow_negative_numbers = true)]
+    pub(crate) cache_ratio: Option<f64>,
+    /// Gather through `wm_embedding::Embedding::gather` (f32, f16 or bf16 tables; f32 output) instead of
+    /// `wm_gather::gather`; with --cache-ratio, the embedding's node cache.
+    #[arg(long)]
+    pub(crate) embedding: bool,
     /// Pages of the baseline's private table: `default` (what plain code gets: on most systems small pages) or
     /// `huge` (transparent huge pages asked for with madvise), to see how much of a ratio is the table's huge pages.
     #[arg(long, value_enum, default_value = "default")]
@@ -106,7 +119,7 @@ pub(crate) enum BaselinePages {
 
 impl MoveArgs {
     /// Whether the gathered rows land in device memory.
-    fn device_out(&self) -> bool {
+    pub(crate) fn device_out(&self) -> bool {
         self.location == Location::Device || self.out_location == Some(Location::Device)
     }
 }
@@ -145,6 +158,10 @@ pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
         !(op == Op::Scatter && a.out_location.is_some_and(|l| l != a.location)),
         "--out-location applies to gather; scatter reads its input from the table's side"
     );
+    if a.cache_ratio.is_some() || a.embedding {
+        ensure!(op == Op::Gather, "--cache-ratio and --embedding apply to gather");
+        crate::cached::check(a)?;
+    }
     if a.device_out() {
         // Say why before starting any rank.
         #[cfg(feature = "cuda")]
@@ -160,29 +177,9 @@ pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
     }
 }
 
-/// A small fast generator (xorshift64*), seeded per rank and batch.
-pub(crate) struct Rng(u64);
-impl Rng {
-    pub(crate) fn new(seed: u64, rank: usize, batch: usize) -> Self {
-        let mut s = seed ^ ((rank as u64) << 40) ^ ((batch as u64) << 20) ^ 0x9E37_79B9_7F4A_7C15;
-        for _ in 0..4 {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-        }
-        Self(s | 1)
-    }
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) % n
-    }
-}
-
-fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
-    let mut rng = Rng::new(a.seed, rank, b);
-    (0..a.batch).map(|_| rng.below(rows as u64) as i64).collect()
+/// Batch `b` of rank `rank`, as `--id-dist` draws it.
+pub(crate) fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
+    crate::ids::batch(a.id_dist, a.seed, rows, a.batch, rank, b)
 }
 
 /// The benchmark proper, on every rank.
@@ -190,6 +187,9 @@ fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
 /// # Errors
 /// An unsupported type or location, a failed move, a lost peer.
 pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
+    if a.cache_ratio.is_some() || a.embedding {
+        return crate::cached::bench(world, a);
+    }
     let (me, n) = (world.rank(), world.size());
     let out_dt = a.out_dtype.unwrap_or(a.dtype);
     let row_bytes = a.dim * a.dtype.size();
@@ -432,7 +432,7 @@ pub(crate) struct Baseline {
 }
 
 impl Baseline {
-    fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
+    pub(crate) fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
         Self::with(op, rows, a.dim, a.dtype, out, a.batch, a.baseline_pages == BaselinePages::Huge)
     }
 

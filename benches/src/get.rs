@@ -23,7 +23,8 @@ use wm_comm::{CommExt, Communicator, Rendezvous};
 use wm_gather::{DType, Ids};
 use wm_onesided::{Method, Options, Profile, Reader, Table};
 
-use crate::gather::{Baseline, BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op, Rng};
+use crate::gather::{Baseline, BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op};
+use crate::ids::Rng;
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
 use crate::values;

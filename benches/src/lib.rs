@@ -1,5 +1,6 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
-//! subcommands, one module each: [`gather`] (gather and scatter), [`get`]
+//! subcommands, one module each: [`gather`] (gather and scatter; its
+//! cached runs in `cached.rs`, its id distributions in [`ids`]), [`get`]
 //! (one-sided reads), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
@@ -8,8 +9,10 @@
 //! parses the command line and dispatches.
 #![forbid(unsafe_code)]
 
+mod cached;
 pub mod gather;
 pub mod get;
+pub mod ids;
 pub mod kernels;
 pub mod load;
 pub mod probe;
@@ -19,6 +22,7 @@ pub mod sample;
 
 pub use ranks::{default_ranks, run_as_ranks, under_launcher};
 pub use report::Spread;
+pub use wm_gather::cache::CacheStats;
 
 /// Element encoding for benchmark tables, written independently of the
 /// library's kernels so that verification checks them.

@@ -52,6 +52,106 @@ impl Speeds {
     }
 }
 
+/// What a cached gather run reports (`wm-bench gather --cache-ratio`):
+/// the path under test beside the uncached gather of the same batches, and
+/// how well the cache did against the best static choice.
+#[derive(Debug, Clone)]
+pub struct CacheFigures {
+    /// `table` (`wm_gather` with a node cache) or `embedding`.
+    pub path: &'static str,
+    /// The cache ratio, if a cache was asked for.
+    pub ratio: Option<f64>,
+    /// Slots of rank 0's node's cache.
+    pub capacity: usize,
+    /// Rows ranks of other nodes own, from rank 0's node.
+    pub remote_rows: usize,
+    /// Per-rank GB/s of the path under test.
+    pub test: Spread,
+    /// All ranks' GB/s of the path under test.
+    pub test_total: f64,
+    /// Per-rank GB/s of the uncached gather of the same batches.
+    pub uncached: Spread,
+    /// All ranks' GB/s of the uncached gather.
+    pub uncached_total: f64,
+    /// Per-rank median of the path under test over the uncached one's.
+    pub speedup: f64,
+    /// The single-threaded baseline, GB/s.
+    pub baseline: f64,
+    /// Each node's hit rate over the timed batches, across ranks.
+    pub hit_rate: Spread,
+    /// Each node's best static choice's hit rate, across ranks.
+    pub best_static: Spread,
+    /// The largest shortfall of a node's hit rate from its best static
+    /// choice's.
+    pub gap: f64,
+    /// Each node's hit rate of a static cache of the same size holding the
+    /// rows the id distribution makes likeliest (by its probabilities, not
+    /// by what the stream happened to ask), across ranks.
+    pub likeliest: Spread,
+    /// Per rank, the fraction of its timed lookups that asked for a row it
+    /// had not asked for before in the run: misses no online cache avoids.
+    pub first_seen: Spread,
+    /// The caches' statistics since they were created, over all ranks
+    /// (fills and evictions once per node).
+    pub stats: crate::CacheStats,
+}
+
+impl CacheFigures {
+    /// The text report's lines.
+    pub fn print(&self) {
+        let line = |what: &str, s: &Spread, total: f64| {
+            println!("  {what:<15} min {:.2}   median {:.2}   max {:.2}   (all ranks {total:.2})", s.min, s.median, s.max);
+        };
+        match self.ratio {
+            Some(r) => println!(
+                "  node cache      ratio {r}: {} slots per node for {} rows other nodes own ({:.1}%)",
+                self.capacity,
+                self.remote_rows,
+                100.0 * self.capacity as f64 / self.remote_rows.max(1) as f64
+            ),
+            None => println!("  node cache      none"),
+        }
+        line(&format!("{} GB/s", if self.ratio.is_some() { "cached" } else { self.path }), &self.test, self.test_total);
+        line("uncached GB/s", &self.uncached, self.uncached_total);
+        println!("  speed-up        {:.2}   (per-rank median over the uncached gather of the same batches)", self.speedup);
+        println!("  baseline GB/s   {:.2}   (one process, one thread, private table)", self.baseline);
+        println!("  ratio           {:.2}   (per-rank median / baseline)", self.test.median / self.baseline);
+        if self.ratio.is_some() {
+            println!(
+                "  hit rate        {:.3}   (nodes {:.3} to {:.3}; best static choice {:.3}; largest gap {:.3})",
+                self.hit_rate.median, self.hit_rate.min, self.hit_rate.max, self.best_static.median, self.gap
+            );
+            println!("  first asked     {:.3}   (of the timed lookups: rows asked for the first time in the run)", self.first_seen.median);
+            println!(
+                "  likeliest rows  {:.3}   (hit rate of a static cache of the likeliest rows by the distribution)",
+                self.likeliest.median
+            );
+            let s = &self.stats;
+            println!(
+                "  cache           lookups {} hits {} fills {} evictions {} writebacks {}",
+                s.lookups, s.hits, s.fills, s.evictions, s.writebacks
+            );
+        }
+    }
+
+    /// The same figures as fields of a JSON report.
+    pub fn extend_json(&self, j: &mut serde_json::Value) {
+        let s = &self.stats;
+        let fields = serde_json::json!({
+            "path": self.path, "cache_ratio": self.ratio, "cache_slots": self.capacity, "remote_rows": self.remote_rows,
+            "gbps_per_rank": self.test, "gbps_total": self.test_total,
+            "uncached_gbps_per_rank": self.uncached, "uncached_gbps_total": self.uncached_total,
+            "speedup": self.speedup, "baseline_gbps": self.baseline, "ratio": self.test.median / self.baseline,
+            "hit_rate": self.hit_rate, "best_static_hit_rate": self.best_static, "hit_rate_gap": self.gap,
+            "first_seen": self.first_seen, "likeliest_static_hit_rate": self.likeliest,
+            "lookups": s.lookups, "hits": s.hits, "fills": s.fills, "evictions": s.evictions, "writebacks": s.writebacks,
+        });
+        if let (Some(o), serde_json::Value::Object(f)) = (j.as_object_mut(), fields) {
+            o.extend(f);
+        }
+    }
+}
+
 /// The verification line of the text report: `wrong` rows (over all ranks)
 /// differed from what was expected.
 pub fn print_verified(wrong: f64) {

@@ -14,6 +14,10 @@
 //!   type.
 //! - [`Embedding::init`] fills the weights from a seed, the same values
 //!   whatever the rank count.
+//! - [`Embedding::enable_node_cache`] keeps rows other nodes own in a
+//!   cache shared by the ranks of each node (distributed and hierarchy
+//!   tables spanning nodes); gradients, `init` and loans of the table keep
+//!   it coherent. [`CacheStats`] says how well it did.
 //!
 //! ```no_run
 //! use wholemem::{Location, MemoryType};
@@ -34,6 +38,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+mod cache;
 mod error;
 mod init;
 mod optimizer;
@@ -43,3 +48,4 @@ pub use error::{Error, Result};
 pub use init::Init;
 pub use optimizer::{Optimizer, StateSlot};
 pub use table::{Embedding, EmbeddingElement};
+pub use wm_gather::cache::CacheStats;

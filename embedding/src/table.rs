@@ -45,12 +45,14 @@ const FILL_ROWS: usize = 16 * 1024;
 /// supports.
 #[derive(Debug)]
 pub struct Embedding<T: EmbeddingElement> {
-    table: WholeTensor<T>,
-    layout: RowLayout,
+    pub(crate) table: WholeTensor<T>,
+    pub(crate) layout: RowLayout,
     optimizer: Option<Optimizer>,
     /// One row of `optimizer.state_width(dim)` f32 per embedding row, same
     /// partition, memory type and location. `None` for SGD or no optimizer.
-    state: Option<WholeTensor<f32>>,
+    pub(crate) state: Option<WholeTensor<f32>>,
+    /// The node cache of remote rows, if enabled (`cache.rs`).
+    pub(crate) cache: crate::cache::Caches,
 }
 
 /// The ids as row numbers (after the range check).
@@ -175,7 +177,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         } else {
             None
         };
-        let mut emb = Self { table, layout, optimizer, state };
+        let mut emb = Self { table, layout, optimizer, state, cache: crate::cache::Caches::default() };
         emb.reset_state()?;
         Ok(emb)
     }
@@ -208,8 +210,12 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// The weights, writable: to load them, for example with
     /// `wm_gather::scatter_from`. Such writes follow the table's rules
     /// (collective for Distributed and Hierarchy; separate them from reads
-    /// on other ranks with a barrier).
+    /// on other ranks with a barrier). With a node cache, the next
+    /// [`gather`](Self::gather) empties every node's cache first when any
+    /// rank borrowed the table this way (see
+    /// [`enable_node_cache`](Self::enable_node_cache)).
     pub fn table_mut(&mut self) -> &mut WholeTensor<T> {
+        self.cache.lend();
         &mut self.table
     }
 
@@ -243,6 +249,9 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// every rank of a collective call); [`Error::Gather`] for a wrongly
     /// sized buffer or an integer `O`; [`Error::Comm`].
     pub fn gather<O: Element, I: Index>(&self, ids: &[I], out: &mut [O]) -> Result<()> {
+        if self.cache.node_enabled() {
+            return self.gather_cached(I::ids(ids), bytemuck::cast_slice_mut(out), O::DTYPE);
+        }
         wm_gather::gather(self.table.memory(), &self.layout, I::ids(ids), bytemuck::cast_slice_mut(out), O::DTYPE)?;
         Ok(())
     }
@@ -297,6 +306,10 @@ impl<T: EmbeddingElement> Embedding<T> {
             }
         })?;
         comm.barrier()?;
+        // Every row changed: every node's cache empties (collective, as
+        // this call is), and this rank's device cache forgets its rows.
+        self.cache.clear_node()?;
+        self.cache.forget_device();
         Ok(())
     }
 
@@ -306,6 +319,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// # Errors
     /// [`Error::Gather`], [`Error::Comm`].
     pub fn reset_state(&mut self) -> Result<()> {
+        self.cache.forget_device();
         let (Some(opt), Some(state)) = (self.optimizer, self.state.as_mut()) else { return Ok(()) };
         let initial = opt.initial_state(self.layout.cols());
         let layout = RowLayout::of(state)?;
@@ -452,7 +466,12 @@ impl<T: EmbeddingElement> Embedding<T> {
                 show(rate)
             )));
         }
-        agree(comm.as_ref(), problem.map_or(Ok(()), Err), &[])?;
+        // With whether each rank wrote the table by another path since the
+        // last step (a device cache then forgets its rows).
+        let loans = agree(comm.as_ref(), problem.map_or(Ok(()), Err), &[u8::from(self.cache.take_device_loan())])?;
+        if loans.iter().any(|m| m.first() == Some(&1)) {
+            self.cache.forget_device();
+        }
         let (mut all_ids, mut all_grads) = (Vec::new(), Vec::new());
         for (i, g) in received {
             all_ids.extend(i);
@@ -463,25 +482,45 @@ impl<T: EmbeddingElement> Embedding<T> {
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
         // 3. Read, update and write back this rank's touched rows: its own
-        //    rows, so no communication.
+        //    rows, so no communication. Should any of it fail (on every rank
+        //    alike), the next gather empties every node's cache, as after a
+        //    loan of the table.
+        let lent_before = self.cache.lend();
         let mut w = vec![0f32; own.len() * dim];
-        wm_gather::gather_owned(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
         let width = opt.state_width(dim);
         let mut s = vec![0f32; own.len() * width];
-        if let Some(state) = &self.state {
-            let layout = RowLayout::of(state)?;
-            wm_gather::gather_owned(state.memory(), &layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut s), DType::F32)?;
+        let device = self.cache.device_enabled();
+        if device {
+            // Through this rank's device cache (its own rows only).
+            self.read_own_cached(&own, &mut w, &mut s)?;
+        } else {
+            wm_gather::gather_owned(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
+            if let Some(state) = &self.state {
+                let layout = RowLayout::of(state)?;
+                wm_gather::gather_owned(state.memory(), &layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut s), DType::F32)?;
+            }
         }
         for (i, g) in sums.chunks_exact(dim).enumerate() {
             opt.update_row(lr, &mut w[i * dim..(i + 1) * dim], &mut s[i * width..(i + 1) * width], g);
         }
-        wm_gather::scatter_owned(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
-        if let Some(state) = &mut self.state {
-            let layout = RowLayout::of(state)?;
-            wm_gather::scatter_owned(state.memory_mut(), &layout, Ids::I64(&own), bytemuck::cast_slice(&s), DType::F32)?;
+        if device {
+            // Dirty on the GPU, then home before any other path reads them.
+            self.write_own_cached(&own, &w, &s)?;
+        } else {
+            wm_gather::scatter_owned(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
+            if let Some(state) = &mut self.state {
+                let layout = RowLayout::of(state)?;
+                wm_gather::scatter_owned(state.memory_mut(), &layout, Ids::I64(&own), bytemuck::cast_slice(&s), DType::F32)?;
+            }
         }
         if self.table.memory().memory_type().is_mapped() {
             comm.barrier()?;
+        }
+        // Every node's cache drops every rank's updated rows.
+        let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
+        self.cache.invalidate_node(Ids::I64(&changed))?;
+        if !lent_before {
+            self.cache.unlend();
         }
         Ok(())
     }
@@ -491,6 +530,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// # Errors
     /// When a peer is lost or times out.
     pub fn free(self) -> Result<()> {
+        self.cache.free()?;
         if let Some(state) = self.state {
             state.free()?;
         }

@@ -450,6 +450,147 @@ pub(crate) fn scatter_local(mem: &WholeMemory, layout: &RowLayout, conv: RowConv
     launch_scatter(mem, layout, Reach::Own, (d.addr(), IdType::I64, ids.len()), &keep, dev_src.addr(), conv.from())
 }
 
+/// The shape of a device buffer used as a small table by the device
+/// cache: `rows` rows of `stride` bytes from the buffer's start, each
+/// holding a layout's elements from its first byte.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SlotRows {
+    /// Rows it holds.
+    pub(crate) rows: usize,
+    /// Bytes from one row to the next.
+    pub(crate) stride: usize,
+}
+
+impl SlotRows {
+    /// Checks the rows against `buf` and the layout, and `slots` against
+    /// the rows; the device owner table of one "rank" (the buffer).
+    fn table(&self, mem: &WholeMemory, buf: &DeviceBuffer, layout: &RowLayout, slots: &[usize]) -> Result<OwnerTable> {
+        if layout.offset() != 0 || layout.bytes() > self.stride || self.rows.checked_mul(self.stride).is_none_or(|b| b > buf.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "{} slot rows of {} bytes ({} used) in a device buffer of {} bytes",
+                self.rows,
+                self.stride,
+                layout.bytes(),
+                buf.len()
+            )));
+        }
+        if let Some(bad) = slots.iter().find(|&&s| s >= self.rows) {
+            return Err(Error::InvalidArgument(format!("slot {bad} of {} slots", self.rows)));
+        }
+        let mut b = DeviceBuffer::new(mem, 8)?;
+        b.upload(&buf.addr().to_le_bytes())?;
+        let mut f = DeviceBuffer::new(mem, 16)?;
+        f.upload(bytemuck::cast_slice(&[0i64, self.rows as i64]))?;
+        Ok(OwnerTable { bases: b, first_rows: f, ranks: 1 })
+    }
+}
+
+/// Slot numbers as device ids.
+fn slot_ids(mem: &WholeMemory, slots: &[usize]) -> Result<DeviceBuffer> {
+    let ids: Vec<i64> = slots.iter().map(|&s| s as i64).collect();
+    let mut d = DeviceBuffer::new(mem, (ids.len() * 8).max(8))?;
+    d.upload(bytemuck::cast_slice(&ids))?;
+    Ok(d)
+}
+
+/// Copies slot rows `slots` (their `layout` elements, unconverted) into the
+/// dense host buffer `out`, on the GPU of `mem`'s rank.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] for a slot past the rows or a wrongly sized
+/// `out`; the driver's errors.
+pub(crate) fn read_slots(
+    mem: &WholeMemory,
+    buf: &DeviceBuffer,
+    rows: SlotRows,
+    layout: &RowLayout,
+    slots: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
+    let rb = layout.bytes();
+    if out.len() != slots.len() * rb {
+        return Err(Error::InvalidArgument(format!("{} bytes for {} slot rows of {rb} bytes", out.len(), slots.len())));
+    }
+    if slots.is_empty() {
+        return Ok(());
+    }
+    let table = rows.table(mem, buf, layout, slots)?;
+    let ids = slot_ids(mem, slots)?;
+    let dense = DeviceBuffer::new(mem, out.len())?;
+    let args = GatherArgs {
+        bases: table.bases.addr(),
+        first_rows: table.first_rows.addr(),
+        ranks: 1,
+        row_stride_bytes: rows.stride as u64,
+        table_dtype: layout.dtype(),
+        dim: layout.cols() as u32,
+        ids: ids.addr(),
+        id_type: IdType::I64,
+        n_ids: slots.len() as u64,
+        out: dense.addr(),
+        out_stride_bytes: rb as u64,
+        out_dtype: layout.dtype(),
+    };
+    let k = kernels(mem)?;
+    // SAFETY: the owner table holds the slot buffer's address with rows
+    // 0..rows, which the buffer holds (checked); every id is below rows
+    // (checked); `dense` holds one output row per id; the stream is
+    // synchronised before the buffers drop.
+    unsafe { k.gather(&stream(mem)?, &args) }.map_err(|e| Error::Cuda(e.to_string()))?;
+    sync(mem)?;
+    dense.download(out)?;
+    Ok(())
+}
+
+/// Writes the dense host rows `src` (`layout`'s elements, unconverted) into
+/// slot rows `slots` (distinct), on the GPU of `mem`'s rank.
+///
+/// # Errors
+/// As [`read_slots`]; [`Error::InvalidArgument`] for a repeated slot.
+pub(crate) fn write_slots(
+    mem: &WholeMemory,
+    buf: &mut DeviceBuffer,
+    rows: SlotRows,
+    layout: &RowLayout,
+    slots: &[usize],
+    src: &[u8],
+) -> Result<()> {
+    let rb = layout.bytes();
+    if src.len() != slots.len() * rb {
+        return Err(Error::InvalidArgument(format!("{} bytes for {} slot rows of {rb} bytes", src.len(), slots.len())));
+    }
+    if slots.is_empty() {
+        return Ok(());
+    }
+    if !crate::kernel::distinct_below(slots, rows.rows) {
+        return Err(Error::InvalidArgument(format!("{} slots that are not distinct slots of {}", slots.len(), rows.rows)));
+    }
+    let table = rows.table(mem, buf, layout, slots)?;
+    let ids = slot_ids(mem, slots)?;
+    let mut dense = DeviceBuffer::new(mem, src.len())?;
+    dense.upload(src)?;
+    let args = ScatterArgs {
+        bases: table.bases.addr(),
+        first_rows: table.first_rows.addr(),
+        ranks: 1,
+        row_stride_bytes: rows.stride as u64,
+        table_dtype: layout.dtype(),
+        dim: layout.cols() as u32,
+        ids: ids.addr(),
+        id_type: IdType::I64,
+        n_ids: slots.len() as u64,
+        src: dense.addr(),
+        src_stride_bytes: rb as u64,
+        src_dtype: layout.dtype(),
+        keep: 0,
+    };
+    let k = kernels(mem)?;
+    // SAFETY: as in `read_slots`; the slots are distinct (checked), so no
+    // two threads write one row.
+    unsafe { k.scatter(&stream(mem)?, &args) }.map_err(|e| Error::Cuda(e.to_string()))?;
+    sync(mem)
+}
+
 #[cfg(test)]
 mod tests {
     use super::last_occurrences;

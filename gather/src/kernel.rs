@@ -219,6 +219,12 @@ pub(crate) fn prefetch(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
+/// Asks for the cache lines of `v` ahead of reading it (a hint).
+#[inline(always)]
+pub(crate) fn prefetch_slice<T>(v: &[T]) {
+    prefetch(v.as_ptr().cast(), std::mem::size_of_val(v));
+}
+
 /// Copies `rows[i]` of the source into output row `i` — or output row
 /// `to[i]` when `to` is given — for every `i`, split over `threads`.
 ///
@@ -253,6 +259,54 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
             s.spawn(move || run(t * per, chunk));
         }
     });
+}
+
+/// Whether `positions` are distinct rows of an output of `out_rows` rows:
+/// what [`gather_rows`] needs of them to write each output row once.
+pub(crate) fn distinct_below(positions: &[usize], out_rows: usize) -> bool {
+    let mut seen = vec![false; out_rows];
+    positions.iter().all(|&p| p < out_rows && !std::mem::replace(&mut seen[p], true))
+}
+
+/// Copies (converting) row `from[k]` of the dense rows `src` into output
+/// row `positions[k]` for every `k`, split over `threads`: the safe form of
+/// [`gather_rows`] over a buffer, for placing rows that arrived packed (a
+/// row of `src` may go to several places).
+///
+/// # Errors
+/// A message naming the sizes when `src` is not whole rows of `conv`'s
+/// source type, an index is past them, or the positions are not distinct
+/// rows of `out`.
+pub(crate) fn place_rows(
+    src: &[u8],
+    conv: RowConv,
+    from: &[usize],
+    positions: &[usize],
+    out: &mut [u8],
+    threads: usize,
+) -> Result<(), String> {
+    let (sb, db) = (conv.src_bytes(), conv.dst_bytes());
+    if sb == 0 || src.len() % sb != 0 || from.len() != positions.len() {
+        return Err(format!("{} bytes of rows of {sb} bytes for {} rows to {} places", src.len(), from.len(), positions.len()));
+    }
+    if let Some(bad) = from.iter().find(|&&k| k >= src.len() / sb) {
+        return Err(format!("row {bad} of {} packed rows", src.len() / sb));
+    }
+    if db == 0 || out.len() % db != 0 || !distinct_below(positions, out.len() / db) {
+        return Err(format!("{} positions are not distinct rows of an output of {} bytes in rows of {db}", positions.len(), out.len()));
+    }
+    struct Packed(SendPtr, usize);
+    impl RowAddr for Packed {
+        #[inline]
+        fn addr(&self, k: usize) -> *mut u8 {
+            self.0.0.wrapping_add(k * self.1)
+        }
+    }
+    // SAFETY: every row `from[k]` lies inside `src` (checked above) and is
+    // only read; the positions are distinct rows of `out` (checked above),
+    // which is a separate, exclusively borrowed buffer.
+    unsafe { gather_rows(&Packed(SendPtr(src.as_ptr().cast_mut()), sb), from, Some(positions), conv, out, threads) };
+    Ok(())
 }
 
 /// Copies input row `i` into table row `rows[i]` for every `i`, converting;

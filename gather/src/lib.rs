@@ -21,6 +21,7 @@
 //! scatter (for collective types: the highest rank's last occurrence).
 #![deny(unsafe_code)]
 
+pub mod cache;
 #[allow(unsafe_code)]
 mod column;
 #[cfg(feature = "cuda")]
@@ -449,6 +450,24 @@ pub fn gather_into<T: Element, O: Element, I: Index>(t: &wholemem::WholeTensor<T
 pub fn scatter_from<T: Element, S: Element, I: Index>(t: &mut wholemem::WholeTensor<T>, ids: &[I], src: &[S]) -> Result<()> {
     let layout = RowLayout::of(t)?;
     scatter(t.memory_mut(), &layout, I::ids(ids), bytemuck::cast_slice(src), S::DTYPE)
+}
+
+/// The collective gather of distributed and hierarchy memory, with this
+/// rank's checks already made (`checked`: their outcome, which every rank
+/// learns in the first exchange).
+pub(crate) fn gather_collective(
+    mem: &wholemem::WholeMemory,
+    layout: &RowLayout,
+    checked: Result<kernel::RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+) -> Result<()> {
+    match mem.memory_type() {
+        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, checked, ids, out, profile::Clock::start()),
+        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, checked, ids, out, profile::Clock::start()),
+        // Not collective: nothing to tell the other ranks.
+        other => checked.and(Err(Error::InvalidArgument(format!("{other} memory has no collective gather")))),
+    }
 }
 
 /// Checks one rank's arguments; the conversion from table to buffer rows.

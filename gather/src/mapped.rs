@@ -68,6 +68,172 @@ pub(crate) fn gather(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: 
     Ok(())
 }
 
+/// Copies table rows `rows` (converted) into output rows `positions`
+/// (one each) of `out`, through the mapping: the safe entry for a caller
+/// that places rows itself (the node cache's hits).
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the values when the table is not
+/// mapped here, a row is out of range, the layout does not fit the rows,
+/// or the positions are not distinct rows of `out`.
+pub(crate) fn gather_to(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    conv: RowConv,
+    rows: &[usize],
+    positions: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
+    layout.check_fits(mem.granularity())?;
+    if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
+        return Err(Error::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows())));
+    }
+    let db = conv.dst_bytes();
+    if rows.len() != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
+        return Err(Error::InvalidArgument(format!(
+            "{} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
+            rows.len(),
+            positions.len(),
+            out.len()
+        )));
+    }
+    if conv.src_bytes() != layout.bytes() {
+        return Err(Error::InvalidArgument(format!(
+            "a conversion of {} bytes per row for a layout of {}",
+            conv.src_bytes(),
+            layout.bytes()
+        )));
+    }
+    let src = MappedRows::new(mem, layout)?;
+    // SAFETY: every row is below the row count and mapped on this rank
+    // (MappedRows::new checked every rank's rows are), the layout fits in a
+    // row and matches the conversion; the positions are distinct rows of
+    // `out` (all checked above), a buffer apart from the table.
+    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
+    Ok(())
+}
+
+/// This rank's own host rows, numbered from 0 within them.
+struct OwnRows {
+    base: SendPtr,
+    span: RowSpan,
+}
+
+impl RowAddr for OwnRows {
+    #[inline]
+    fn addr(&self, local_row: usize) -> *mut u8 {
+        self.base.0.wrapping_add(self.span.at(local_row))
+    }
+}
+
+/// Copies this rank's own host rows `rows` (numbered from 0 within them,
+/// converted) into output rows `positions` of `out`: for any memory type,
+/// a rank maps its own host rows.
+///
+/// # Errors
+/// [`Error::InvalidArgument`] naming the values for device memory, a row
+/// this rank does not own, a layout that does not fit, or positions that
+/// are not distinct rows of `out`.
+pub(crate) fn gather_own_to(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    conv: RowConv,
+    rows: &[usize],
+    positions: &[usize],
+    out: &mut [u8],
+) -> Result<()> {
+    layout.check_fits(mem.granularity())?;
+    let me = mem.comm().rank();
+    let count = mem.local_rows().len();
+    if let Some(bad) = rows.iter().find(|&&r| r >= count) {
+        return Err(Error::InvalidArgument(format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank())));
+    }
+    let db = conv.dst_bytes();
+    if rows.len() != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
+        return Err(Error::InvalidArgument(format!(
+            "{} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
+            rows.len(),
+            positions.len(),
+            out.len()
+        )));
+    }
+    if conv.src_bytes() != layout.bytes() {
+        return Err(Error::InvalidArgument(format!(
+            "a conversion of {} bytes per row for a layout of {}",
+            conv.src_bytes(),
+            layout.bytes()
+        )));
+    }
+    let base = match (mem.location(), mem.rank_ptr(me)) {
+        (wholemem::Location::Host, Some(p)) => p,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} does not map its own rows of this table in host memory",
+                mem.comm().world_rank()
+            )));
+        }
+    };
+    let src = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
+    // SAFETY: every row is below this rank's row count and `base` starts
+    // this rank's host rows, mapped for all of them; the layout fits in a
+    // row and matches the conversion; the positions are distinct rows of
+    // `out` (all checked above), a buffer apart from the table.
+    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
+    Ok(())
+}
+
+/// Writes dense rows `src` (of the table's element type, `layout`'s
+/// elements each) into this rank's own host rows `rows` (numbered from 0
+/// within them; the last occurrence of a repeated row wins), under the row
+/// locks where the table has them: for any memory type, a rank maps its
+/// own host rows.
+///
+/// # Errors
+/// As [`gather_own_to`]; a row lock that could not be had.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usize], src: &[u8]) -> Result<()> {
+    layout.check_fits(mem.granularity())?;
+    let me = mem.comm().rank();
+    let count = mem.local_rows().len();
+    if let Some(bad) = rows.iter().find(|&&r| r >= count) {
+        return Err(Error::InvalidArgument(format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank())));
+    }
+    if rows.len().checked_mul(layout.bytes()) != Some(src.len()) {
+        return Err(Error::InvalidArgument(format!("{} bytes for {} rows of {} bytes", src.len(), rows.len(), layout.bytes())));
+    }
+    let base = match (mem.location(), mem.rank_ptr(me)) {
+        (wholemem::Location::Host, Some(p)) => p,
+        _ => {
+            return Err(Error::InvalidArgument(format!(
+                "rank {} does not map its own rows of this table in host memory",
+                mem.comm().world_rank()
+            )));
+        }
+    };
+    let conv = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
+    if mem.memory_type().is_mapped() {
+        // By global row, so the row locks are the ones every writer takes.
+        let first = mem.local_rows().start;
+        let global: Vec<usize> = rows.iter().map(|&r| first + r).collect();
+        let dst = MappedRows::new(mem, layout)?;
+        // SAFETY: every row is one of this rank's, below the row count and
+        // mapped here; the layout fits in a row; `src` holds one row per id
+        // (all checked above) and is apart from the table; `&mut
+        // WholeMemory` keeps this process's other users away, the row
+        // locks other ranks.
+        unsafe { kernel::scatter_rows(&dst, &global, conv, src, threads(mem), mem.row_locks()) }?;
+        return Ok(());
+    }
+    let dst = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
+    // SAFETY: every row is below this rank's row count and `base` starts
+    // this rank's host rows, mapped for all of them; the layout fits in a
+    // row; `src` holds one row per id (all checked above) and is apart from
+    // the table; distributed and hierarchy host rows are private to this
+    // process, and `&mut WholeMemory` keeps its other users away.
+    unsafe { kernel::scatter_rows(&dst, rows, conv, src, threads(mem), None) }?;
+    Ok(())
+}
+
 /// Bytes of table that one 64-byte line of page-table entries maps (8
 /// entries of 4 KiB pages).
 const PTE_LINE_SPAN: usize = 32 << 10;

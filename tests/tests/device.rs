@@ -13,6 +13,7 @@ use wm_tests::World;
 const RANK: &str = env!("CARGO_BIN_EXE_wm-test-rank");
 const LOAD: &str = env!("CARGO_BIN_EXE_wm-test-load");
 const EMB: &str = env!("CARGO_BIN_EXE_wm-test-embedding");
+const CACHE: &str = env!("CARGO_BIN_EXE_wm-test-cache");
 
 /// Whether a GPU is usable here; prints the reason when not, and panics
 /// instead when `WM_REQUIRE_GPU=1`.
@@ -78,6 +79,15 @@ fn device_embeddings_train_like_the_reference_on_1_to_4_ranks() {
     }
 }
 
+#[test]
+fn device_caches_of_host_rows_train_like_no_cache_on_2_ranks_and_2_nodes() {
+    if !gpu_or_skip("device cache") {
+        return;
+    }
+    World::new(2).run_ok(CACHE, &["device"]);
+    World::new(4).nodes_of(2).run_ok(CACHE, &["device"]);
+}
+
 /// Every rank program's device scenario, with `WM_REQUIRE_GPU=1` and no
 /// GPU: each must fail, naming the variable and the reason, instead of
 /// passing on skips. Without the variable the same runs pass, skipping.
@@ -93,11 +103,12 @@ fn require_gpu_turns_every_device_skip_of_every_rank_program_into_a_failure() {
     let dir = std::env::temp_dir().join(format!("wm-test-require-gpu.{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let dir_arg = dir.to_str().expect("a UTF-8 path");
-    let programs: [(&str, Vec<&str>); 4] = [
+    let programs: [(&str, Vec<&str>); 5] = [
         (RANK, vec!["fill-read", "device"]),
         (RANK, vec!["gather", "device"]),
         (LOAD, vec!["round-trip", dir_arg, "device"]),
         (EMB, vec!["optimizers", "device"]),
+        (CACHE, vec!["device"]),
     ];
     for (program, args) in &programs {
         let name = std::path::Path::new(program).file_name().unwrap_or_default().to_string_lossy().into_owned();

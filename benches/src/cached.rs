@@ -1,0 +1,408 @@
+//! `wm-bench gather --cache-ratio R` and `wm-bench gather --embedding`:
+//! every timed batch is gathered twice, interleaved and in alternating
+//! order — once by the path under test (a node cache of `R` of the table,
+//! through `wm_gather` or through `wm_embedding::Embedding`) and once by
+//! the plain uncached `wm_gather::gather` of the same table — both
+//! verified, beside the usual single-threaded baseline on rank 0. The
+//! warm-up batches before them go through the path under test only: they
+//! warm the cache, as the batches before any measurement of a long job
+//! would.
+//!
+//! Besides both speeds and their ratio it reports the cache's hit rate
+//! over the timed batches and the hit rate of the best static choice for
+//! the same id stream: the cache's capacity filled with the rows the node
+//! asked most often in those batches (its ranks' remote ids counted
+//! together) — an oracle no cache of that size can beat on that stream,
+//! since it never misses a row the first time. How many of the timed
+//! lookups asked for a row for the first time (on this rank, since the
+//! run began) is reported too: no online cache hits those.
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, bail, ensure};
+use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
+use wm_comm::{CommExt, Communicator};
+use wm_embedding::{Embedding, EmbeddingElement};
+use wm_gather::cache::{CacheStats, NodeCache};
+use wm_gather::{DType, Ids, RowLayout};
+
+use crate::gather::{Baseline, MoveArgs, Op, batch_ids};
+use crate::ids::IdDist;
+use crate::report::{self, CacheFigures, Spread};
+use crate::values;
+
+const DEFAULT_TABLE_BYTES: usize = 2 << 30;
+
+/// Checks the options of a cached (or embedding) run before any rank
+/// starts, so a bad ratio is one clear error.
+///
+/// # Errors
+/// A ratio outside (0, 1], device output, a memory type or element type
+/// the path cannot take.
+pub(crate) fn check(a: &MoveArgs) -> Result<()> {
+    if let Some(r) = a.cache_ratio {
+        wm_gather::cache::check_ratio(r)?;
+        ensure!(
+            matches!(a.ty, MemoryType::Distributed | MemoryType::Hierarchy),
+            "--cache-ratio: a node cache is for distributed and hierarchy tables across nodes, not {} memory",
+            a.ty
+        );
+    }
+    ensure!(a.location == Location::Host && !a.device_out(), "--cache-ratio and --embedding gather host tables into host memory");
+    if a.embedding {
+        ensure!(matches!(a.dtype, DType::F32 | DType::F16 | DType::Bf16), "--embedding: embeddings are f32, f16 or bf16, not {}", a.dtype);
+        ensure!(a.out_dtype.is_none_or(|d| d == DType::F32), "--embedding gathers into f32");
+    }
+    Ok(())
+}
+
+/// The path under test, and the plain gather of the same table.
+trait Path {
+    fn mem(&self) -> &WholeMemory;
+    /// Seconds of one gather by the path under test.
+    fn timed(&mut self, ids: &[i64], out: &mut [u8], out_dt: DType) -> Result<f64>;
+    /// The cache: its statistics, its slots and the rows it may hold.
+    fn cache(&self) -> Option<(CacheStats, usize, usize)>;
+    fn free(self: Box<Self>) -> Result<()>;
+}
+
+/// `wm_gather` through a [`NodeCache`].
+struct TablePath {
+    mem: WholeMemory,
+    cache: NodeCache,
+}
+
+impl Path for TablePath {
+    fn mem(&self) -> &WholeMemory {
+        &self.mem
+    }
+
+    fn timed(&mut self, ids: &[i64], out: &mut [u8], out_dt: DType) -> Result<f64> {
+        let t0 = Instant::now();
+        self.cache.gather(&self.mem, Ids::I64(ids), out, out_dt)?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    fn cache(&self) -> Option<(CacheStats, usize, usize)> {
+        Some((self.cache.stats(), self.cache.capacity(), self.cache.remote_rows()))
+    }
+
+    fn free(self: Box<Self>) -> Result<()> {
+        let Self { mem, cache } = *self;
+        cache.free()?;
+        mem.free()?;
+        Ok(())
+    }
+}
+
+/// `Embedding::gather`, with its node cache when one is asked for.
+struct EmbeddingPath<T: EmbeddingElement> {
+    emb: Embedding<T>,
+    rows: Vec<f32>,
+}
+
+impl<T: EmbeddingElement> Path for EmbeddingPath<T> {
+    fn mem(&self) -> &WholeMemory {
+        self.emb.table().memory()
+    }
+
+    fn timed(&mut self, ids: &[i64], out: &mut [u8], _out_dt: DType) -> Result<f64> {
+        self.rows.resize(ids.len() * self.emb.dim(), 0.0);
+        let t0 = Instant::now();
+        self.emb.gather(ids, &mut self.rows)?;
+        let dt = t0.elapsed().as_secs_f64();
+        out.copy_from_slice(bytemuck::cast_slice(&self.rows));
+        Ok(dt)
+    }
+
+    fn cache(&self) -> Option<(CacheStats, usize, usize)> {
+        let stats = self.emb.node_cache_stats()?;
+        let (_, capacity, remote) = self.emb.node_cache_rows()?;
+        Some((stats, capacity, remote))
+    }
+
+    fn free(self: Box<Self>) -> Result<()> {
+        self.emb.free()?;
+        Ok(())
+    }
+}
+
+fn embedding_path<T: EmbeddingElement>(world: &Arc<dyn Communicator>, a: &MoveArgs, rows: usize) -> Result<Box<dyn Path>> {
+    let mut emb = Embedding::<T>::allocate(world, a.ty, a.location, rows, a.dim, None, None)?;
+    values::fill(emb.table_mut().memory_mut(), a.dim, a.dtype)?;
+    world.barrier()?;
+    if let Some(r) = a.cache_ratio {
+        emb.enable_node_cache(r)?;
+    }
+    Ok(Box::new(EmbeddingPath { emb, rows: Vec::new() }))
+}
+
+/// The rows the node asked most often, filling `capacity` slots: the hits
+/// of the best static choice, over `total` lookups. Collective over the
+/// node's ranks (`local`), each passing its own counts.
+fn best_static(local: &dyn Communicator, counts: &HashMap<u64, u64>, capacity: usize) -> Result<(u64, u64)> {
+    let mine: Vec<u64> = counts.iter().flat_map(|(&id, &c)| [id, c]).collect();
+    let all = local.allgatherv_pod(&mine)?;
+    let mut merged: HashMap<u64, u64> = HashMap::new();
+    for part in &all {
+        for pair in part.chunks_exact(2) {
+            *merged.entry(pair[0]).or_default() += pair[1];
+        }
+    }
+    let mut freq: Vec<u64> = merged.into_values().collect();
+    let total = freq.iter().sum();
+    freq.sort_unstable_by(|a, b| b.cmp(a));
+    Ok((freq.iter().take(capacity).sum(), total))
+}
+
+/// The rows a static cache of `capacity` slots would hold if it knew the
+/// ids' distribution: the remote rows (`remote`) most likely to be asked,
+/// by the distribution's own probabilities — Zipf ranks in order, mapped to
+/// rows as the ids are (for uniform ids every row is as likely: the first
+/// remote rows in table order). A table-sized bitmap.
+fn likeliest(dist: IdDist, rows: usize, capacity: usize, remote: impl Fn(i64) -> bool) -> Vec<bool> {
+    let mut held = vec![false; rows];
+    let mut n = 0;
+    let a = crate::ids::spread(rows as u64);
+    for k in 1..=rows as u64 {
+        if n >= capacity {
+            break;
+        }
+        let row = match dist {
+            IdDist::Zipf(_) => crate::ids::row_of_rank(k, rows as u64, a),
+            IdDist::Uniform => k - 1,
+        };
+        if remote(row as i64) {
+            held[row as usize] = true;
+            n += 1;
+        }
+    }
+    held
+}
+
+/// The cached run, on every rank.
+///
+/// # Errors
+/// Bad options, an unsupported table, a failed gather, a lost peer.
+pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let out_dt = a.out_dtype.unwrap_or(if a.embedding { DType::F32 } else { a.dtype });
+    let row_bytes = a.dim * a.dtype.size();
+    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
+    ensure!(rows > 0, "--rows must be positive");
+    if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
+        bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
+    }
+    let layout = RowLayout::new(a.dtype, a.dim, 0)?;
+    let mut path: Box<dyn Path> = match (a.embedding, a.dtype) {
+        (true, DType::F32) => embedding_path::<f32>(world, a, rows)?,
+        (true, DType::F16) => embedding_path::<half::f16>(world, a, rows)?,
+        (true, DType::Bf16) => embedding_path::<half::bf16>(world, a, rows)?,
+        (true, other) => bail!("--embedding: embeddings are f32, f16 or bf16, not {other}"),
+        (false, _) => {
+            let ratio = a.cache_ratio.unwrap_or(1.0);
+            let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
+            let mut mem = WholeMemory::allocate(world, &req)?;
+            values::fill(&mut mem, a.dim, a.dtype)?;
+            world.barrier()?;
+            let cache = NodeCache::new(&mem, &layout, ratio)?;
+            Box::new(TablePath { mem, cache })
+        }
+    };
+    let placement = wm_topology::NodeLayout::of(world.nodes());
+    let node_of = |r: usize| placement.node[r];
+    let p = path.mem().partition().clone();
+    let remote = |id: i64| node_of(p.owner(id as usize)) != node_of(me);
+
+    let buf_row = a.dim * out_dt.size();
+    let mut buf = vec![0u8; a.batch * buf_row];
+    let mut expect = vec![0u8; buf_row];
+    let progress = me == 0 && std::io::stderr().is_terminal();
+    let mut base = if me == 0 { Some(Baseline::new(Op::Gather, a, rows, out_dt)) } else { None };
+    let (mut secs_test, mut secs_plain) = (0.0f64, 0.0f64);
+    let mut wrong = 0u64;
+    let mut counts: HashMap<u64, u64> = HashMap::new();
+    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
+    let mut first_seen = 0u64;
+    let mut before = CacheStats::default();
+    world.barrier()?;
+    for b in 0..a.warmup + a.iters {
+        let timed = b >= a.warmup;
+        if b == a.warmup {
+            before = path.cache().map(|c| c.0).unwrap_or_default();
+        }
+        let ids = batch_ids(a, rows, me, b);
+        // Alternate which goes first, so neither always finds the other's
+        // traffic in the caches of the machine.
+        for k in 0..if timed { 2 } else { 1 } {
+            let test_turn = !timed || (k == 0) == (b % 2 == 0);
+            world.barrier()?;
+            let dt = if test_turn {
+                path.timed(&ids, &mut buf, out_dt)?
+            } else {
+                let t0 = Instant::now();
+                wm_gather::gather(path.mem(), &layout, Ids::I64(&ids), &mut buf, out_dt)?;
+                t0.elapsed().as_secs_f64()
+            };
+            if timed {
+                if test_turn {
+                    secs_test += dt;
+                } else {
+                    secs_plain += dt;
+                }
+            }
+            for (i, &id) in ids.iter().enumerate() {
+                values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+                wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
+            }
+        }
+        for &id in ids.iter().filter(|&&id| remote(id)) {
+            let new = seen.insert(id as u64);
+            if timed {
+                *counts.entry(id as u64).or_default() += 1;
+                first_seen += u64::from(new);
+            }
+        }
+        world.barrier()?;
+        if let Some(base) = &mut base {
+            base.batch(&ids, timed);
+        }
+        if progress {
+            eprint!("\rgather batch {}/{}", b + 1, a.warmup + a.iters);
+        }
+    }
+    if progress {
+        eprintln!();
+    }
+
+    // The node's hit rate over the timed batches, and the best static
+    // choice's for the same ids.
+    let cache = path.cache();
+    let window = cache.map(|c| c.0.since(&before)).unwrap_or_default();
+    let local = world.local();
+    // The static choice by the distribution's own probabilities.
+    let held = likeliest(a.id_dist, rows, cache.map_or(0, |c| c.1), remote);
+    let true_hits: u64 = counts.iter().filter(|(id, _)| held[**id as usize]).map(|(_, c)| c).sum();
+    let true_node = local.allgather_pod(&[true_hits])?.iter().sum::<u64>();
+    let node = local.allgather_pod(&[window.lookups, window.hits])?;
+    let (node_lookups, node_hits) = node.chunks(2).fold((0, 0), |(l, h), c| (l + c[0], h + c[1]));
+    let capacity = cache.map_or(0, |c| c.1);
+    let (best_hits, best_total) = best_static(local.as_ref(), &counts, capacity)?;
+    let rate = |h: u64, t: u64| if t == 0 { 0.0 } else { h as f64 / t as f64 };
+    let bytes = (a.iters * a.batch * buf_row) as f64;
+    let gbps = |s: f64| bytes / s.max(1e-12) / 1e9;
+    let totals = cache.map(|c| c.0).unwrap_or_default();
+    let mine = [
+        gbps(secs_test),
+        gbps(secs_plain),
+        wrong as f64,
+        rate(node_hits, node_lookups),
+        rate(best_hits, best_total),
+        totals.lookups as f64,
+        totals.hits as f64,
+        totals.fills as f64,
+        totals.evictions as f64,
+        totals.writebacks as f64,
+        secs_test,
+        secs_plain,
+        rate(first_seen, counts.values().sum()),
+        rate(true_node, best_total),
+    ];
+    let all = world.allgather_pod(&mine)?;
+    let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
+    drop(base);
+    let remote_rows = cache.map_or(0, |c| c.2);
+    path.free()?;
+
+    let col = |i: usize| -> Vec<f64> { all.chunks(mine.len()).map(|c| c[i]).collect() };
+    let wrong_total: f64 = col(2).iter().sum();
+    let verified = wrong_total == 0.0;
+    if me == 0 {
+        let (test, plain) = (Spread::of(&col(0)), Spread::of(&col(1)));
+        let slowest = |i: usize| col(i).into_iter().fold(0.0f64, f64::max);
+        let per_node = |v: &[f64]| -> f64 { v.iter().enumerate().filter(|(r, _)| placement.local[*r] == 0).map(|(_, x)| x).sum() };
+        let figures = CacheFigures {
+            path: if a.embedding { "embedding" } else { "table" },
+            ratio: a.cache_ratio,
+            capacity,
+            remote_rows,
+            test,
+            test_total: bytes * n as f64 / slowest(10).max(1e-12) / 1e9,
+            uncached: plain,
+            uncached_total: bytes * n as f64 / slowest(11).max(1e-12) / 1e9,
+            speedup: test.median / plain.median,
+            baseline,
+            hit_rate: Spread::of(&col(3)),
+            best_static: Spread::of(&col(4)),
+            gap: col(4).iter().zip(col(3)).map(|(b, h)| b - h).fold(f64::MIN, f64::max),
+            first_seen: Spread::of(&col(12)),
+            likeliest: Spread::of(&col(13)),
+            // Lookups and hits are each rank's, fills and evictions each
+            // node's (counted once, at its first rank).
+            stats: CacheStats {
+                lookups: col(5).iter().sum::<f64>() as u64,
+                hits: col(6).iter().sum::<f64>() as u64,
+                fills: per_node(&col(7)) as u64,
+                evictions: per_node(&col(8)) as u64,
+                writebacks: col(9).iter().sum::<f64>() as u64,
+            },
+        };
+        let nodes = placement.nodes;
+        if a.json {
+            let mut j = serde_json::json!({
+                "op": "gather", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
+                "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(), "batch": a.batch,
+                "iters": a.iters, "id_dist": a.id_dist.to_string(), "verified": verified,
+            });
+            figures.extend_json(&mut j);
+            report::json_line(&j);
+        } else {
+            println!(
+                "gather host {} memory through the {} path: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} {} ids -> {}, {} timed",
+                a.ty,
+                figures.path,
+                a.dim,
+                a.dtype,
+                (rows * row_bytes) as f64 / (1u64 << 30) as f64,
+                a.batch,
+                a.id_dist,
+                out_dt,
+                a.iters
+            );
+            figures.print();
+            report::print_verified(wrong_total);
+        }
+    }
+    Ok(if verified { 0 } else { 3 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_likeliest_rows_are_the_first_zipf_ranks_that_are_remote() {
+        let rows = 1000;
+        let a = crate::ids::spread(rows as u64);
+        // Rows below 500 are this node's.
+        let remote = |id: i64| id >= 500;
+        let held = likeliest(IdDist::Zipf(1.1), rows, 10, remote);
+        assert_eq!(held.iter().filter(|&&h| h).count(), 10);
+        let mut want = Vec::new();
+        for k in 1..=rows as u64 {
+            let r = crate::ids::row_of_rank(k, rows as u64, a) as usize;
+            if r >= 500 && want.len() < 10 {
+                want.push(r);
+            }
+        }
+        assert!(want.iter().all(|&r| held[r]), "{want:?}");
+        // Uniform: every row as likely, the first remote rows in order.
+        let held = likeliest(IdDist::Uniform, rows, 3, remote);
+        assert_eq!(held.iter().enumerate().filter(|(_, h)| **h).map(|(r, _)| r).collect::<Vec<_>>(), vec![500, 501, 502]);
+        // More slots than remote rows: all of them.
+        assert_eq!(likeliest(IdDist::Uniform, rows, 5000, remote).iter().filter(|&&h| h).count(), 500);
+    }
+}

@@ -1,0 +1,746 @@
+//! The node cache of remote rows: rows that other nodes own, kept in host
+//! memory shared by the ranks of this node.
+//!
+//! One cached gather, on every rank of the table (it is collective, like
+//! the gather it replaces):
+//!
+//! 1. **Look up.** Each id of a row another node owns is looked up in this
+//!    rank's copy of the tags (identical on every rank of the node).
+//! 2. **Fetch.** Every other id (misses, and rows of the node's other
+//!    ranks) goes through the table's own collective gather, each distinct
+//!    row once, in the table's element type, and is converted into place;
+//!    meanwhile a second thread copies the hits (from the shared rows) and
+//!    this rank's own rows into the output.
+//! 3. **Update.** The node's leader (its lowest rank) counts every access
+//!    of every rank of the node and decides which missed rows enter which
+//!    slots ([`Tags::decide`](super::policy::Tags::decide)); a rank that
+//!    fetched such a row copies it into the slot. On a node of one rank
+//!    that is all local work. Where some node has several ranks, the ranks
+//!    of a node send the leader their accesses (one exchange within the
+//!    node), the leader sends every rank its decision (one broadcast), the
+//!    fillers copy, and one agreement over the table's ranks ends the call
+//!    — so no rank reads a slot before it is filled, and a failure anywhere
+//!    is every rank's error.
+//!
+//! The shared rows change only in step 3, after every rank of the node has
+//! passed step 1 of the same call (the leader decides only once every
+//! rank's accesses arrived), and the next call's step 1 starts only after
+//! every fill (the closing agreement). Tags change only by decisions every
+//! rank of the node applies alike, and by invalidations every rank of the
+//! table makes alike.
+
+use std::sync::Arc;
+
+use wholemem::agree::Rule;
+use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
+use wm_comm::Communicator;
+
+use super::policy::{Fill, Placement, Tags};
+use super::{CacheStats, RowSpace, check_ratio, ratio_slots};
+use crate::kernel::{self, RowConv};
+use crate::{DType, Error, Ids, Result, RowLayout, agree, mapped};
+
+/// A node cache of remote rows for one distributed or hierarchy table that
+/// spans several nodes: up to `ratio` of the table's rows, of those other
+/// nodes own, in host memory shared by the ranks of each node.
+///
+/// [`gather`](Self::gather) returns exactly what
+/// [`wm_gather::gather`](crate::gather) returns for the same table, ids and
+/// layout — served from the cache where it can, fetched otherwise.
+///
+/// # Coherence: the invalidation rule
+/// The cache is read-only: rows enter it only as copies of what the table
+/// held when a gather fetched them. So every write to the table must reach
+/// the cache of **every** node before the next cached gather, and each
+/// write path does so:
+///
+/// | write | what the cache does |
+/// |---|---|
+/// | [`scatter`](Self::scatter) (collective) | every rank learns every rank's ids and drops those rows |
+/// | `wm_gather::scatter`, `apply_gradients` or any other collective write | the caller follows it with [`invalidate`](Self::invalidate) (the rows each rank wrote; collective) or [`clear`](Self::clear) (collective) |
+/// | `wholemem::files::load`, `write_rows`, `write_local`, in-place slices | the same: [`clear`](Self::clear) on every rank after the writes, before the next cached gather |
+///
+/// Writes by ranks of other nodes are covered because both calls are
+/// collective over the table's ranks: each rank hears of every rank's
+/// write. `wm_embedding::Embedding` with a node cache applies the rule
+/// itself (gradients invalidate their rows; `init` and loans of the table
+/// clear the cache).
+///
+/// # Collectivity
+/// Creation, [`gather`](Self::gather), [`scatter`](Self::scatter),
+/// [`invalidate`](Self::invalidate), [`clear`](Self::clear) and
+/// [`free`](Self::free) are collective over the table's ranks, in the same
+/// order on every rank, as the table's own gather and scatter are.
+#[derive(Debug)]
+pub struct NodeCache {
+    comm: Arc<dyn Communicator>,
+    local: Arc<dyn Communicator>,
+    layout: RowLayout,
+    table: TableId,
+    ratio: f64,
+    space: RowSpace,
+    tags: Tags,
+    /// The slots' rows, one row of the layout's elements each (no slots:
+    /// nothing to hold).
+    data: Option<WholeMemory>,
+    /// Whether some node has more than one rank (then updates talk).
+    shared: bool,
+    stats: CacheStats,
+    /// The fetched rows' buffer, kept between calls.
+    scratch: Vec<u8>,
+}
+
+/// What identifies the table a cache belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TableId {
+    ty: MemoryType,
+    loc: Location,
+    rows: usize,
+    granularity: usize,
+    counts: Vec<usize>,
+    own: Option<usize>,
+    own_device: Option<u64>,
+}
+
+impl TableId {
+    fn of(mem: &WholeMemory) -> Self {
+        let me = mem.comm().rank();
+        Self {
+            ty: mem.memory_type(),
+            loc: mem.location(),
+            rows: mem.rows(),
+            granularity: mem.granularity(),
+            counts: mem.partition().counts(),
+            own: mem.rank_ptr(me).map(|p| p as usize),
+            own_device: mem.device_ptr(me),
+        }
+    }
+}
+
+/// Encodes a ratio and a layout: what every rank must pass alike.
+fn request_bytes(ratio: f64, layout: &RowLayout) -> Vec<u8> {
+    let mut m = ratio.to_bits().to_le_bytes().to_vec();
+    m.extend_from_slice(layout.dtype().name().as_bytes());
+    for v in [layout.cols(), layout.offset()] {
+        m.extend_from_slice(&(v as u64).to_le_bytes());
+    }
+    m
+}
+
+/// A request in words, for an error message.
+fn show_request(m: &[u8]) -> String {
+    match m.split_first_chunk::<8>() {
+        Some((ratio, rest)) if rest.len() >= 16 => {
+            let (name, words) = rest.split_at(rest.len() - 16);
+            let word = |i: usize| words.get(i * 8..i * 8 + 8).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
+            format!(
+                "ratio {} for {} {} elements from element {}",
+                f64::from_bits(u64::from_le_bytes(*ratio)),
+                word(0),
+                String::from_utf8_lossy(name),
+                word(1)
+            )
+        }
+        _ => format!("{m:?}"),
+    }
+}
+
+/// The first byte of the leader's decision: fills follow.
+const DECIDED: u64 = 0;
+/// The first byte of the leader's decision: a rank of the node sent a
+/// malformed report; its world rank and the detail follow.
+const REFUSED: u64 = 1;
+
+impl NodeCache {
+    /// Creates a node cache of `ratio` of `mem`'s rows for rows read with
+    /// `layout` (in the table's element type). Collective: every rank of
+    /// the table passes the same ratio and layout.
+    ///
+    /// Each node gets `ceil(ratio × rows)` slots, or one per row other nodes
+    /// own when that is fewer (then rows never compete for slots), shared
+    /// by its ranks; its leader also keeps a 4-byte access count per row
+    /// other nodes own.
+    ///
+    /// # Errors
+    /// On every rank: [`Error::InvalidArgument`] naming the value for a
+    /// ratio that is not greater than 0 and at most 1 (NaN included), a
+    /// table that is not distributed or hierarchy memory, a table whose
+    /// ranks are all on one node, a layout that does not fit the rows, or
+    /// ranks that pass different ratios or layouts (naming both);
+    /// [`Error::Memory`] when the shared rows cannot be had.
+    pub fn new(mem: &WholeMemory, layout: &RowLayout, ratio: f64) -> Result<Self> {
+        let comm = mem.comm().clone();
+        let mine = check_ratio(ratio).and_then(|()| {
+            match mem.memory_type() {
+                MemoryType::Distributed | MemoryType::Hierarchy => {}
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "a node cache holds rows of distributed and hierarchy tables; {other} memory reaches every row through the mapping"
+                    )));
+                }
+            }
+            layout.check_fits(mem.granularity())
+        });
+        let request = request_bytes(ratio, layout);
+        let ((), all) = wholemem::agree::agree_sharing(comm.as_ref(), mine, Rule::Lowest, &request)?;
+        if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
+            let ranks = comm.world_ranks();
+            return Err(Error::InvalidArgument(format!(
+                "ranks passed different node caches: rank {} {} and rank {} {}",
+                ranks[0],
+                show_request(&all[0]),
+                ranks[r],
+                show_request(other)
+            )));
+        }
+        let placement = wm_topology::NodeLayout::of(comm.nodes());
+        if placement.nodes < 2 {
+            return Err(Error::InvalidArgument(format!(
+                "the table's {} ranks are all on one node: every row is on this node, so a node cache would hold nothing",
+                comm.size()
+            )));
+        }
+        let me = comm.rank();
+        let space = RowSpace::new(mem.partition(), |r| placement.node[r] != placement.node[me]);
+        let slots_wanted = ratio_slots(ratio, mem.rows()).min(space.rows());
+        let policy = Placement::for_capacity(slots_wanted, space.rows());
+        let slots = if space.rows() == 0 { 0 } else { policy.slots(space.rows()) };
+        let local = mem.local_comm().cloned().unwrap_or_else(|| comm.local());
+        let leader = local.rank() == 0;
+        let rb = layout.bytes();
+        let data = if slots == 0 {
+            Ok(None)
+        } else {
+            match slots.checked_mul(rb) {
+                None => Err(Error::InvalidArgument(format!("{slots} cached rows of {rb} bytes are more than usize::MAX bytes"))),
+                Some(total) => {
+                    let req = AllocRequest { ty: MemoryType::Continuous, loc: Location::Host, total, granularity: rb, partition: None };
+                    WholeMemory::allocate(&local, &req).map(Some).map_err(Error::from)
+                }
+            }
+        };
+        // Each node allocated its own; every rank learns whether all did.
+        let data = agree(comm.as_ref(), data)?;
+        let shared = placement.local.iter().any(|&l| l > 0);
+        Ok(Self {
+            layout: *layout,
+            table: TableId::of(mem),
+            ratio,
+            tags: Tags::new(policy, space.rows(), leader),
+            space,
+            data,
+            shared,
+            stats: CacheStats::default(),
+            scratch: Vec::new(),
+            comm,
+            local,
+        })
+    }
+
+    /// The fraction of the table's rows asked for.
+    pub fn ratio(&self) -> f64 {
+        self.ratio
+    }
+
+    /// Rows the cache of this node can hold.
+    pub fn capacity(&self) -> usize {
+        self.tags.slots()
+    }
+
+    /// Rows that ranks of other nodes own: what this node's cache may hold.
+    pub fn remote_rows(&self) -> usize {
+        self.space.rows()
+    }
+
+    /// Rows this node's cache holds now.
+    pub fn cached_rows(&self) -> usize {
+        self.tags.occupied()
+    }
+
+    /// The layout the cache holds rows of.
+    pub fn layout(&self) -> &RowLayout {
+        &self.layout
+    }
+
+    /// What the cache did since it was created (see [`CacheStats`]).
+    pub fn stats(&self) -> CacheStats {
+        self.stats
+    }
+
+    fn check_table(&self, mem: &WholeMemory) -> Result<()> {
+        if TableId::of(mem) != self.table {
+            return Err(Error::InvalidArgument(format!(
+                "this node cache belongs to another table (a {} {} table of {} rows of {} bytes)",
+                self.table.loc, self.table.ty, self.table.rows, self.table.granularity
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gathers rows `ids` of `mem` (the table the cache was made for) into
+    /// `out` (`ids.len()` rows of the cache's layout, as `out_dtype`), as
+    /// [`wm_gather::gather`](crate::gather) does — collective, with the same
+    /// checks and errors on every rank — serving rows other nodes own from
+    /// the cache where it holds them, and updating the cache.
+    ///
+    /// # Errors
+    /// As [`wm_gather::gather`](crate::gather); [`Error::InvalidArgument`]
+    /// for another table than the cache's.
+    pub fn gather(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
+        let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
+            self.check_table(mem)?;
+            Ok(conv)
+        });
+        let conv = match checked {
+            Ok(c) => c,
+            // Every rank learns it in the table's own exchange.
+            Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out),
+        };
+
+        // 1. Look up every id of a row another node owns (a few ids ahead,
+        //    the tags they will read are asked for); this rank's own host
+        //    rows are read in place, every other id is fetched.
+        let rows = ids.to_rows();
+        let own = mem.local_rows();
+        let own_host = mem.location() == Location::Host;
+        let cacheable: Vec<Option<usize>> =
+            rows.iter().map(|&row| if own_host && own.contains(&row) { None } else { self.space.index(row) }).collect();
+        let (mut hit_slots, mut hit_at) = (Vec::new(), Vec::new());
+        let (mut own_rows, mut own_at) = (Vec::new(), Vec::new());
+        // (row, position) of every id fetched.
+        let mut pending: Vec<(usize, usize)> = Vec::with_capacity(rows.len());
+        // Each access as (cacheable row << 1) | missed.
+        let mut accesses: Vec<u64> = Vec::with_capacity(rows.len());
+        const AHEAD: usize = 8;
+        for (i, &row) in rows.iter().enumerate() {
+            if let Some(Some(ahead)) = cacheable.get(i + AHEAD) {
+                self.tags.prefetch(*ahead);
+            }
+            let Some(r) = cacheable[i] else {
+                if own_host && own.contains(&row) {
+                    own_rows.push(row - own.start);
+                    own_at.push(i);
+                } else {
+                    pending.push((row, i));
+                }
+                continue;
+            };
+            match self.tags.lookup(r) {
+                Some(slot) => {
+                    hit_slots.push(slot);
+                    hit_at.push(i);
+                    accesses.push((r as u64) << 1);
+                }
+                None => {
+                    pending.push((row, i));
+                    accesses.push(((r as u64) << 1) | 1);
+                }
+            }
+        }
+
+        // 2. Everything else through the table's gather, in its own type,
+        //    each row once however often it was asked. Meanwhile another
+        //    thread copies the hits and this rank's own rows into place and,
+        //    on a node of one rank, counts and decides what enters.
+        pending.sort_unstable();
+        let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
+        let mut from = Vec::with_capacity(pending.len());
+        for &(row, _) in &pending {
+            if fetch.last() != Some(&(row as i64)) {
+                fetch.push(row as i64);
+            }
+            from.push(fetch.len() - 1);
+        }
+        let places: Vec<usize> = pending.iter().map(|p| p.1).collect();
+        let (layout, cached_layout) = (self.layout, self.cached_layout()?);
+        let rb = layout.bytes();
+        let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
+        let mut fetched = std::mem::take(&mut self.scratch);
+        fetched.resize(fetch.len() * rb, 0);
+        let (data, tags, alone) = (self.data.as_ref(), &mut self.tags, !self.shared);
+        let (copied, result, decided) = std::thread::scope(|s| {
+            let copier = s.spawn(|| {
+                let copied = match (data, hit_slots.is_empty()) {
+                    (_, true) => Ok(()),
+                    (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out),
+                    (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
+                };
+                let copied = copied.and_then(|()| mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out));
+                // The decision may evict a row just hit: its slot is
+                // refilled only after this thread is done reading it.
+                let decided = alone.then(|| decide_alone(tags, &accesses));
+                (copied, decided)
+            });
+            let result = crate::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched);
+            let (copied, decided) = copier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+            (copied, result, decided)
+        });
+        let result = result.and_then(|()| {
+            self.stats.lookups += accesses.len() as u64;
+            self.stats.hits += hit_slots.len() as u64;
+            let placed = copied.and_then(|()| {
+                kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument)
+            });
+            // 3. Fill (and, where nodes have several ranks, count and
+            //    decide first). The rows fetched are in table order, so
+            //    their numbers among the cacheable rows ascend too.
+            let missed_at: Vec<(usize, usize)> =
+                fetch.iter().enumerate().filter_map(|(k, &row)| self.space.index(row as usize).map(|r| (r, k))).collect();
+            match decided {
+                Some((fills, evicted)) => placed.map(|()| self.fill_alone(&fills, evicted, &missed_at, &fetched)),
+                None => self.update_shared_and_agree(placed, accesses, &missed_at, &fetched),
+            }
+        });
+        if result.is_err() {
+            // A decision may be in the tags without its fills: hold nothing.
+            self.tags.clear();
+        }
+        self.scratch = fetched;
+        result
+    }
+
+    /// Step 3 on a node of one rank: copies the decided rows into their
+    /// slots. A fill that fails leaves its slot empty (a later miss, never
+    /// a wrong row: the gather itself is complete).
+    fn fill_alone(&mut self, fills: &[Fill], evicted: u64, missed_at: &[(usize, usize)], fetched: &[u8]) {
+        self.stats.evictions += evicted;
+        for &f in fills {
+            if self.fill(f, missed_at, fetched).is_ok() {
+                self.stats.fills += 1;
+            } else {
+                self.tags.invalidate(f.row);
+            }
+        }
+    }
+
+    /// Step 3 where some node has several ranks: the leader hears every
+    /// rank's accesses and decides, fillers fill, and one agreement over
+    /// the table's ranks ends the call.
+    fn update_shared_and_agree(
+        &mut self,
+        placed: Result<()>,
+        accesses: Vec<u64>,
+        missed_at: &[(usize, usize)],
+        fetched: &[u8],
+    ) -> Result<()> {
+        let report = tally(accesses);
+        let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
+        agree(self.comm.as_ref(), outcome)
+    }
+
+    /// The layout of the cache's own rows: the cached elements, from 0.
+    fn cached_layout(&self) -> Result<RowLayout> {
+        RowLayout::new(self.layout.dtype(), self.layout.cols(), 0)
+    }
+
+    /// Copies row `f.row` (fetched into `fetched` at the place `missed_at`
+    /// names) into slot `f.slot`.
+    fn fill(&mut self, f: Fill, missed_at: &[(usize, usize)], fetched: &[u8]) -> Result<()> {
+        let rb = self.layout.bytes();
+        let k = missed_at.binary_search_by_key(&f.row, |m| m.0).map_err(|_| {
+            Error::InvalidArgument(format!("a fill of row {} of the node's remote rows, which this rank did not fetch", f.row))
+        })?;
+        let data = self.data.as_mut().ok_or_else(|| Error::InvalidArgument("a fill of a cache without rows".into()))?;
+        data.write_rows(f.slot, &fetched[missed_at[k].1 * rb..][..rb])?;
+        Ok(())
+    }
+
+    /// Step 3 where some node has several ranks: accesses to the leader,
+    /// its decision to every rank, fills by the ranks that fetched the rows.
+    fn update_shared(&mut self, report: &[(usize, u32, bool)], missed_at: &[(usize, usize)], fetched: &[u8]) -> Result<()> {
+        let local = self.local.clone();
+        let (lr, ls) = (local.rank(), local.size());
+        // Never empty, so the leader hears from every rank.
+        let mut words: Vec<u64> = Vec::with_capacity(1 + 2 * report.len());
+        words.push(report.len() as u64);
+        for &(r, n, missed) in report {
+            words.push(r as u64);
+            words.push((u64::from(n) << 1) | u64::from(missed));
+        }
+        let mine: &[u8] = bytemuck::cast_slice(&words);
+        let parts: Vec<&[u8]> = (0..ls).map(|q| if q == 0 { mine } else { &[][..] }).collect();
+        let got = local.alltoallv(&parts)?;
+        let mut decision: Vec<u64> = Vec::new();
+        if lr == 0 {
+            decision = self.decide_for_node(&got);
+        }
+        local.recycle(got);
+        let mut bytes: Vec<u8> = bytemuck::cast_slice(&decision).to_vec();
+        local.broadcast(0, &mut bytes)?;
+        let leader = local.world_ranks()[0];
+        let bad = |detail: String| Error::Malformed { rank: leader, detail: format!("{detail} (to rank {})", local.world_rank()) };
+        if bytes.len() % 8 != 0 || bytes.len() < 16 {
+            return Err(bad(format!("a cache decision of {} bytes", bytes.len())));
+        }
+        let words: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes);
+        match words[0] {
+            DECIDED => {}
+            REFUSED => {
+                let culprit = usize::try_from(words[1]).unwrap_or(usize::MAX);
+                let detail: Vec<u8> = bytemuck::cast_slice(&words[2..]).to_vec();
+                let detail = String::from_utf8_lossy(&detail).trim_end_matches('\0').to_owned();
+                return Err(Error::Malformed { rank: culprit, detail });
+            }
+            other => return Err(bad(format!("a cache decision of unknown kind {other}"))),
+        }
+        let n = usize::try_from(words[1]).unwrap_or(usize::MAX);
+        if words.len() != 2 + n.saturating_mul(3) {
+            return Err(bad(format!("a cache decision of {} words announcing {} fills", words.len(), words[1])));
+        }
+        let mut fills = Vec::with_capacity(n);
+        for w in words[2..].chunks_exact(3) {
+            let (slot, row, filler) = (usize::try_from(w[0]), usize::try_from(w[1]), usize::try_from(w[2]));
+            let (Ok(slot), Ok(row), Ok(filler)) = (slot, row, filler) else {
+                return Err(bad(format!("a cache fill {w:?} past usize")));
+            };
+            let f = Fill { slot, row, evicted: None };
+            if !self.tags.fits(f) || filler >= ls {
+                return Err(bad(format!("a fill of slot {slot} with row {row} by local rank {filler}, which this cache cannot hold")));
+            }
+            fills.push((f, filler));
+        }
+        let mut result = Ok(());
+        for (f, filler) in fills {
+            // The leader applied its decision (and counted its evictions)
+            // when it made it.
+            if lr != 0 {
+                self.stats.evictions += u64::from(self.tags.apply(f));
+            }
+            if filler == lr
+                && let Err(e) = self.fill(f, missed_at, fetched)
+            {
+                result = result.and(Err(e));
+            }
+        }
+        // The node's fills, the same count on every rank of the node.
+        self.stats.fills += n as u64;
+        result
+    }
+
+    /// The leader's decision from every local rank's report (`got[q]` from
+    /// local rank `q`), applied to its own tags, as words: `DECIDED`, the
+    /// number of fills, then (slot, row, filler) for each; or `REFUSED`,
+    /// the culprit's world rank and the detail.
+    fn decide_for_node(&mut self, got: &[Vec<u8>]) -> Vec<u64> {
+        let rows = self.space.rows();
+        let mut candidates: Vec<(usize, usize)> = Vec::new();
+        let mut counted: Vec<(usize, u32)> = Vec::new();
+        for (q, bytes) in got.iter().enumerate() {
+            match parse_report(bytes, rows) {
+                Ok(entries) => {
+                    for (r, n, missed) in entries {
+                        counted.push((r, n));
+                        if missed {
+                            candidates.push((r, q));
+                        }
+                    }
+                }
+                Err(detail) => {
+                    let rank = self.local.world_ranks()[q];
+                    let detail = format!("its cache report: {detail} (to rank {})", self.local.world_rank());
+                    let mut words = vec![REFUSED, rank as u64];
+                    let mut text = detail.into_bytes();
+                    text.resize(text.len().div_ceil(8) * 8, 0);
+                    words.extend(text.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8]))));
+                    return words;
+                }
+            }
+        }
+        for (r, n) in counted {
+            self.tags.count(r, n);
+        }
+        // The lowest local rank that fetched a row fills it.
+        candidates.sort_unstable();
+        candidates.dedup_by_key(|c| c.0);
+        let missed: Vec<usize> = candidates.iter().map(|c| c.0).collect();
+        let (fills, evicted) = self.tags.decide(&missed);
+        self.stats.evictions += evicted;
+        let mut words = Vec::with_capacity(2 + 3 * fills.len());
+        words.push(DECIDED);
+        words.push(fills.len() as u64);
+        for f in fills {
+            let filler = candidates.binary_search_by_key(&f.row, |c| c.0).map_or(0, |k| candidates[k].1);
+            words.extend([f.slot as u64, f.row as u64, filler as u64]);
+        }
+        words
+    }
+
+    /// Scatters `src` into rows `ids` of `mem` as
+    /// [`wm_gather::scatter`](crate::scatter) does (collective), then drops
+    /// every rank's rows `ids` from every node's cache. On an error every
+    /// rank empties its cache (a failed scatter may have written some rows).
+    ///
+    /// # Errors
+    /// As [`wm_gather::scatter`](crate::scatter); [`Error::InvalidArgument`]
+    /// for another table than the cache's (on every rank).
+    pub fn scatter(&mut self, mem: &mut WholeMemory, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
+        let result = agree(self.comm.as_ref(), self.check_table(mem))
+            .and_then(|()| crate::scatter(mem, &self.layout, ids, src, src_dtype))
+            .and_then(|()| self.invalidate(ids));
+        if result.is_err() {
+            self.tags.clear();
+        }
+        result
+    }
+
+    /// Drops every rank's rows `ids` from every node's cache: after a write
+    /// to those rows by any path but [`scatter`](Self::scatter).
+    /// Collective: each rank passes the rows it wrote (possibly none).
+    ///
+    /// # Errors
+    /// On every rank: [`Error::IndexOutOfRange`] naming the first bad id;
+    /// [`Error::Malformed`] for a peer's garbled list; [`Error::Comm`].
+    pub fn invalidate(&mut self, ids: Ids<'_>) -> Result<()> {
+        let rows = self.table.rows;
+        let mine = match ids.first_out_of_range(rows) {
+            Some((position, index)) => Err(Error::IndexOutOfRange { index, position, rank: self.comm.world_rank(), rows }),
+            None => Ok(()),
+        };
+        let words: Vec<u64> = if mine.is_ok() { ids.to_rows().into_iter().map(|r| r as u64).collect() } else { Vec::new() };
+        let ((), all) = wholemem::agree::agree_sharing(self.comm.as_ref(), mine, Rule::Lowest, bytemuck::cast_slice(&words))?;
+        let mut problem = None;
+        for (r, bytes) in all.iter().enumerate() {
+            if bytes.len() % 8 != 0 {
+                problem.get_or_insert_with(|| Error::Malformed {
+                    rank: self.comm.world_ranks()[r],
+                    detail: format!("{} bytes of rows to invalidate, not a whole number of 8-byte rows", bytes.len()),
+                });
+                continue;
+            }
+            for c in bytes.chunks_exact(8) {
+                let row = u64::from_le_bytes(c.try_into().unwrap_or([0xff; 8]));
+                match usize::try_from(row).ok().filter(|&x| x < rows) {
+                    Some(x) => {
+                        if let Some(i) = self.space.index(x) {
+                            self.tags.invalidate(i);
+                        }
+                    }
+                    None => {
+                        problem.get_or_insert_with(|| Error::Malformed {
+                            rank: self.comm.world_ranks()[r],
+                            detail: format!("row {row} to invalidate, past the {rows} rows of the table"),
+                        });
+                    }
+                }
+            }
+        }
+        match problem {
+            // Every rank received the same lists, so every rank finds it.
+            Some(e) => {
+                self.tags.clear();
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Empties every node's cache: after writes this rank cannot name
+    /// (loading files, writing whole stretches of rows). Collective. The
+    /// access counts stay, so rows hot before are admitted again first.
+    ///
+    /// # Errors
+    /// [`Error::Comm`] when a peer is lost.
+    pub fn clear(&mut self) -> Result<()> {
+        self.tags.clear();
+        agree(self.comm.as_ref(), Ok(()))
+    }
+
+    /// Frees the shared rows, collectively.
+    ///
+    /// # Errors
+    /// When a peer is lost or times out.
+    pub fn free(self) -> Result<()> {
+        if let Some(data) = self.data {
+            data.free()?;
+        }
+        Ok(())
+    }
+}
+
+/// On a node of one rank, this rank is the leader: counts its accesses in
+/// place and decides which missed rows enter which slots.
+fn decide_alone(tags: &mut Tags, accesses: &[u64]) -> (Vec<Fill>, u64) {
+    let mut missed = Vec::new();
+    for &a in accesses {
+        let r = (a >> 1) as usize;
+        tags.count(r, 1);
+        if a & 1 == 1 {
+            missed.push(r);
+        }
+    }
+    missed.sort_unstable();
+    missed.dedup();
+    tags.decide(&missed)
+}
+
+/// Distinct accesses with their number and whether they missed, in row
+/// order, from `(row << 1) | missed` words.
+fn tally(mut accesses: Vec<u64>) -> Vec<(usize, u32, bool)> {
+    accesses.sort_unstable();
+    let mut out: Vec<(usize, u32, bool)> = Vec::new();
+    for a in accesses {
+        let (r, missed) = ((a >> 1) as usize, a & 1 == 1);
+        match out.last_mut() {
+            Some(last) if last.0 == r => {
+                last.1 = last.1.saturating_add(1);
+                last.2 |= missed;
+            }
+            _ => out.push((r, 1, missed)),
+        }
+    }
+    out
+}
+
+/// A local rank's report to the leader: the number of entries, then
+/// (row, count << 1 | missed) for each; each row below `rows`.
+fn parse_report(bytes: &[u8], rows: usize) -> std::result::Result<Vec<(usize, u32, bool)>, String> {
+    if bytes.len() % 8 != 0 || bytes.is_empty() {
+        return Err(format!("{} bytes, not a count and whole 8-byte words", bytes.len()));
+    }
+    let words: Vec<u64> = bytemuck::pod_collect_to_vec(bytes);
+    let n = usize::try_from(words[0]).unwrap_or(usize::MAX);
+    if words.len() != 1 + n.saturating_mul(2) {
+        return Err(format!("{} words announcing {} entries", words.len(), words[0]));
+    }
+    let mut out = Vec::with_capacity(n);
+    for w in words[1..].chunks_exact(2) {
+        let r = usize::try_from(w[0]).ok().filter(|&r| r < rows).ok_or_else(|| format!("row {} past the {rows} rows it may name", w[0]))?;
+        let n = u32::try_from(w[1] >> 1).unwrap_or(u32::MAX);
+        if n == 0 {
+            return Err(format!("row {r} accessed 0 times"));
+        }
+        out.push((r, n, w[1] & 1 == 1));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accesses_are_tallied_by_row() {
+        let t = tally(vec![5 << 1 | 1, 2 << 1, 5 << 1 | 1, 9 << 1, 2 << 1]);
+        assert_eq!(t, vec![(2, 2, false), (5, 2, true), (9, 1, false)]);
+        assert!(tally(Vec::new()).is_empty());
+    }
+
+    #[test]
+    fn a_local_peers_report_is_checked() {
+        let words: Vec<u64> = vec![2, 3, (4 << 1) | 1, 7, 2];
+        let bytes: &[u8] = bytemuck::cast_slice(&words);
+        assert_eq!(parse_report(bytes, 8).unwrap(), vec![(3, 4, true), (7, 1, false)]);
+        assert!(parse_report(bytes, 7).unwrap_err().contains("row 7 past the 7 rows"));
+        assert!(parse_report(&bytes[..24], 8).unwrap_err().contains("3 words announcing 2 entries"));
+        assert!(parse_report(&bytes[..5], 8).unwrap_err().contains("5 bytes"));
+        let zero: Vec<u64> = vec![1, 3, 1];
+        assert!(parse_report(bytemuck::cast_slice(&zero), 8).unwrap_err().contains("0 times"));
+        assert_eq!(parse_report(bytemuck::cast_slice(&[0u64]), 8).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn requests_read_back_in_words() {
+        let l = RowLayout::new(DType::Bf16, 12, 4).unwrap();
+        assert_eq!(show_request(&request_bytes(0.25, &l)), "ratio 0.25 for 12 bf16 elements from element 4");
+    }
+}

@@ -1,0 +1,421 @@
+//! Which rows a cache holds, and which it admits next: the placement of
+//! rows in slots, the tags, the access counts and the replacement rule.
+//! Pure bookkeeping — no memory is touched here — so every rank of a node
+//! can keep an identical copy of the tags, and the node's leader alone
+//! keeps the counts and decides.
+//!
+//! Rows are numbered from 0 among the rows the cache may hold (a node
+//! cache: the rows other nodes own, see [`RowSpace`]). Two placements:
+//!
+//! - **Direct**, when there is a slot for every such row: row `r` lives in
+//!   slot `r`, nothing is ever evicted, and no counts are needed.
+//! - **Sets**: slots grouped in sets of [`WAYS`]; a row may only live in the
+//!   set its number hashes to. Each row has an access count (how often any
+//!   rank of the node asked for it since the cache was created). When rows
+//!   missed, each takes an empty way of its set, or evicts the way whose row
+//!   has the lowest count when its own count is higher. So each set keeps
+//!   the most frequently asked of the rows hashed to it — WholeGraph's
+//!   32-way sets with LFU counters, with two differences: rows are hashed to
+//!   sets (WholeGraph gives each set a run of consecutive rows, so hot
+//!   neighbours compete for one set's ways), and counts are exact 32-bit
+//!   counters (WholeGraph keeps 64-bit counters per row and 14-bit scaled
+//!   copies in the tags).
+
+/// Ways per set.
+pub const WAYS: usize = 32;
+
+/// A tag for a slot that holds nothing.
+const EMPTY: u64 = u64::MAX;
+
+/// How rows map to slots.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Placement {
+    /// One slot per row: row `r` in slot `r`.
+    Direct,
+    /// `sets` sets of [`WAYS`] slots.
+    Sets {
+        /// Number of sets.
+        sets: usize,
+    },
+}
+
+impl Placement {
+    /// The placement of a cache of (at least) `capacity` slots for `rows`
+    /// rows: direct when the sets would hold every row anyway.
+    pub(crate) fn for_capacity(capacity: usize, rows: usize) -> Self {
+        let sets = capacity.div_ceil(WAYS).max(1);
+        if sets.saturating_mul(WAYS) >= rows { Self::Direct } else { Self::Sets { sets } }
+    }
+
+    /// Slots the placement needs for `rows` rows.
+    pub(crate) fn slots(&self, rows: usize) -> usize {
+        match *self {
+            Self::Direct => rows,
+            Self::Sets { sets } => sets * WAYS,
+        }
+    }
+}
+
+/// A 64-bit mix of row number `r` (splitmix64's finaliser).
+#[inline]
+fn mix(r: usize) -> u64 {
+    let mut z = (r as u64).wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The set of row `r` among `sets`: its mix reduced by a multiply (the
+/// high bits; no modulo bias worth naming, no division).
+#[inline]
+fn set_of(r: usize, sets: usize) -> usize {
+    ((u128::from(mix(r)) * sets as u128) >> 64) as usize
+}
+
+/// One byte of row `r`'s mix (its low bits, which the set does not use):
+/// a lookup compares these first, 32 ways in one cache line, and reads a
+/// tag only where the byte matches.
+#[inline]
+fn fingerprint(r: usize) -> u8 {
+    mix(r) as u8
+}
+
+/// The ways among 8 fingerprint bytes (`word`, little-endian) equal to
+/// `fp`: bit 7 of each matching byte set (the classic zero-byte test on
+/// `word ^ fp…fp`; a byte above a true match may show a false one, which
+/// the tag check discards).
+#[inline]
+fn matches(word: u64, fp: u8) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    let x = word ^ (ONES * u64::from(fp));
+    x.wrapping_sub(ONES) & !x & (ONES << 7)
+}
+
+/// A change the leader decided: `slot` now holds `row`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Fill {
+    /// The slot.
+    pub(crate) slot: usize,
+    /// The row (numbered among the cacheable rows).
+    pub(crate) row: usize,
+    /// The row the slot held before, if any (known to the decider).
+    pub(crate) evicted: Option<usize>,
+}
+
+/// The tags of every slot (identical on every rank of a node) and, on the
+/// leader of a set-associative cache, every row's access count.
+#[derive(Debug)]
+pub(crate) struct Tags {
+    placement: Placement,
+    rows: usize,
+    tags: Vec<u64>,
+    /// [`fingerprint`] of each slot's row (set-associative caches).
+    fps: Vec<u8>,
+    /// Accesses per row (set-associative caches, on the leader).
+    counts: Option<Vec<u32>>,
+}
+
+impl Tags {
+    /// Empty tags for `rows` cacheable rows; `leader`: this rank keeps the
+    /// counts and decides.
+    pub(crate) fn new(placement: Placement, rows: usize, leader: bool) -> Self {
+        let counts = match placement {
+            Placement::Sets { .. } if leader => Some(vec![0u32; rows]),
+            _ => None,
+        };
+        let slots = placement.slots(rows);
+        let fps = match placement {
+            Placement::Direct => Vec::new(),
+            Placement::Sets { .. } => vec![0; slots],
+        };
+        Self { placement, rows, tags: vec![EMPTY; slots], fps, counts }
+    }
+
+    /// Slots in the cache.
+    pub(crate) fn slots(&self) -> usize {
+        self.tags.len()
+    }
+
+    /// The slot holding row `r` (`r < rows`), if any.
+    #[inline]
+    pub(crate) fn lookup(&self, r: usize) -> Option<usize> {
+        match self.placement {
+            Placement::Direct => (self.tags[r] == r as u64).then_some(r),
+            Placement::Sets { sets } => {
+                let first = set_of(r, sets) * WAYS;
+                let fp = fingerprint(r);
+                for (c, chunk) in self.fps[first..first + WAYS].chunks_exact(8).enumerate() {
+                    let mut m = matches(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])), fp);
+                    while m != 0 {
+                        let slot = first + c * 8 + m.trailing_zeros() as usize / 8;
+                        if self.tags[slot] == r as u64 {
+                            return Some(slot);
+                        }
+                        m &= m - 1;
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The row slot `slot` holds, if any.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn row_at(&self, slot: usize) -> Option<usize> {
+        self.tags.get(slot).copied().filter(|&t| t != EMPTY).map(|t| t as usize)
+    }
+
+    /// Asks for the memory [`lookup`](Self::lookup) of row `r` will read
+    /// (a hint: lookups of random rows wait on memory, so a caller asks a
+    /// few rows ahead).
+    #[inline]
+    pub(crate) fn prefetch(&self, r: usize) {
+        match self.placement {
+            Placement::Direct => crate::kernel::prefetch_slice(&self.tags[r..=r]),
+            Placement::Sets { sets } => {
+                let first = set_of(r, sets) * WAYS;
+                crate::kernel::prefetch_slice(&self.fps[first..first + WAYS]);
+            }
+        }
+    }
+
+    /// Slots holding rows, now.
+    pub(crate) fn occupied(&self) -> usize {
+        self.tags.iter().filter(|&&t| t != EMPTY).count()
+    }
+
+    /// Adds `n` accesses to row `r`'s count (leader of a set-associative
+    /// cache; a no-op elsewhere). Counts saturate.
+    #[inline]
+    pub(crate) fn count(&mut self, r: usize, n: u32) {
+        if let Some(c) = &mut self.counts {
+            c[r] = c[r].saturating_add(n);
+        }
+    }
+
+    /// Row `r`'s access count (0 where counts are not kept).
+    fn count_of(&self, r: usize) -> u32 {
+        self.counts.as_ref().map_or(0, |c| c[r])
+    }
+
+    /// The leader's decision for the rows that missed (`missed`, distinct,
+    /// each `< rows`, counted already): which slots take which rows. Applies
+    /// it to these tags and returns it, with how many rows it evicts.
+    pub(crate) fn decide(&mut self, missed: &[usize]) -> (Vec<Fill>, u64) {
+        let mut fills = Vec::new();
+        let mut evicted = 0u64;
+        match self.placement {
+            Placement::Direct => {
+                for &r in missed {
+                    if self.tags[r] != r as u64 {
+                        self.tags[r] = r as u64;
+                        fills.push(Fill { slot: r, row: r, evicted: None });
+                    }
+                }
+            }
+            Placement::Sets { sets } => {
+                // Per set, the hottest candidates first: each takes an empty
+                // way or beats the coldest row, until one cannot.
+                let mut order: Vec<(usize, u32, usize)> =
+                    missed.iter().filter(|&&r| self.lookup(r).is_none()).map(|&r| (set_of(r, sets), self.count_of(r), r)).collect();
+                order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
+                let mut i = 0;
+                while i < order.len() {
+                    let set = order[i].0;
+                    let first = set * WAYS;
+                    let mut full = false;
+                    while i < order.len() && order[i].0 == set {
+                        let (_, count, r) = order[i];
+                        i += 1;
+                        if full {
+                            continue;
+                        }
+                        let ways = &self.tags[first..first + WAYS];
+                        let way = match ways.iter().position(|&t| t == EMPTY) {
+                            Some(w) => Some(w),
+                            None => {
+                                // The coldest way (the first of equals).
+                                let (w, coldest) = ways
+                                    .iter()
+                                    .enumerate()
+                                    .map(|(w, &t)| (w, self.count_of(t as usize)))
+                                    .min_by_key(|&(w, c)| (c, w))
+                                    .expect("a set has ways");
+                                if count > coldest {
+                                    evicted += 1;
+                                    Some(w)
+                                } else {
+                                    // The rest of this set's candidates are
+                                    // no hotter.
+                                    full = true;
+                                    None
+                                }
+                            }
+                        };
+                        if let Some(w) = way {
+                            let before = self.set_tag(first + w, r as u64);
+                            let evicted = (before != EMPTY).then_some(before as usize);
+                            fills.push(Fill { slot: first + w, row: r, evicted });
+                        }
+                    }
+                }
+            }
+        }
+        (fills, evicted)
+    }
+
+    /// Applies a fill the leader decided (`slot < slots`, `row < rows`,
+    /// checked by the caller); whether it evicted a row.
+    pub(crate) fn apply(&mut self, f: Fill) -> bool {
+        let before = self.set_tag(f.slot, f.row as u64);
+        before != EMPTY && before != f.row as u64
+    }
+
+    /// Whether `f` names a slot and a row this cache has, and a slot the
+    /// row may live in.
+    pub(crate) fn fits(&self, f: Fill) -> bool {
+        f.slot < self.tags.len()
+            && f.row < self.rows
+            && match self.placement {
+                Placement::Direct => f.slot == f.row,
+                Placement::Sets { sets } => f.slot / WAYS == set_of(f.row, sets),
+            }
+    }
+
+    /// Forgets row `r` (`r < rows`) if it is held; whether it was.
+    pub(crate) fn invalidate(&mut self, r: usize) -> bool {
+        match self.lookup(r) {
+            Some(s) => {
+                self.set_tag(s, EMPTY);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Forgets every row (counts stay: a row hot before is hot after).
+    pub(crate) fn clear(&mut self) {
+        self.tags.fill(EMPTY);
+        self.fps.fill(0);
+    }
+
+    /// Puts `tag` in `slot` (with its fingerprint); the tag it held.
+    fn set_tag(&mut self, slot: usize, tag: u64) -> u64 {
+        if let Some(fp) = self.fps.get_mut(slot) {
+            *fp = if tag == EMPTY { 0 } else { fingerprint(tag as usize) };
+        }
+        std::mem::replace(&mut self.tags[slot], tag)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cache_with_a_slot_for_every_row_places_rows_directly() {
+        assert_eq!(Placement::for_capacity(100, 100), Placement::Direct);
+        assert_eq!(Placement::for_capacity(97, 100), Placement::Direct, "4 sets of 32 would cover 100 rows");
+        assert_eq!(Placement::for_capacity(96, 100), Placement::Sets { sets: 3 });
+        assert_eq!(Placement::for_capacity(64, 100), Placement::Sets { sets: 2 });
+        assert_eq!(Placement::for_capacity(1, 1000), Placement::Sets { sets: 1 });
+        let mut t = Tags::new(Placement::Direct, 10, true);
+        assert_eq!(t.slots(), 10);
+        let (fills, evicted) = t.decide(&[3, 7]);
+        assert_eq!((fills, evicted), (vec![Fill { slot: 3, row: 3, evicted: None }, Fill { slot: 7, row: 7, evicted: None }], 0));
+        assert_eq!(t.lookup(3), Some(3));
+        assert_eq!(t.lookup(4), None);
+        assert!(t.invalidate(3) && !t.invalidate(3));
+        assert_eq!(t.lookup(3), None);
+    }
+
+    #[test]
+    fn sets_keep_the_most_frequently_asked_rows() {
+        // One set: 32 ways, 100 rows. Row r is asked r times.
+        let mut t = Tags::new(Placement::Sets { sets: 1 }, 100, true);
+        for r in 0..100 {
+            t.count(r, r as u32);
+        }
+        let all: Vec<usize> = (0..100).collect();
+        let (fills, evicted) = t.decide(&all);
+        assert_eq!((fills.len(), evicted), (32, 0), "the 32 hottest fill the empty ways");
+        for r in 68..100 {
+            assert!(t.lookup(r).is_some(), "row {r} is among the hottest");
+        }
+        // Row 5 becomes the hottest: it evicts the coldest held row (68).
+        t.count(5, 1000);
+        let (fills, evicted) = t.decide(&[5, 6]);
+        assert_eq!((fills.len(), evicted), (1, 1));
+        assert_eq!(fills[0].evicted, Some(68), "the coldest held row goes");
+        assert!(t.lookup(5).is_some() && t.lookup(68).is_none() && t.lookup(6).is_none());
+        // A row no hotter than the coldest held one stays out.
+        t.count(7, 69 - 7);
+        let (fills, _) = t.decide(&[7]);
+        assert!(fills.is_empty(), "a tie does not evict");
+    }
+
+    #[test]
+    fn every_fill_lands_in_its_rows_set_and_a_follower_replays_it() {
+        let mut leader = Tags::new(Placement::Sets { sets: 8 }, 10_000, true);
+        let mut follower = Tags::new(Placement::Sets { sets: 8 }, 10_000, false);
+        for round in 0..20u64 {
+            let missed: Vec<usize> = (0..300).map(|i| ((i * 7919 + round * 104_729) % 10_000) as usize).collect();
+            let mut distinct = missed.clone();
+            distinct.sort_unstable();
+            distinct.dedup();
+            for &r in &missed {
+                leader.count(r, 1 + (r % 5) as u32);
+            }
+            let (fills, evicted) = leader.decide(&distinct);
+            let mut replayed = 0;
+            for f in &fills {
+                assert!(follower.fits(*f), "{f:?}");
+                replayed += u64::from(follower.apply(*f));
+            }
+            assert_eq!(replayed, evicted);
+            assert_eq!(leader.tags, follower.tags);
+        }
+        assert_eq!(leader.occupied(), leader.slots());
+        assert!(!leader.fits(Fill { slot: 0, row: 10_000, evicted: None }));
+        assert!(!leader.fits(Fill { slot: 8 * WAYS, row: 1, evicted: None }));
+        leader.clear();
+        assert_eq!(leader.occupied(), 0);
+    }
+
+    #[test]
+    fn fingerprints_find_every_matching_way_and_only_tags_decide() {
+        // Every byte position, and a match above another match.
+        for pos in 0..8 {
+            let word = u64::from_le_bytes(std::array::from_fn(|i| if i == pos { 0xab } else { 0x11 }));
+            let m = matches(word, 0xab);
+            assert_eq!(m.trailing_zeros() as usize / 8, pos, "{m:#x}");
+        }
+        assert_eq!(matches(u64::from_le_bytes([7; 8]), 7).count_ones(), 8);
+        assert_eq!(matches(u64::from_le_bytes([7; 8]), 8), 0);
+        // Many rows in one set: each is found in its own way, the others not.
+        let mut t = Tags::new(Placement::Sets { sets: 1 }, 10_000, true);
+        let held: Vec<usize> = (0..WAYS).map(|i| i * 313).collect();
+        for &r in &held {
+            t.count(r, 1);
+        }
+        t.decide(&held);
+        for &r in &held {
+            assert_eq!(t.tags[t.lookup(r).expect("held")], r as u64);
+        }
+        assert_eq!((0..10_000).filter(|r| t.lookup(*r).is_some()).count(), WAYS);
+        t.invalidate(held[3]);
+        assert_eq!(t.lookup(held[3]), None);
+    }
+
+    #[test]
+    fn hashed_sets_spread_consecutive_rows() {
+        // Hot rows are often neighbours: they must not crowd one set.
+        let sets = 64;
+        let mut per_set = vec![0usize; sets];
+        for r in 0..sets * WAYS {
+            per_set[set_of(r, sets)] += 1;
+        }
+        let max = per_set.iter().max().copied().unwrap_or(0);
+        assert!(max < 2 * WAYS, "{per_set:?}");
+    }
+}
