@@ -20,16 +20,22 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+#![deny(unsafe_code)]
+
 pub mod agree;
 mod capability;
 #[cfg(feature = "cuda")]
+#[allow(unsafe_code)]
 pub mod device;
 mod dtype;
 mod error;
 pub mod files;
+#[allow(unsafe_code)]
 mod handle;
+#[allow(unsafe_code)]
 mod host;
 mod partition;
+#[allow(unsafe_code)]
 mod tensor;
 mod types;
 
