@@ -56,6 +56,7 @@ mod fabric;
 #[cfg(feature = "mpi")]
 #[allow(unsafe_code)]
 mod mpi_rma;
+mod mirror;
 mod profile;
 mod reader;
 mod record;
@@ -155,6 +156,11 @@ pub struct Options {
     /// rendezvous's `job.key`; a job without any draws one for its ranks,
     /// and then no reader outside the job can join).
     pub key: Option<wm_comm::JobKey>,
+    /// Serve a host table through a host mirror, as a device table is
+    /// served (`Table::publish_from` then copies the rows): for testing the
+    /// device path where there is no GPU. Not part of the stable API.
+    #[doc(hidden)]
+    pub force_mirror: bool,
 }
 
 impl Options {
