@@ -9,7 +9,9 @@
 //! seen by every read that starts after it returns. A rank reads with
 //! [`Table::reader`]; a process outside the job [`Reader::join`]s the
 //! published table by name through the job's rendezvous (`dir:` or
-//! `host:port`), proving it holds the job's key.
+//! `host:port`), proving it holds the job's key. Device tables are served
+//! through a host copy of each rank's rows, refreshed and published by
+//! [`Table::publish_from`].
 //!
 //! Transports, one per owner, chosen automatically ([`Method`]; override
 //! with `WM_ONE_SIDED` or [`Options::method`]):
