@@ -373,6 +373,10 @@ fn mirror(world: &Comm, loc: Option<&str>, forced: Option<Method>) -> Result<()>
         let reader = table.reader()?;
         let info = reader.info();
         ensure!((info.rows, info.cols, info.location, info.memory_type) == (rows, cols, loc, ty), "{ctx}: info {info:?}");
+        for (r, &m) in reader.methods().iter().enumerate().filter(|&(r, _)| info.counts[r] > 0) {
+            let want = expected_method(world, forced, r);
+            ensure!(m == want, "{ctx}: owner {r} is read by {m}, expected {want}");
+        }
         let mut own = Rng::new(&[0x99, me as u64, rows as u64]);
         let mut ids: Vec<usize> = (0..300).map(|_| own.below(rows as u64) as usize).collect();
         ids.extend_from_within(..50);
