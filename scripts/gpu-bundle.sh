@@ -38,7 +38,7 @@ for a in $archs; do
   [ "$(head -c 4 "$1" | od -An -c | tr -d ' ')" = '177ELF' ] || fail "$1 is not a CUBIN (ELF) file"
 done
 
-rank_programs="wm-test-rank wm-test-load wm-test-embedding wm-test-cache"
+rank_programs="wm-test-rank wm-test-load wm-test-embedding wm-test-cache wm-test-onesided"
 cargo build --release -p wm-bench --bin wm-bench --bin wm-run -p wm-tests $(printf -- '--bin %s ' $rank_programs)
 for b in wm-bench wm-run $rank_programs; do
   cp "target/release/$b" "$out/$b"

@@ -85,7 +85,8 @@ correctness() {
     device_hierarchy_and_distributed_cross_simulated_nodes \
     device_tables_store_and_load_sharded_files_on_1_to_4_ranks \
     device_embeddings_train_like_the_reference_on_1_to_4_ranks \
-    device_caches_of_host_rows_train_like_no_cache_on_2_ranks_and_2_nodes; do
+    device_caches_of_host_rows_train_like_no_cache_on_2_ranks_and_2_nodes \
+    device_tables_are_read_one_sidedly_through_a_host_mirror_on_1_to_4_ranks; do
     step "device test $t" 100 "$b/device-tests" "$t" --exact --test-threads=1 --nocapture
   done
 }

@@ -9,7 +9,9 @@
 //! seen by every read that starts after it returns. A rank reads with
 //! [`Table::reader`]; a process outside the job [`Reader::join`]s the
 //! published table by name through the job's rendezvous (`dir:` or
-//! `host:port`), proving it holds the job's key.
+//! `host:port`), proving it holds the job's key. Device tables are served
+//! through a host copy of each rank's rows, refreshed and published by
+//! [`Table::publish_from`].
 //!
 //! Transports, one per owner, chosen automatically ([`Method`]; override
 //! with `WM_ONE_SIDED` or [`Options::method`]):
@@ -56,6 +58,7 @@ mod fabric;
 #[cfg(feature = "mpi")]
 #[allow(unsafe_code)]
 mod mpi_rma;
+mod mirror;
 mod profile;
 mod reader;
 mod record;
@@ -155,6 +158,11 @@ pub struct Options {
     /// rendezvous's `job.key`; a job without any draws one for its ranks,
     /// and then no reader outside the job can join).
     pub key: Option<wm_comm::JobKey>,
+    /// Serve a host table through a host mirror, as a device table is
+    /// served (`Table::publish_from` then copies the rows): for testing the
+    /// device path where there is no GPU. Not part of the stable API.
+    #[doc(hidden)]
+    pub force_mirror: bool,
 }
 
 impl Options {

@@ -10,8 +10,8 @@ use wm_comm::auth::ReaderId;
 use wm_comm::{CommExt, Communicator, JobKey, Rendezvous};
 use wm_gather::DType;
 
-use crate::catalog;
 use crate::client::Identity;
+use crate::{catalog, mirror};
 use crate::error::agree;
 use crate::reader::{Origin, Reader, copy_threads};
 use crate::record::{self, Checked, OwnerRecord, TableRecord, check_name};
@@ -28,10 +28,16 @@ use crate::{Error, Method, Options, Result};
 /// memory's rows through a mapping of its own, so it does not borrow the
 /// [`WholeMemory`]: free the `Table` before the memory (a table outliving
 /// its memory serves the freed rows' last contents, safely).
+///
+/// A table of device memory is served through a host copy of its rows
+/// (its *mirror*), which [`publish_from`](Self::publish_from) refreshes.
 #[derive(Debug)]
 pub struct Table {
     name: String,
     comm: Arc<dyn Communicator>,
+    /// The host copy served in place of device rows (`None`: the rows are
+    /// served where they are).
+    mirror: Option<Mutex<WholeMemory>>,
     record: Mutex<TableRecord>,
     checked: Checked,
     server: Server,
@@ -48,6 +54,12 @@ pub struct Table {
     #[cfg(feature = "mpi")]
     mpi: Option<Arc<crate::mpi_rma::Window>>,
 }
+
+// Tables are shared between threads (readers, publishes).
+const _: fn() = || {
+    fn shared<T: Send + Sync>() {}
+    shared::<Table>();
+};
 
 /// What a rank set up for a table, before every rank knows every record.
 struct Started {
@@ -110,11 +122,18 @@ impl Table {
     /// an MPI window when it is `mpi`. Readers see the rows from the
     /// first [`publish`](Self::publish) on.
     ///
+    /// Device memory is served through the host: every rank allocates host
+    /// memory for its rows (a table of the same type and partition, the
+    /// *mirror*), copies its device rows into it, and serves the copy.
+    /// Readers see that snapshot until
+    /// [`publish_from`](Self::publish_from) copies the rows again.
+    ///
     /// # Errors
     /// [`Error::InvalidArgument`] naming the value (a bad name, rows that
     /// are not whole elements, ranks passing different arguments or holding
-    /// different job keys); [`Error::Unsupported`] for device memory or a
-    /// method this build lacks; a failure on any rank, on every rank.
+    /// different job keys); [`Error::Unsupported`] for a method this build
+    /// lacks, or host memory of the table's type refused here (for a
+    /// device table's mirror); a failure on any rank, on every rank.
     pub fn new(mem: &WholeMemory, name: &str, dtype: DType, opts: &Options) -> Result<Self> {
         let comm = mem.comm().clone();
         let (me, world_rank) = (comm.rank(), comm.world_rank());
@@ -132,22 +151,17 @@ impl Table {
             {
                 return Err(Error::Unsupported { what: format!("one-sided {m} reads"), reason: why.into() });
             }
-            if mem.location() == Location::Device {
-                return Err(Error::Unsupported {
-                    what: format!("one-sided reads of {} {} memory", mem.location(), mem.memory_type()),
-                    reason: "device tables are not served yet: copy the rows to a host table".into(),
-                });
-            }
             Ok((cols, method, publish_at?))
         })();
         let (cols, method, publish_at) = agree(comm.as_ref(), args)?;
         // Every rank must ask for the same table.
-        let mine = format!("{name}|{dtype}|{}", method.map_or("auto", Method::name));
+        let mirrored = mem.location() == Location::Device || opts.force_mirror;
+        let mine = format!("{name}|{dtype}|{}|{}", method.map_or("auto", Method::name), if mirrored { "mirror" } else { "in place" });
         let all = comm.allgatherv(mine.as_bytes())?;
         if let Some(r) = all.iter().position(|a| a != &all[0]) {
             let w = comm.world_ranks();
             return Err(Error::InvalidArgument(format!(
-                "ranks passed different tables: rank {} {:?} and rank {} {:?} (name|type|method)",
+                "ranks passed different tables: rank {} {:?} and rank {} {:?} (name|type|method|served)",
                 w[0],
                 String::from_utf8_lossy(&all[0]),
                 w[r],
@@ -158,8 +172,18 @@ impl Table {
         let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
         let p = mem.partition().clone();
         let g = mem.granularity();
+        // A device table's rows, copied to the host (collective).
+        let mirror = match mirrored {
+            true => {
+                let mut m = mirror::allocate(mem)?;
+                agree(comm.as_ref(), mirror::copy_local(mem, &mut m))?;
+                Some(m)
+            }
+            false => None,
+        };
+        let served = mirror.as_ref().unwrap_or(mem);
         let started = (|| {
-            let portion = mem
+            let portion = served
                 .portion()
                 .ok_or_else(|| Error::Unsupported { what: "one-sided reads".into(), reason: "the table has no host portion".into() })?;
             let fds = portion
@@ -257,6 +281,7 @@ impl Table {
         Ok(Self {
             name: name.to_owned(),
             comm,
+            mirror: mirror.map(Mutex::new),
             record: Mutex::new(record),
             checked,
             server,
@@ -294,7 +319,55 @@ impl Table {
     ///
     /// # Errors
     /// A lost peer; rank 0 unable to publish the record (on every rank).
+    /// [`Error::Unsupported`] on a table served through a host mirror (a
+    /// device table), on every rank and without communicating: its writes
+    /// reach readers only through [`publish_from`](Self::publish_from).
     pub fn publish(&self) -> Result<()> {
+        if self.mirror.is_some() {
+            return Err(Error::Unsupported {
+                what: format!("publish() of table {:?}", self.name),
+                reason: "it is served through a host copy of its device rows, which publish() would leave stale: \
+                         call publish_from(&mem) with the table's memory, which copies the rows and then publishes"
+                    .into(),
+            });
+        }
+        self.publish_epoch()
+    }
+
+    /// Copies this rank's rows of `mem` — the memory the table was made
+    /// from — into the table's host mirror, then publishes as
+    /// [`publish`](Self::publish) does: every write to `mem` made before
+    /// this call is seen by one-sided reads that start after it returns.
+    /// Collective. The way to publish a device table; on a table served in
+    /// place (host memory) it checks `mem`'s shape and is `publish`.
+    ///
+    /// Until it returns on every rank, readers see the previous snapshot
+    /// (or, for a row being copied at that moment, a mix of the two).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when `mem` has other rows, row size or
+    /// rows per rank than the table; a failed copy; as
+    /// [`publish`](Self::publish) — each on every rank.
+    pub fn publish_from(&self, mem: &WholeMemory) -> Result<()> {
+        let c = &self.checked;
+        let shape = mirror::check_shape(mem, &self.name, c.rows, c.row_bytes, &c.partition.counts());
+        let copied = shape.and_then(|()| match &self.mirror {
+            Some(m) => mirror::copy_local(mem, &mut m.lock().unwrap_or_else(|p| p.into_inner())),
+            None => Ok(()),
+        });
+        agree(self.comm.as_ref(), copied)?;
+        self.publish_epoch()
+    }
+
+    /// Whether the table is served through a host mirror (a device table)
+    /// and so published with [`publish_from`](Self::publish_from).
+    pub fn is_mirrored(&self) -> bool {
+        self.mirror.is_some()
+    }
+
+    /// The collective part of a publish: every rank's writes (or copies)
+    /// done, the epoch bumped, the record republished.
+    fn publish_epoch(&self) -> Result<()> {
         // Every rank's writes are done once every rank is here.
         self.comm.barrier()?;
         #[cfg(feature = "mpi")]
@@ -394,6 +467,9 @@ impl Table {
         }
         #[cfg(feature = "fabric")]
         drop(self.fabric.take());
+        if let Some(m) = self.mirror.take() {
+            m.into_inner().unwrap_or_else(|p| p.into_inner()).free()?;
+        }
         let comm = self.comm.clone();
         drop(self);
         comm.barrier().map_err(Error::from)

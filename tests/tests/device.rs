@@ -1,7 +1,8 @@
 //! The host-memory test bodies again, on device memory, with real rank
 //! processes: every type fills and reads back, gathers and scatters (with
 //! conversions, repeats, empty id lists, bad ids), stores and loads sharded
-//! files, trains embeddings against the reference optimizers, on 1–4 ranks. With one
+//! files, trains embeddings against the reference optimizers, serves
+//! one-sided reads through a host mirror, on 1–4 ranks. With one
 //! GPU the ranks share it (continuous and chunked memory then map each
 //! other's allocations on the same device).
 //!
@@ -14,6 +15,7 @@ const RANK: &str = env!("CARGO_BIN_EXE_wm-test-rank");
 const LOAD: &str = env!("CARGO_BIN_EXE_wm-test-load");
 const EMB: &str = env!("CARGO_BIN_EXE_wm-test-embedding");
 const CACHE: &str = env!("CARGO_BIN_EXE_wm-test-cache");
+const ONESIDED: &str = env!("CARGO_BIN_EXE_wm-test-onesided");
 
 /// Whether a GPU is usable here; prints the reason when not, and panics
 /// instead when `WM_REQUIRE_GPU=1`.
@@ -88,6 +90,16 @@ fn device_caches_of_host_rows_train_like_no_cache_on_2_ranks_and_2_nodes() {
     World::new(4).nodes_of(2).run_ok(CACHE, &["device"]);
 }
 
+#[test]
+fn device_tables_are_read_one_sidedly_through_a_host_mirror_on_1_to_4_ranks() {
+    if !gpu_or_skip("device one-sided reads") {
+        return;
+    }
+    for n in 1..=4 {
+        World::new(n).run_ok(ONESIDED, &["mirror", "device"]);
+    }
+}
+
 /// Every rank program's device scenario, with `WM_REQUIRE_GPU=1` and no
 /// GPU: each must fail, naming the variable and the reason, instead of
 /// passing on skips. Without the variable the same runs pass, skipping.
@@ -103,12 +115,13 @@ fn require_gpu_turns_every_device_skip_of_every_rank_program_into_a_failure() {
     let dir = std::env::temp_dir().join(format!("wm-test-require-gpu.{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let dir_arg = dir.to_str().expect("a UTF-8 path");
-    let programs: [(&str, Vec<&str>); 5] = [
+    let programs: [(&str, Vec<&str>); 6] = [
         (RANK, vec!["fill-read", "device"]),
         (RANK, vec!["gather", "device"]),
         (LOAD, vec!["round-trip", dir_arg, "device"]),
         (EMB, vec!["optimizers", "device"]),
         (CACHE, vec!["device"]),
+        (ONESIDED, vec!["mirror", "device"]),
     ];
     for (program, args) in &programs {
         let name = std::path::Path::new(program).file_name().unwrap_or_default().to_string_lossy().into_owned();

@@ -11,7 +11,11 @@
 //!   through `dir:` and `host:port` rendezvous with the job's key (a wrong
 //!   key refused), reading while the job writes then publishes, a
 //!   fork/exec child joining on its own, and an error — no hang, no crash —
-//!   after the job frees the table and after the job is SIGKILLed.
+//!   after the job frees the table and after the job is SIGKILLed;
+//! - tables served through a host mirror (as device tables are; here host
+//!   tables forced through one): readers in and outside the job see the
+//!   snapshot until `publish_from`, `publish` is refused, free is seen.
+//!   `tests/tests/device.rs` runs the same scenario on device tables.
 
 use std::process::Command;
 use std::thread;
@@ -47,6 +51,21 @@ fn one_rank_reads_while_the_others_are_busy() {
     World::new(4).nodes_of(2).run_ok(PROG, &["busy"]);
 }
 
+#[test]
+fn a_host_mirror_serves_snapshots_until_publish_from_on_1_to_4_ranks() {
+    for n in 1..=4 {
+        World::new(n).run_ok(PROG, &["mirror", "host"]);
+    }
+    World::new(2).run_ok(PROG, &["mirror", "host", "socket"]);
+    World::new(4).nodes_of(2).run_ok(PROG, &["mirror", "host"]);
+}
+
+#[test]
+fn an_outside_reader_reads_a_mirrored_table_and_sees_it_freed() {
+    outside_with(World::new(2), "auto", "distributed", "free", true);
+    outside_with(World::new(2).nodes_of(1).tcp(), "socket", "hierarchy", "free", true);
+}
+
 #[cfg(feature = "fabric")]
 mod fabric {
     use super::*;
@@ -67,6 +86,11 @@ mod fabric {
     fn fabric_is_chosen_across_nodes_when_a_provider_is_named() {
         tcp(World::new(4).nodes_of(2)).run_ok(PROG, &["reads"]);
         tcp(World::new(3)).run_ok(PROG, &["busy", "fabric"]);
+    }
+
+    #[test]
+    fn fabric_reads_a_host_mirror() {
+        tcp(World::new(2).nodes_of(1)).run_ok(PROG, &["mirror", "host", "fabric"]);
     }
 
     #[test]
@@ -109,6 +133,9 @@ mod mpi_rma {
         let Some(mut c) = mpirun() else { return };
         c.args(["-np", "3", "-x", "WM_TIMEOUT_S=120", &prog, "busy", "mpi"]);
         ok(c, "mpirun -np 3 busy mpi");
+        let Some(mut c) = mpirun() else { return };
+        c.args(["-np", "2", "-x", "WM_TIMEOUT_S=120", &prog, "mirror", "host", "mpi"]);
+        ok(c, "mpirun -np 2 mirror host mpi");
         // Two simulated nodes of two ranks (MPMD: each half its node id).
         let Some(mut c) = mpirun() else { return };
         c.args(["-np", "2", "-x", "WM_NODE_ID=node0", "-x", "WM_TIMEOUT_S=120", &prog, "reads", "mpi", ":"]);
@@ -121,11 +148,20 @@ mod mpi_rma {
 /// process outside it; `mode` is `free` (the job frees the table) or
 /// `hold` (the reader SIGKILLs the job).
 fn outside(world: World, method: &str, ty: &str, mode: &str) {
+    outside_with(world, method, ty, mode, false);
+}
+
+/// [`outside`], the job's table served through a host mirror when
+/// `mirrored` (published with `publish_from`).
+fn outside_with(world: World, method: &str, ty: &str, mode: &str, mirrored: bool) {
     let dir = Scratch::new(&format!("{method}-{ty}-{mode}"));
     let key = key();
     let name = format!("outside-{ty}");
     let world = world.env("WM_JOB_KEY", &key).env("WM_TIMEOUT_S", "60");
-    let args: Vec<String> = ["job", &dir.0.to_string_lossy(), &name, "3", method, ty, mode].iter().map(|s| s.to_string()).collect();
+    let mut args: Vec<String> = ["job", &dir.0.to_string_lossy(), &name, "3", method, ty, mode].iter().map(|s| s.to_string()).collect();
+    if mirrored {
+        args.push("mirror".into());
+    }
     let job = thread::spawn(move || {
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         world.run(PROG, &a)

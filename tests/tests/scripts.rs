@@ -108,3 +108,22 @@ fn the_gpu_check_takes_a_part() {
         String::from_utf8_lossy(&out.stderr).contains("usage:") && String::from_utf8_lossy(&out.stderr).contains("correctness|bench|all")
     );
 }
+
+/// Every test of `tests/tests/device.rs` that runs device scenarios is a
+/// step of the GPU check (a test added there and forgotten here would
+/// never run on a GPU).
+#[test]
+fn the_gpu_check_runs_every_device_test() {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let tests = std::fs::read_to_string(here.join("tests/device.rs")).expect("tests/device.rs");
+    let check = std::fs::read_to_string(scripts().join("gpu-check.sh")).expect("gpu-check.sh");
+    let names: Vec<&str> = tests
+        .split("#[test]\nfn ")
+        .skip(1)
+        .filter_map(|t| t.split('(').next())
+        .filter(|n| n.starts_with("device_"))
+        .collect();
+    assert!(names.len() >= 6, "device tests found: {names:?}");
+    let missing: Vec<&&str> = names.iter().filter(|n| !check.contains(**n)).collect();
+    assert!(missing.is_empty(), "device tests the GPU check does not run: {missing:?}");
+}

@@ -9,10 +9,17 @@
 //! - `busy [METHOD]` — rank 0 reads while every other rank is busy in
 //!   collectives of its own and then waits in a barrier: the owners take
 //!   no part.
-//! - `job DIR NAME ROUNDS METHOD TYPE MODE` — the job an outside reader
-//!   joins: writes epoch `e`'s values, publishes, and waits for the reader
-//!   (files in `DIR`) before the next; then `free` (frees and waits) or
-//!   `hold` (waits to be killed).
+//! - `mirror LOCATION [METHOD]` — tables served through a host mirror:
+//!   device tables (`device`, where a GPU is), or host tables forced
+//!   through one (`host`): every type the world supports, zero-row ranks;
+//!   `publish` refused naming `publish_from`; readers see the snapshot,
+//!   not writes made after it, until `publish_from`; a memory of another
+//!   shape refused; an error after free.
+//! - `job DIR NAME ROUNDS METHOD TYPE MODE [mirror]` — the job an outside
+//!   reader joins: writes epoch `e`'s values, publishes, and waits for the
+//!   reader (files in `DIR`) before the next; then `free` (frees and
+//!   waits) or `hold` (waits to be killed). With `mirror`, the table is
+//!   served through a host mirror and published with `publish_from`.
 //!
 //! Other processes (not ranks):
 //! - `reader DIR NAME ROUNDS METHOD MODE` — joins through the rendezvous
@@ -44,6 +51,7 @@ fn main() {
     let result = match scenario.as_str() {
         "reads" => method(rest.first()).and_then(|m| rank(|w| reads(w, m))),
         "busy" => method(rest.first()).and_then(|m| rank(|w| busy(w, m))),
+        "mirror" => method(rest.get(1)).and_then(|m| rank(|w| mirror(w, rest.first().map(String::as_str), m))),
         "job" => rank(|w| job(w, rest)),
         "reader" => outside_reader(rest),
         "child" => child(rest),
@@ -143,8 +151,20 @@ fn verify(out: &[u8], ids: &[usize], cols: usize, epoch: u64, table: DType, out_
 }
 
 fn allocate(world: &Comm, ty: MemoryType, rows: usize, cols: usize, dtype: DType, part: Option<Vec<usize>>) -> Result<WholeMemory> {
+    allocate_at(world, ty, Location::Host, rows, cols, dtype, part)
+}
+
+fn allocate_at(
+    world: &Comm,
+    ty: MemoryType,
+    loc: Location,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+    part: Option<Vec<usize>>,
+) -> Result<WholeMemory> {
     let g = cols * dtype.size();
-    let req = AllocRequest { ty, loc: Location::Host, total: rows * g, granularity: g, partition: part };
+    let req = AllocRequest { ty, loc, total: rows * g, granularity: g, partition: part };
     Ok(WholeMemory::allocate(world, &req)?)
 }
 
@@ -294,6 +314,124 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
     Ok(())
 }
 
+// ------------------------------------------------------------------ mirror
+
+/// Reads `ids` (i32 ids) and every row (`get`, converted to f64) and checks
+/// them against `epoch`'s values.
+fn read_epoch(reader: &Reader, rows: usize, cols: usize, epoch: u64, ids: &[usize], ctx: &str) -> Result<()> {
+    let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+    let mut out = vec![0u8; ids.len() * cols * 4];
+    reader.get_batch(Ids::I32(&v), &mut out, DType::F32).with_context(|| format!("{ctx}: get_batch"))?;
+    verify(&out, ids, cols, epoch, DType::F32, DType::F32, &format!("{ctx}: get_batch"))?;
+    let mut all = vec![0u8; rows * cols * 8];
+    reader.get(0, rows, &mut all, DType::F64).with_context(|| format!("{ctx}: get"))?;
+    verify(&all, &(0..rows).collect::<Vec<_>>(), cols, epoch, DType::F32, DType::F64, &format!("{ctx}: get"))
+}
+
+/// Tables served through a host mirror (device tables, or host tables
+/// forced through one): the snapshot rule, `publish_from`, the refusals.
+fn mirror(world: &Comm, loc: Option<&str>, forced: Option<Method>) -> Result<()> {
+    let loc = match loc {
+        Some("host") => Location::Host,
+        Some("device") => Location::Device,
+        other => bail!("mirror LOCATION [METHOD]: location {other:?}, expected host or device"),
+    };
+    let (me, n) = (world.rank(), world.size());
+    let cols = 12;
+    let mut rng = Rng::new(&[0x313, n as u64]);
+    let opts = Options { method: forced, force_mirror: loc == Location::Host, ..Options::default() };
+    for ty in MemoryType::ALL {
+        let what = format!("{loc} {ty}");
+        if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
+            wm_tests::skip(world.as_ref(), ty, loc, &what, reason).map_err(anyhow::Error::msg)?;
+            continue;
+        }
+        if forced == Some(Method::Shm) && (0..n).any(|r| !world.same_node(r, me)) {
+            println!("skip {what} with shm: ranks on other nodes");
+            continue;
+        }
+        let rows = 200 + rng.below(400) as usize;
+        // Rank 1 owns nothing.
+        let part: Option<Vec<usize>> = (n > 1).then(|| {
+            let mut p = vec![rows / (n - 1); n];
+            p[1] = 0;
+            p[0] += rows - rows / (n - 1) * (n - 1);
+            p
+        });
+        let ctx = format!("mirror of {what} rows={rows} partition={part:?} method={forced:?}");
+        let mut mem = allocate_at(world, ty, loc, rows, cols, DType::F32, part.clone()).context(ctx.clone())?;
+        fill(&mut mem, cols, DType::F32, 1)?;
+        let name = format!("mirror-{ty}");
+        let table = Table::new(&mem, &name, DType::F32, &opts).context(ctx.clone())?;
+        ensure!(table.is_mirrored(), "{ctx}: the table is not served through a mirror");
+        // publish() would publish a stale copy: refused, naming publish_from.
+        match table.publish() {
+            Err(e @ OErr::Unsupported { .. }) => ensure!(e.to_string().contains("publish_from"), "{ctx}: {e}"),
+            other => bail!("{ctx}: publish() of a mirrored table gave {other:?}"),
+        }
+        table.publish_from(&mem).context(ctx.clone())?;
+        let reader = table.reader()?;
+        let info = reader.info();
+        ensure!((info.rows, info.cols, info.location, info.memory_type) == (rows, cols, loc, ty), "{ctx}: info {info:?}");
+        for (r, &m) in reader.methods().iter().enumerate().filter(|&(r, _)| info.counts[r] > 0) {
+            let want = expected_method(world, forced, r);
+            ensure!(m == want, "{ctx}: owner {r} is read by {m}, expected {want}");
+        }
+        let mut own = Rng::new(&[0x99, me as u64, rows as u64]);
+        let mut ids: Vec<usize> = (0..300).map(|_| own.below(rows as u64) as usize).collect();
+        ids.extend_from_within(..50);
+        read_epoch(&reader, rows, cols, 1, &ids, &format!("{ctx} epoch 1"))?;
+
+        // Writes after the snapshot stay unseen until publish_from.
+        world.barrier()?;
+        fill(&mut mem, cols, DType::F32, 2)?;
+        world.barrier()?;
+        read_epoch(&reader, rows, cols, 1, &ids, &format!("{ctx} written, not published"))?;
+        world.barrier()?;
+        table.publish_from(&mem).context(ctx.clone())?;
+        read_epoch(&reader, rows, cols, 2, &ids, &format!("{ctx} epoch 2"))?;
+        ensure!(table.epoch() == 2 && reader.epoch()? == 2, "{ctx}: epochs {} and {}", table.epoch(), reader.epoch()?);
+
+        // Memory of another shape: one error on every rank (the lowest
+        // failing rank's, naming the size), the table usable.
+        let other = allocate_at(world, MemoryType::Distributed, Location::Host, rows + 1, cols, DType::F32, None)?;
+        match table.publish_from(&other) {
+            Err(e @ (OErr::InvalidArgument(_) | OErr::PeerFailed { .. })) => {
+                ensure!(e.to_string().contains(&format!("{} rows", rows + 1)), "{ctx}: {e}")
+            }
+            other => bail!("{ctx}: publish_from with {} rows gave {other:?}", rows + 1),
+        }
+        other.free()?;
+        ensure!(table.epoch() == 2, "{ctx}: a refused publish_from moved the epoch to {}", table.epoch());
+        read_epoch(&reader, rows, cols, 2, &ids, &format!("{ctx} after a refused publish_from"))?;
+        if me == 0 {
+            println!("{ctx}: verified snapshot and publish_from, read by {}", reader.method_names());
+        }
+        world.barrier()?;
+        table.free().context(ctx.clone())?;
+        match reader.get_batch(Ids::I64(&[0]), &mut vec![0u8; cols * 4], DType::F32) {
+            Err(OErr::Gone { .. }) => {}
+            other => bail!("{ctx}: a read after free gave {other:?}"),
+        }
+        // A host table served in place: publish_from is publish.
+        if loc == Location::Host {
+            let table = Table::new(&mem, &name, DType::F32, &Options { method: forced, ..Options::default() })?;
+            ensure!(!table.is_mirrored(), "{ctx}: a host table is mirrored without being asked");
+            table.publish_from(&mem)?;
+            let reader = table.reader()?;
+            read_epoch(&reader, rows, cols, 2, &ids, &format!("{ctx} in place"))?;
+            world.barrier()?;
+            fill(&mut mem, cols, DType::F32, 3)?;
+            table.publish_from(&mem)?;
+            read_epoch(&reader, rows, cols, 3, &ids, &format!("{ctx} in place, epoch 3"))?;
+            world.barrier()?;
+            table.free()?;
+        }
+        mem.free()?;
+    }
+    Ok(())
+}
+
 // ------------------------------------------------------------------ busy
 
 /// Rank 0 reads while the others run collectives among themselves and
@@ -352,7 +490,11 @@ const OUT_COLS: usize = 24;
 
 /// The publishing job.
 fn job(world: &Comm, rest: &[String]) -> Result<()> {
-    let [dir, name, rounds, m, ty, mode] = rest else { bail!("job DIR NAME ROUNDS METHOD TYPE MODE") };
+    let (dir, name, rounds, m, ty, mode, mirrored) = match rest {
+        [d, n, r, m, t, o] => (d, n, r, m, t, o, false),
+        [d, n, r, m, t, o, x] if x == "mirror" => (d, n, r, m, t, o, true),
+        _ => bail!("job DIR NAME ROUNDS METHOD TYPE MODE [mirror]"),
+    };
     let dir = PathBuf::from(dir);
     let rounds: u64 = rounds.parse()?;
     let forced = method(Some(m))?;
@@ -370,10 +512,15 @@ fn job(world: &Comm, rest: &[String]) -> Result<()> {
     }
     let rows = 3000;
     let mut mem = allocate(world, ty, rows, OUT_COLS, DType::F32, None)?;
-    let table = Table::new(&mem, name, DType::F32, &Options { method: forced, ..Options::default() })?;
+    let table = Table::new(&mem, name, DType::F32, &Options { method: forced, force_mirror: mirrored, ..Options::default() })?;
+    ensure!(table.is_mirrored() == mirrored, "mirrored: {}", table.is_mirrored());
     for e in 1..=rounds {
         fill(&mut mem, OUT_COLS, DType::F32, e)?;
-        table.publish()?;
+        if mirrored {
+            table.publish_from(&mem)?;
+        } else {
+            table.publish()?;
+        }
         if me == 0 {
             touch(&dir.join(format!("published-{e}")))?;
             wait_file(&dir.join(format!("read-{e}")), 120)?;
