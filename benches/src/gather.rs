@@ -90,8 +90,9 @@ pub struct MoveArgs {
     #[arg(long, value_enum, default_value = "default")]
     pub(crate) baseline_pages: BaselinePages,
     /// Who runs the baseline: `one` (rank 0 alone, the others waiting: the machine to itself) or `all` (every rank its
-    /// own private table and batches, at the same time — the same sharing of cores and memory as the benchmark; the
-    /// figure is the median over the ranks). Host memory only.
+    /// own private table and batches, at the same time — the same sharing of cores and memory as the benchmark). With
+    /// `all`, both are timed as steps, from the last rank ready to the last rank done, and the ratio compares the
+    /// steps (ranks of one machine: their clocks are compared). Host memory only.
     #[arg(long, value_enum, default_value = "one")]
     pub(crate) baseline_ranks: BaselineRanks,
     /// One JSON object per line instead of a table.
@@ -217,8 +218,21 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let mut base = if me == 0 || all_base { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
     #[cfg(feature = "cuda")]
     let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
+    if all_base {
+        // Step times compare the ranks' clocks: one machine's only (one
+        // kernel: network namespaces that pose as hosts are fine).
+        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+        let boots = world.allgatherv(&boot)?;
+        ensure!(
+            !boot.is_empty() && boots.iter().all(|b| b == &boots[0]),
+            "--baseline-ranks all times steps across ranks by their clocks: every rank must run on this one machine"
+        );
+    }
     world.barrier()?;
     let mut seconds = 0.0f64;
+    // With every rank running the baseline: both timed as steps, from when
+    // the last rank was ready to when the last rank was done.
+    let (mut step_seconds, mut step_base_seconds) = (0.0f64, 0.0f64);
     let mut wrong = 0u64;
     let mut scattered: Vec<i64> = Vec::new();
     for b in 0..a.warmup + a.iters {
@@ -235,6 +249,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut buf[i * buf_row..][..buf_row]);
             }
         }
+        let ready = wall_seconds();
         world.barrier()?;
         let dt = match op {
             #[cfg(feature = "cuda")]
@@ -252,6 +267,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         };
         if b >= a.warmup {
             seconds += dt;
+            if all_base {
+                step_seconds += step(world.as_ref(), ready, wall_seconds())?;
+            }
         }
         match op {
             Op::Gather => {
@@ -265,6 +283,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         }
         // The baseline's batch: by rank 0 alone, or by every rank at once
         // (`--baseline-ranks all`), each its own batch.
+        let ready = wall_seconds();
         world.barrier()?;
         if let Some(base) = &mut base {
             #[cfg(feature = "cuda")]
@@ -275,6 +294,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             }
             #[cfg(not(feature = "cuda"))]
             base.batch(&ids, b >= a.warmup);
+        }
+        if all_base && b >= a.warmup {
+            step_base_seconds += step(world.as_ref(), ready, wall_seconds())?;
         }
         if progress {
             eprint!("\r{} batch {}/{}", op.name(), b + 1, a.warmup + a.iters);
@@ -302,11 +324,10 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &wm_gather::profile::take())?) } else { None };
     let bytes = (a.iters * a.batch * buf_row) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
-    let baseline = if all_base {
-        let each = world.allgather_pod(&[base.as_ref().map_or(0.0, Baseline::gbps)])?;
-        Spread::of(&each).median
+    let (per_step, baseline) = if all_base {
+        (Some(bytes / step_seconds.max(1e-12) / 1e9), bytes / step_base_seconds.max(1e-12) / 1e9)
     } else {
-        base.as_ref().map_or(0.0, Baseline::gbps)
+        (None, base.as_ref().map_or(0.0, Baseline::gbps))
     };
     let baseline_huge = base.as_ref().map_or(0.0, |b| wholemem::huge_page_bytes(&b.table) as f64 / b.table.len().max(1) as f64);
     drop(base);
@@ -321,7 +342,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     if me == 0 {
         let s = Spread::of(&per_rank);
         let total = bytes * n as f64 / slowest.max(1e-12) / 1e9;
-        let ratio = s.median / baseline;
+        // With every rank running the baseline, the steps compare: what
+        // a rank gets when the machine's cores are shared the same way.
+        let ratio = per_step.unwrap_or(s.median) / baseline;
         if a.json {
             let j = serde_json::json!({
                 "op": op.name(), "type": a.ty.name(), "location": a.location.name(),
@@ -333,6 +356,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 "baseline_ranks": if all_base { "all" } else { "one" },
             });
             let mut j = j;
+            if let Some(g) = per_step {
+                j["step_gbps_per_rank"] = serde_json::json!(g);
+            }
             if let Some(p) = &phases {
                 j["profile"] = p.json();
             }
@@ -353,10 +379,13 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             let what = match (a.location, a.out_location) {
                 (Location::Device, _) => "rank 0's GPU, a device-to-device copy of the same bytes",
                 (Location::Host, Some(Location::Device)) => "rank 0's rows copied to its GPU over the host link",
-                _ if all_base => "every rank at once, one thread each, private tables (median)",
+                _ if all_base => "every rank at once, one thread each, private tables, per rank of a step",
                 _ => "one process, one thread, private table",
             };
-            Speeds { per_rank: s, total, baseline, ratio }.print(what, "per-rank median / baseline");
+            Speeds { per_rank: s, total, baseline, ratio }.print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
+            if let Some(g) = per_step {
+                println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
+            }
             println!(
                 "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
                 huge_pages * 100.0,
@@ -416,6 +445,20 @@ impl DeviceRun {
         ctx.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
         Ok((t0.elapsed().as_secs_f64(), src.len()))
     }
+}
+
+/// Seconds on this machine's real-time clock (steps compare ranks' clocks:
+/// ranks of one machine only).
+fn wall_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// One step of every rank: from the last rank's `ready` to the last rank's
+/// `done`.
+fn step(world: &dyn Communicator, ready: f64, done: f64) -> Result<f64> {
+    let all = world.allgather_pod(&[ready, done])?;
+    let last = |k: usize| all.chunks(2).map(|c| c[k]).fold(f64::MIN, f64::max);
+    Ok((last(1) - last(0)).max(0.0))
 }
 
 /// The same batches (rank 0's) moved by plain single-threaded code from or

@@ -5,9 +5,13 @@
 //! length that is not what the exchange implies, a row id the receiver does
 //! not own (or, in the hierarchy, was not routed to it) — and a bad part is
 //! dropped and recorded as [`Error::Malformed`] naming its sender. The
-//! exchange still runs to its end on every rank, and one agreement at the
-//! end makes the first such error every rank's, so the ranks stay in step
-//! and the next call works.
+//! exchange still runs to its end on every rank, so the ranks stay in step
+//! and the next call works. What an owner finds wrong with the requests it
+//! got travels with the rows it sends back, so every rank fails with it; a
+//! part found malformed by the last rank to receive it fails that rank (it
+//! alone would otherwise return wrong rows). Where a copy can fail on one
+//! rank alone (device tables), one agreement at the end makes the first
+//! error every rank's.
 
 use std::sync::Arc;
 
@@ -204,14 +208,18 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
 /// The distinct ids of every rank's list, ascending, and for each list the
 /// index into them of each of its ids.
 fn dedup(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
-    let mut all: Vec<(u64, usize, usize)> = Vec::with_capacity(lists.iter().map(Vec::len).sum());
+    debug_assert!(lists.len() <= 1 << 16 && lists.iter().all(|l| l.len() < 1 << 48), "a node's lists fit the packed keys");
+    // One integer per request — id, list (16 bits: a node's ranks),
+    // position (48 bits) — so the sort compares plain integers.
+    let mut all: Vec<u128> = Vec::with_capacity(lists.iter().map(Vec::len).sum());
     for (q, l) in lists.iter().enumerate() {
-        all.extend(l.iter().enumerate().map(|(k, &id)| (id, q, k)));
+        all.extend(l.iter().enumerate().map(|(k, &id)| (u128::from(id) << 64) | ((q as u128) << 48) | k as u128));
     }
     all.sort_unstable();
     let mut unique = Vec::with_capacity(all.len());
     let mut answer: Vec<Vec<usize>> = lists.iter().map(|l| vec![0; l.len()]).collect();
-    for &(id, q, k) in &all {
+    for &key in &all {
+        let (id, q, k) = ((key >> 64) as u64, ((key >> 48) & 0xFFFF) as usize, (key & ((1 << 48) - 1)) as usize);
         if unique.last() != Some(&id) {
             unique.push(id);
         }
@@ -232,6 +240,12 @@ const IDS: u8 = 0;
 /// The first byte of a part of the row-id exchange: the sender failed its
 /// checks, and its outcome follows ([`wholemem::agree::outcome_bytes`]).
 const FAILED: u8 = 1;
+/// The first byte of a part of the rows exchange of a distributed gather:
+/// the rows asked for follow.
+const ROWS: u8 = 2;
+/// The first byte of a part of the rows exchange: the owner could not copy
+/// the rows (its own error stays with it).
+const COPY_FAILED: u8 = 3;
 
 /// The first exchange of a distributed gather or scatter, which also
 /// carries every rank's outcome of its checks (`checked`), so no separate
@@ -241,8 +255,8 @@ const FAILED: u8 = 1;
 /// local row numbers of `rows[i]` for every `i` in `positions(r)`, written
 /// straight into the exchange. Returns the rows every rank named here —
 /// each checked to be below `count`, this rank's row count — and a
-/// malformed part's error (the part itself is dropped), kept for the
-/// agreement at the end so every rank stays in step; and the checks'
+/// malformed part's error (the part itself is dropped), reported at the end
+/// of the call so every rank stays in step; and the checks'
 /// outcome decided as [`agree`] does: when any rank failed, every rank
 /// returns the lowest failing rank's error right after this exchange.
 #[allow(clippy::type_complexity)]
@@ -332,19 +346,30 @@ pub(crate) fn gather_distributed(
     let conv = conv?;
     let db = conv.dst_bytes();
 
-    // 2. Owners copy the rows asked of them straight into the exchange;
-    //    each arriving part goes to its places in `out`, and this rank's
-    //    own rows are copied straight into place.
-    let mut sizes = Vec::with_capacity(n);
+    // 2. Owners copy the rows asked of them straight into the exchange,
+    //    each part behind a kind byte: rows follow, or the owner found a
+    //    request malformed (its error follows, so every rank learns it with
+    //    the rows), or the copy failed. Each arriving part goes to its
+    //    places in `out`, and this rank's own rows are copied straight into
+    //    place while the others travel.
     for (r, a) in asked.iter_mut().enumerate() {
-        sizes.push(rows_bytes(a.len(), db).unwrap_or_else(|| {
+        if r != me && rows_bytes(a.len(), db).and_then(|b| b.checked_add(1)).is_none() {
             problem.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("a request for {} rows of {db} bytes", a.len())));
             a.clear();
-            0
-        }));
+        }
     }
+    let mine: Result<()> = problem.map_or(Ok(()), Err);
+    let verdict = mine.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&mine));
+    let sizes: Vec<usize> = (0..n)
+        .map(|r| match &verdict {
+            _ if r == me => 0,
+            Some(v) => 1 + v.len(),
+            None => 1 + asked[r].len() * db,
+        })
+        .collect();
     let mut failed: Option<Error> = None;
     let mut misfit: Option<Error> = None;
+    let mut verdicts: Vec<Option<Vec<u8>>> = vec![None; n];
     let (on, mut copying, mut own, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
     // Written first by `meanwhile` (own rows), then by `take` (the others').
     let out = std::cell::RefCell::new(out);
@@ -352,10 +377,22 @@ pub(crate) fn gather_distributed(
     comm.alltoallv_in_place(
         &sizes,
         &mut |r, buf| {
-            if r != me
-                && let Err(e) = timed(on, &mut copying, || read_local(mem, layout, conv, &asked[r], None, buf))
-            {
-                failed.get_or_insert(e);
+            if r == me {
+                return;
+            }
+            let (kind, body) = buf.split_first_mut().expect("a part of a rank other than this one has its kind byte");
+            match &verdict {
+                Some(v) => {
+                    *kind = FAILED;
+                    body.copy_from_slice(v);
+                }
+                None => match timed(on, &mut copying, || read_local(mem, layout, conv, &asked[r], None, body)) {
+                    Ok(()) => *kind = ROWS,
+                    Err(e) => {
+                        *kind = COPY_FAILED;
+                        failed.get_or_insert(e);
+                    }
+                },
             }
         },
         // This rank's own rows go straight to their places while the
@@ -369,23 +406,42 @@ pub(crate) fn gather_distributed(
             })
         },
         &mut |r, bytes| {
-            timed(on, &mut placing, || {
-                if r == me {
-                    // Its part is empty: own rows are not sent.
-                } else if Some(bytes.len()) == rows_bytes(wanted(r).len(), db) {
-                    place(&mut out.borrow_mut(), bytes, wanted(r), db);
-                } else {
+            if r == me {
+                // Its part is empty: own rows are not sent.
+                return;
+            }
+            timed(on, &mut placing, || match bytes.split_first() {
+                Some((&ROWS, body)) if Some(body.len()) == rows_bytes(wanted(r).len(), db) => {
+                    place(&mut out.borrow_mut(), body, wanted(r), db);
+                }
+                Some((&FAILED, v)) => verdicts[r] = Some(v.to_vec()),
+                Some((&COPY_FAILED, _)) => {
+                    misfit.get_or_insert_with(|| Error::PeerFailed {
+                        rank: comm.world_ranks()[r],
+                        detail: "it could not copy the rows asked of it".into(),
+                    });
+                }
+                _ => {
                     misfit.get_or_insert_with(|| {
-                        malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(r).len()))
+                        malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), wanted(r).len()))
                     });
                 }
             })
         },
     )?;
     clock.lap_split("rows", &[("owner copy", copying), ("own rows", own), ("place", placing)]);
-    // A device copy can fail on one rank, and a malformed part reaches one
-    // rank: either way every rank learns it.
-    let done = agree(comm.as_ref(), failed.or(own_failed).or(problem).or(misfit).map_or(Ok(()), Err));
+    // Every rank holds every owner's verdict on the requests it got: the
+    // lowest owner's error is every rank's.
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let parts: Vec<&[u8]> = verdicts.iter().map(|v| v.as_deref().unwrap_or(&ok)).collect();
+    let decided = wholemem::agree::decide(comm.as_ref(), mine, wholemem::agree::Rule::Lowest, &parts);
+    // What only this rank can know — a part it received malformed, a copy
+    // of its own that failed — is its own error: on the host a copy cannot
+    // fail once the ids are checked, and a malformed part fails the rank
+    // that would otherwise return wrong rows. A device copy can fail on one
+    // rank, so device tables agree on the outcome once more.
+    let local = decided.and(failed.or(own_failed).or(misfit).map_or(Ok(()), Err));
+    let done = if mem.location() == wholemem::Location::Host { local } else { agree(comm.as_ref(), local) };
     clock.lap("agree");
     done
 }
@@ -572,25 +628,122 @@ pub(crate) fn gather_hierarchy(
 
     // 4. Owners copy the rows asked of them straight into the exchange;
     //    this rank's own unique rows are copied while the others travel.
+    //    Each unique row goes straight to this rank's requests for it in
+    //    `out`, and is kept for the fan-out only when another local rank
+    //    asked for it too.
     let mut unique_rows = scratch(unique.len() * db);
-    let sizes: Vec<usize> = asked.iter().map(|a| a.len() * db).collect();
+    let mut for_others = vec![false; unique.len()];
+    for (q, a) in answer.iter().enumerate() {
+        if q != lme {
+            for &u in a {
+                for_others[u] = true;
+            }
+        }
+    }
+    // This rank's requests by unique row: positions in `out` of unique row
+    // `u` are `mine[mine_at[u]..mine_at[u + 1]]`.
+    let mut mine_at = vec![0usize; unique.len() + 1];
+    for &u in &answer[lme] {
+        mine_at[u + 1] += 1;
+    }
+    for u in 0..unique.len() {
+        mine_at[u + 1] += mine_at[u];
+    }
+    let mut mine = vec![0usize; answer[lme].len()];
+    {
+        let mut next = mine_at.clone();
+        for (&u, &pos) in answer[lme].iter().zip(wanted(lme)) {
+            mine[next[u]] = pos;
+            next[u] += 1;
+        }
+    }
+    // Each part behind a kind byte: rows follow, or what this rank found
+    // wrong so far (its verdict travels instead of rows, and on from the
+    // receivers to their nodes in the fan-out, so every rank learns it).
+    let verdict = finding_bytes(&mut problem);
+    for (c, a) in asked.iter_mut().enumerate() {
+        if c != cme && rows_bytes(a.len(), db).and_then(|b| b.checked_add(1)).is_none() {
+            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, format!("a request for {} rows of {db} bytes", a.len())));
+            a.clear();
+        }
+    }
+    let sizes: Vec<usize> = (0..cross.size())
+        .map(|c| match &verdict {
+            _ if c == cme => 0,
+            Some(v) => 1 + v.len(),
+            None => 1 + asked[c].len() * db,
+        })
+        .collect();
+    // Verdicts heard from other ranks: their bytes (to pass on) and error.
+    let mut heard: Vec<(Vec<u8>, Error)> = Vec::new();
     let (on, mut copying, mut own_time, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let (mut failed, mut own_failed): (Option<Error>, Option<Error>) = (None, None);
-    let unique_rows_cell = std::cell::RefCell::new(&mut unique_rows);
+    let cells = std::cell::RefCell::new((&mut unique_rows, &mut *out));
+    // Unique row `u` (`row`): to the fan-out's rows when another local rank
+    // wants it, and to each of this rank's places for it.
+    let deliver = |kept: &mut [u8], out: &mut [u8], u: usize, row: &[u8]| {
+        if for_others[u] {
+            kept[u * db..][..db].copy_from_slice(row);
+        }
+        for &pos in &mine[mine_at[u]..mine_at[u + 1]] {
+            out[pos * db..][..db].copy_from_slice(row);
+        }
+    };
     cross.alltoallv_in_place(
         &sizes,
         &mut |c, buf| {
-            if c != cme
-                && let Err(e) = timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, buf))
-            {
-                failed.get_or_insert(e);
+            if c == cme {
+                return;
+            }
+            let (kind, body) = buf.split_first_mut().expect("a part of another rank has its kind byte");
+            match &verdict {
+                Some(v) => {
+                    *kind = FAILED;
+                    body.copy_from_slice(v);
+                }
+                None => match timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, body)) {
+                    Ok(()) => *kind = ROWS,
+                    Err(e) => {
+                        *kind = COPY_FAILED;
+                        failed.get_or_insert(e);
+                    }
+                },
             }
         },
         &mut || {
             timed(on, &mut own_time, || {
-                let own: Vec<usize> = uwanted(cme).iter().map(|&k| unique[k] as usize - p.offset(comm.rank())).collect();
-                if let Err(e) = read_local(mem, layout, conv, &own, Some(uwanted(cme)), &mut unique_rows_cell.borrow_mut()) {
+                // Rows this rank asked for go straight to the first of their
+                // places in `out`, the others to the fan-out's rows; then
+                // each is copied on to its further places.
+                let first = p.offset(comm.rank());
+                let (mut to_out, mut out_at, mut to_kept, mut kept_at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                for &u in uwanted(cme) {
+                    let row = unique[u] as usize - first;
+                    if mine_at[u] < mine_at[u + 1] {
+                        to_out.push(row);
+                        out_at.push(mine[mine_at[u]]);
+                    } else {
+                        to_kept.push(row);
+                        kept_at.push(u);
+                    }
+                }
+                let mut cells = cells.borrow_mut();
+                let (kept, out) = &mut *cells;
+                let read = read_local(mem, layout, conv, &to_out, Some(&out_at), out)
+                    .and_then(|()| read_local(mem, layout, conv, &to_kept, Some(&kept_at), kept));
+                if let Err(e) = read {
                     own_failed.get_or_insert(e);
+                    return;
+                }
+                for &u in uwanted(cme) {
+                    let places = &mine[mine_at[u]..mine_at[u + 1]];
+                    let Some((&at, more)) = places.split_first() else { continue };
+                    for &pos in more {
+                        out.copy_within(at * db..(at + 1) * db, pos * db);
+                    }
+                    if for_others[u] {
+                        kept[u * db..][..db].copy_from_slice(&out[at * db..][..db]);
+                    }
                 }
             })
         },
@@ -598,56 +751,129 @@ pub(crate) fn gather_hierarchy(
             if c == cme {
                 return;
             }
-            timed(on, &mut placing, || {
-                if Some(bytes.len()) == rows_bytes(uwanted(c).len(), db) {
-                    place(&mut unique_rows_cell.borrow_mut(), bytes, uwanted(c), db);
-                } else {
+            timed(on, &mut placing, || match bytes.split_first() {
+                Some((&ROWS, body)) if Some(body.len()) == rows_bytes(uwanted(c).len(), db) => {
+                    let mut cells = cells.borrow_mut();
+                    let (kept, out) = &mut *cells;
+                    for (row, &u) in body.chunks_exact(db).zip(uwanted(c)) {
+                        deliver(kept, out, u, row);
+                    }
+                }
+                Some((&FAILED, v)) => heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v))),
+                Some((&COPY_FAILED, _)) => {
+                    problem.get_or_insert_with(|| Error::PeerFailed {
+                        rank: cross.world_ranks()[c],
+                        detail: "it could not copy the rows asked of it".into(),
+                    });
+                }
+                _ => {
                     problem.get_or_insert_with(|| {
-                        malformed(cross.as_ref(), c, format!("{} bytes for {} rows of {db} bytes", bytes.len(), uwanted(c).len()))
+                        malformed(
+                            cross.as_ref(),
+                            c,
+                            format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), uwanted(c).len()),
+                        )
                     });
                 }
             })
         },
     )?;
+    drop(cells);
     clock.lap_split("cross rows", &[("owner copy", copying), ("own rows", own_time), ("place", placing)]);
 
     // 5. Back within the node: each local rank gets its rows in the order it
-    //    asked for them, written straight into the exchange; this rank's own
-    //    requests go to `out` while the others travel.
+    //    asked for them, written straight into the exchange (this rank's own
+    //    requests are in `out` already).
+    //    Behind a kind byte again: rows, or the verdict this rank found or
+    //    heard across nodes.
+    let mut problem = failed.or(own_failed).or(problem);
+    let verdict = finding_bytes(&mut problem).or_else(|| heard.first().map(|(v, _)| v.clone()));
     let unique_row = |u: usize| &unique_rows[u * db..][..db];
-    let sizes: Vec<usize> = (0..local.size()).map(|q| if q == lme { 0 } else { from_local[q].len() * db }).collect();
+    let sizes: Vec<usize> = (0..local.size())
+        .map(|q| match &verdict {
+            _ if q == lme => 0,
+            Some(v) => 1 + v.len(),
+            None => 1 + from_local[q].len() * db,
+        })
+        .collect();
     let out = std::cell::RefCell::new(out);
     local.alltoallv_in_place(
         &sizes,
         &mut |q, buf| {
-            for (slot, &u) in buf.chunks_exact_mut(db).zip(&answer[q]) {
-                slot.copy_from_slice(unique_row(u));
+            if q == lme {
+                return;
+            }
+            let (kind, body) = buf.split_first_mut().expect("a part of another rank has its kind byte");
+            match &verdict {
+                Some(v) => {
+                    *kind = FAILED;
+                    body.copy_from_slice(v);
+                }
+                None => {
+                    *kind = ROWS;
+                    for (slot, &u) in body.chunks_exact_mut(db).zip(&answer[q]) {
+                        slot.copy_from_slice(unique_row(u));
+                    }
+                }
             }
         },
-        &mut || {
-            let mut out = out.borrow_mut();
-            for (&u, &pos) in answer[lme].iter().zip(wanted(lme)) {
-                out[pos * db..][..db].copy_from_slice(unique_row(u));
-            }
-        },
+        &mut || {},
         &mut |q, bytes| {
             if q == lme {
                 return;
             }
-            if Some(bytes.len()) == rows_bytes(wanted(q).len(), db) {
-                place(&mut out.borrow_mut(), bytes, wanted(q), db);
-            } else {
-                problem.get_or_insert_with(|| {
-                    malformed(local.as_ref(), q, format!("{} bytes for {} rows of {db} bytes", bytes.len(), wanted(q).len()))
-                });
+            match bytes.split_first() {
+                Some((&ROWS, body)) if Some(body.len()) == rows_bytes(wanted(q).len(), db) => {
+                    place(&mut out.borrow_mut(), body, wanted(q), db);
+                }
+                Some((&FAILED, v)) => heard.push((v.to_vec(), verdict_error(local.as_ref(), q, v))),
+                _ => {
+                    problem.get_or_insert_with(|| {
+                        malformed(
+                            local.as_ref(),
+                            q,
+                            format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), wanted(q).len()),
+                        )
+                    });
+                }
             }
         },
     )?;
     give_back(vec![unique_rows]);
     clock.lap("fan out");
-    let done = agree(comm.as_ref(), failed.or(own_failed).or(problem).map_or(Ok(()), Err));
+    // This rank's own finding first, else the first verdict it heard: every
+    // rank has heard of every finding made before the rows crossed nodes
+    // (a malformed part found later fails the ranks its finder reaches).
+    // Device copies can fail on one rank alone: device tables agree once
+    // more.
+    let local_outcome = match problem.or_else(|| heard.into_iter().next().map(|(_, e)| e)) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    };
+    let done = if mem.location() == wholemem::Location::Host { local_outcome } else { agree(comm.as_ref(), local_outcome) };
     clock.lap("agree");
     done
+}
+
+/// The outcome bytes of `problem` (which stays where it is), to send as a
+/// verdict.
+fn finding_bytes(problem: &mut Option<Error>) -> Option<Vec<u8>> {
+    let outcome: Result<()> = Err(problem.take()?);
+    let bytes = wholemem::agree::outcome_bytes(&outcome);
+    *problem = outcome.err();
+    Some(bytes)
+}
+
+/// The error a verdict from member `from` of `comm` holds.
+fn verdict_error(comm: &dyn Communicator, from: usize, verdict: &[u8]) -> Error {
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let mut parts: Vec<&[u8]> = vec![&ok; comm.size()];
+    parts[from] = verdict;
+    match wholemem::agree::decide(comm, Ok(()), wholemem::agree::Rule::Lowest, &parts) {
+        Err(e) => e,
+        // A verdict that says all is well: the sender broke the protocol.
+        Ok(()) => malformed(comm, from, "a verdict of success where rows belong".into()),
+    }
 }
 
 /// Scatter for distributed and hierarchy memory: ids and rows (converted to

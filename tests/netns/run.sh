@@ -135,12 +135,15 @@ if [ "$mode" = bench ]; then
   echo "-- measuring on two hosts ($nsa at $addr_a, $nsb at $addr_b), real TCP between them"
   for per_host in 1 2; do
     world=$((2 * per_host))
+    # Two ranks per "host" share this machine's cores: every rank runs the
+    # baseline too, and both are timed as steps (docs/performance.md).
+    shared=""; [ "$per_host" = 2 ] && shared="--baseline-ranks all"
     for op in gather scatter; do
       for ty in distributed hierarchy; do
         for batch in 8192 65536; do
           log="$work/bench-$op-$ty-$per_host-$batch"
           for ((r = 0; r < world; r++)); do
-            start "$r" 300 "$log" "$op" --json --type "$ty" --batch "$batch" ${WM_NETNS_BENCH_ARGS:-}
+            start "$r" 300 "$log" "$op" --json --type "$ty" --batch "$batch" $shared ${WM_NETNS_BENCH_ARGS:-}
           done
           wait_all 900
           expect=$(printf '0 %.0s' $(seq "$world"))

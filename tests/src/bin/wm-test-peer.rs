@@ -137,13 +137,30 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
     comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut || {}, &mut |r, b| {
         asked[r] = b.len().saturating_sub(1) / 8
     })?;
-    // 2. Rows: as many as asked (zeros), or three bytes more.
+    // 2. Rows behind the kind byte "rows follow": as many as asked (zeros),
+    //    or three bytes more. The honest owners' verdicts on its requests
+    //    come back with their rows.
     let extra = if matches!(how, Break::LongReply) { 3 } else { 0 };
-    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { asked[r] * ROW + extra }).collect();
-    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
-    // 3. The outcome: all well, says the impostor.
-    agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 1 + asked[r] * ROW + extra }).collect();
+    let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
+    let mut verdicts = vec![ok.clone(); n];
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |_, buf| rows_part(buf),
+        &mut || {},
+        &mut |r, b| {
+            if let Some((&FAILED, v)) = b.split_first() {
+                verdicts[r] = v.to_vec();
+            }
+        },
+    )?;
+    wholemem::agree::decide(comm, Ok(()), Rule::Lowest, &verdicts)
 }
+
+/// The kind bytes of the distributed gather's rows exchange: rows follow,
+/// or the owner's verdict on a malformed request.
+const ROWS_FOLLOW: u8 = 2;
+const FAILED: u8 = 1;
 
 /// The impostor's side of one distributed scatter (to honest rank `r`:
 /// one row id past its rows with its row, or two good ids with a row part
@@ -175,20 +192,26 @@ fn malformed(world: &Comm, impostor: usize) -> Result<()> {
         (Break::Empty, "an empty part of the row-id exchange"),
         (Break::ShortIds, "12 bytes of row ids"),
         (Break::ForeignId, "position 0, past the 10 rows there"),
-        (Break::LongReply, "163 bytes for 10 rows of 16 bytes"),
+        (Break::LongReply, "164 bytes for 10 rows of 16 bytes"),
     ];
     for (how, needle) in gathers {
         let what = format!("gather with {how:?} from rank {impostor}");
         let t = table(world, MemoryType::Distributed, rows)?;
         let e = if me == impostor {
-            fake_gather(&t, how).err()
+            match fake_gather(&t, how) {
+                // Nobody tells the liar that its rows were too long: the
+                // ranks that got them fail.
+                Ok(()) if matches!(how, Break::LongReply) => None,
+                r => Some(r.err().with_context(|| format!("{what}: rank {me} must fail"))?),
+            }
         } else {
             let ids: Vec<i64> = (0..rows as i64).collect();
             let mut out = vec![0f32; rows * COLS];
-            wm_gather::gather_into(&t, &ids, &mut out).err()
+            Some(wm_gather::gather_into(&t, &ids, &mut out).err().with_context(|| format!("{what}: rank {me} must fail"))?)
         };
-        let e = e.with_context(|| format!("{what}: rank {me} must fail"))?;
-        blames(&what, &e, impostor, (me != impostor).then_some(needle))?;
+        if let Some(e) = e {
+            blames(&what, &e, impostor, (me != impostor).then_some(needle))?;
+        }
         t.free()?;
         // A fresh table on the same communicator works on every rank.
         let t = table(world, MemoryType::Distributed, rows)?;
@@ -221,7 +244,6 @@ fn malformed(world: &Comm, impostor: usize) -> Result<()> {
 fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let mem = t.memory();
     let (local, cross) = (mem.local_comm().expect("hierarchy"), mem.cross_comm().expect("hierarchy"));
-    let world = mem.comm().as_ref();
     // 1. The node's exchange (kind byte 0: ids follow — "my checks
     //    passed"): a row this rank itself owns, whose owner's local rank is
     //    this rank's, not the peer's it is sent to.
@@ -236,12 +258,42 @@ fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let sizes = vec![1; cross.size()];
     let mut asked_across = vec![0usize; cross.size()];
     cross.alltoallv_in_place(&sizes, &mut |_, buf| buf[0] = 0, &mut || {}, &mut |c, b| asked_across[c] = b.len().saturating_sub(1) / 8)?;
-    // 3. Rows across nodes, then back within the node: zeros, as many as asked.
-    let sizes: Vec<usize> = asked_across.iter().enumerate().map(|(c, &k)| if c == cross.rank() { 0 } else { k * ROW }).collect();
-    cross.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
-    let sizes: Vec<usize> = asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { 0 } else { k * ROW }).collect();
-    local.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
-    agree::<(), wm_gather::Error>(world, Ok(()), Rule::Lowest)
+    // 3. Rows across nodes, then back within the node: behind the kind byte
+    //    "rows follow", zeros, as many as asked. The verdicts of honest
+    //    ranks come back instead of rows.
+    let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
+    let mut heard: Option<wm_gather::Error> = None;
+    let sizes: Vec<usize> = asked_across.iter().enumerate().map(|(c, &k)| if c == cross.rank() { 0 } else { 1 + k * ROW }).collect();
+    cross.alltoallv_in_place(&sizes, &mut |_, buf| rows_part(buf), &mut || {}, &mut |c, b| {
+        if let Some((&FAILED, v)) = b.split_first() {
+            heard.get_or_insert(verdict(cross.as_ref(), c, v, &ok));
+        }
+    })?;
+    let sizes: Vec<usize> = asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { 0 } else { 1 + k * ROW }).collect();
+    local.alltoallv_in_place(&sizes, &mut |_, buf| rows_part(buf), &mut || {}, &mut |q, b| {
+        if let Some((&FAILED, v)) = b.split_first() {
+            heard.get_or_insert(verdict(local.as_ref(), q, v, &ok));
+        }
+    })?;
+    heard.map_or(Ok(()), Err)
+}
+
+/// A part of zero rows behind the kind byte "rows follow".
+fn rows_part(buf: &mut [u8]) {
+    buf.fill(0);
+    if let Some(kind) = buf.first_mut() {
+        *kind = ROWS_FOLLOW;
+    }
+}
+
+/// The error of the verdict member `from` of `comm` sent.
+fn verdict(comm: &dyn Communicator, from: usize, v: &[u8], ok: &[u8]) -> wm_gather::Error {
+    let mut parts = vec![ok; comm.size()];
+    parts[from] = v;
+    match wholemem::agree::decide(comm, Ok(()), Rule::Lowest, &parts) {
+        Err(e) => e,
+        Ok(()) => wm_gather::Error::InvalidArgument(format!("rank {} sent a verdict of success", comm.world_ranks()[from])),
+    }
 }
 
 fn malformed_hierarchy(world: &Comm, impostor: usize) -> Result<()> {
