@@ -50,6 +50,9 @@ struct Inner {
     sock: SocketComm,
     local: OnceLock<Arc<dyn Communicator>>,
     cross: OnceLock<Arc<dyn Communicator>>,
+    /// The send and receive buffers of `alltoallv_in_place`'s remote parts,
+    /// kept between calls (fresh ones cost a page fault per page).
+    buffers: Mutex<[Vec<u8>; 2]>,
     runtime: Arc<Runtime>,
 }
 
@@ -182,7 +185,7 @@ impl MpiComm {
     }
 
     fn wrap(h: Handle, sock: SocketComm, runtime: Arc<Runtime>) -> Self {
-        Self { inner: Arc::new(Inner { mpi: Mutex::new(h), sock, local: OnceLock::new(), cross: OnceLock::new(), runtime }) }
+        Self { inner: Arc::new(Inner { mpi: Mutex::new(h), sock, local: OnceLock::new(), cross: OnceLock::new(), buffers: Mutex::new(Default::default()), runtime }) }
     }
 
     fn mpi(&self) -> MutexGuard<'_, Handle> {
@@ -200,16 +203,12 @@ impl MpiComm {
         f(h.0.as_raw())
     }
 
-    /// A sub-communicator: MPI split by colour, matched with the socket
-    /// communicator of the same members.
-    /// A sub-communicator: the MPI communicator split by colour and key,
-    /// paired with the socket communicator of the same members.
     /// The MPI half of [`Communicator::alltoallv_in_place`]: the parts for
     /// ranks marked `remote`, filled in place into one send buffer laid out
     /// by rank, exchanged in MPI calls within MPI's int counts; returns the
-    /// receive buffer and where each rank's part starts in it (`n + 1`
-    /// offsets).
-    fn exchange_remote(&self, sizes: &[usize], remote: &[bool], fill: &mut dyn FnMut(usize, &mut [u8])) -> Result<(Vec<u8>, Vec<usize>)> {
+    /// send and receive buffers (to keep for the next call) and where each
+    /// rank's part starts in the receive buffer (`n + 1` offsets).
+    fn exchange_remote(&self, sizes: &[usize], remote: &[bool], fill: &mut dyn FnMut(usize, &mut [u8])) -> Result<([Vec<u8>; 2], Vec<usize>)> {
         let n = sizes.len();
         let slen: Vec<usize> = (0..n).map(|r| if remote[r] { sizes[r] } else { 0 }).collect();
         let offsets = |lens: &[usize]| -> Result<Vec<usize>> {
@@ -223,18 +222,23 @@ impl MpiComm {
             Ok(o)
         };
         let sdispl = offsets(&slen)?;
-        let mut sbuf = real(sdispl[n]);
+        let [mut sbuf, mut rbuf] = std::mem::take(&mut *self.inner.buffers.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        reuse(&mut sbuf, sdispl[n]);
         for r in (0..n).filter(|&r| remote[r]) {
             fill(r, &mut sbuf[sdispl[r]..sdispl[r + 1]]);
         }
         let h = self.mpi();
-        let scounts: Vec<u64> = slen.iter().map(|&l| l as u64).collect();
-        let mut rcounts = vec![0u64; n];
+        // To each rank: the count of its part, and this rank's largest part
+        // and send total, so every rank can plan the rounds from what it
+        // receives, without a reduction of its own.
+        let (largest_sent, total_sent) = (slen.iter().copied().max().unwrap_or(0) as u64, sdispl[n] as u64);
+        let scounts: Vec<u64> = slen.iter().flat_map(|&l| [l as u64, largest_sent, total_sent]).collect();
+        let mut rcounts = vec![0u64; 3 * n];
         h.0.all_to_all_into(&scounts[..], &mut rcounts[..]);
         // A rank on this node sends nothing here; anything else it claims
         // is a broken peer, and so is a count past what memory can address.
         let mut rlen = Vec::with_capacity(n);
-        for (r, &c) in rcounts.iter().enumerate() {
+        for (r, &c) in rcounts.iter().step_by(3).enumerate() {
             match usize::try_from(c) {
                 Ok(l) if remote[r] || l == 0 => rlen.push(l),
                 _ => {
@@ -247,13 +251,15 @@ impl MpiComm {
             }
         }
         let rdispl = offsets(&rlen)?;
-        let mut rbuf = real(rdispl[n]);
-        // One plan for every rank: the largest part and the busiest rank.
-        let largest = slen.iter().chain(&rlen).copied().max().unwrap_or(0) as u64;
-        let busiest = sdispl[n].max(rdispl[n]) as u64;
-        let mut all = [0u64; 2];
-        h.0.all_reduce_into(&[largest, busiest][..], &mut all[..], SystemOperation::max());
-        let [largest, busiest] = all.map(|v| usize::try_from(v).unwrap_or(usize::MAX));
+        reuse(&mut rbuf, rdispl[n]);
+        // One plan for every rank, from figures every rank holds alike: the
+        // largest part any rank sends, and as the busiest rank's traffic
+        // the larger of the largest send total and the sum of all (no rank
+        // receives more than every rank sends).
+        let largest = rcounts.chunks_exact(3).map(|c| c[1]).max().unwrap_or(0);
+        let most_sent = rcounts.chunks_exact(3).map(|c| c[2]).max().unwrap_or(0);
+        let all_sent = rcounts.chunks_exact(3).fold(0u64, |a, c| a.saturating_add(c[2]));
+        let [largest, busiest] = [largest, most_sent.max(all_sent)].map(|v| usize::try_from(v).unwrap_or(usize::MAX));
         let plan = Rounds::plan(largest, busiest, n, round_limit());
         if plan.rounds == 1 {
             // Straight from and into the buffers: every count and
@@ -289,13 +295,24 @@ impl MpiComm {
                 }
             }
         }
-        Ok((rbuf, rdispl))
+        Ok(([sbuf, rbuf], rdispl))
     }
 
+    /// A sub-communicator: the MPI communicator split by colour and key,
+    /// paired with the socket communicator of the same members.
     fn sub(&self, color: i32, key: i32, sock: SocketComm) -> Result<Arc<dyn Communicator>> {
         let split = self.mpi().0.split_by_color_with_key(Color::with_value(color), key);
         let h = split.ok_or_else(|| Error::Bootstrap("MPI split returned no communicator".into()))?;
         Ok(Arc::new(Self::wrap(Handle(h), sock, self.inner.runtime.clone())))
+    }
+}
+
+/// Makes `buf` (kept from an earlier call) hold at least `len` bytes, in a
+/// real allocation even when `len` is 0 (see [`real`]); bytes past what a
+/// call writes are never read.
+fn reuse(buf: &mut Vec<u8>, len: usize) {
+    if buf.len() < len.max(1) {
+        buf.resize(len.max(1), 0);
     }
 }
 
@@ -447,9 +464,9 @@ impl Communicator for MpiComm {
         if !remote.contains(&true) {
             return self.inner.sock.alltoallv_in_place(sizes, fill, meanwhile, take);
         }
-        let (rbuf, rdispl) = self.exchange_remote(sizes, &remote, fill)?;
+        let ([sbuf, rbuf], rdispl) = self.exchange_remote(sizes, &remote, fill)?;
         let local_sizes: Vec<usize> = (0..n).map(|r| if remote[r] { 0 } else { sizes[r] }).collect();
-        self.inner.sock.alltoallv_in_place(
+        let done = self.inner.sock.alltoallv_in_place(
             &local_sizes,
             &mut |r, buf| {
                 if !remote[r] {
@@ -464,7 +481,9 @@ impl Communicator for MpiComm {
                     take(r, bytes);
                 }
             },
-        )
+        );
+        *self.inner.buffers.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = [sbuf, rbuf];
+        done
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
