@@ -1,7 +1,7 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
 //! subcommands, one module each: [`gather`] (gather and scatter; its
 //! cached runs in `cached.rs`, its id distributions in [`ids`]), [`get`]
-//! (one-sided reads), [`load`],
+//! (one-sided reads), [`apply`] (`apply_gradients`), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
 //! [`ranks`]; the report every benchmark prints (speeds, baseline, ratio,
@@ -9,6 +9,7 @@
 //! parses the command line and dispatches.
 #![forbid(unsafe_code)]
 
+pub mod apply;
 mod cached;
 pub mod gather;
 pub mod get;

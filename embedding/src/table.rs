@@ -408,9 +408,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                     for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
                         slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
                     }
-                    for (slot, g) in grad_bytes.chunks_exact_mut(4).zip(sums) {
-                        slot.copy_from_slice(&g.to_le_bytes());
-                    }
+                    put_f32s(grad_bytes, sums);
                 }
             },
             &mut || {},
@@ -472,12 +470,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         if loans.iter().any(|m| m.first() == Some(&1)) {
             self.cache.forget_device();
         }
-        let (mut all_ids, mut all_grads) = (Vec::new(), Vec::new());
-        for (i, g) in received {
-            all_ids.extend(i);
-            all_grads.extend(g);
-        }
-        let (local, sums) = sum_repeats(&all_ids, &all_grads, dim);
+        let (local, sums) = merge_sums(&received, dim);
         let first = p.offset(comm.rank()) as i64;
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
@@ -557,11 +550,67 @@ fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std
     if let Some((i, &r)) = rows.iter().enumerate().find(|(_, r)| **r >= count as u64) {
         return Err(format!("row id {r} at position {i}, past the {count} rows there"));
     }
+    // A sender sums its repeats and sends its ids ascending.
+    if let Some(i) = rows.windows(2).position(|w| w[0] >= w[1]) {
+        return Err(format!("row id {} at position {} after row id {}: the ids are not ascending and distinct", rows[i + 1], i + 1, rows[i]));
+    }
     if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grads.len()) {
         return Err(format!("{} bytes of gradients for {} ids of dimension {dim}", grads.len(), rows.len()));
     }
-    let grads = grads.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    Ok((rows, grads))
+    let mut out = vec![0f32; grads.len() / 4];
+    get_f32s(grads, &mut out);
+    Ok((rows, out))
+}
+
+/// The senders' parts (`parts[r]`: ascending distinct ids, and their
+/// summed gradients, `dim` each) merged: each id once, ascending, its
+/// gradients summed in rank order.
+fn merge_sums(parts: &[(Vec<u64>, Vec<f32>)], dim: usize) -> (Vec<u64>, Vec<f32>) {
+    use std::cmp::Reverse;
+    let total: usize = parts.iter().map(|(i, _)| i.len()).sum();
+    let (mut ids, mut sums): (Vec<u64>, Vec<f32>) = (Vec::with_capacity(total), Vec::with_capacity(total * dim));
+    // The next id of every sender, smallest first, ties in rank order.
+    let mut next: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> =
+        parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| Reverse((id, r, 0)))).collect();
+    while let Some(Reverse((id, r, k))) = next.pop() {
+        let g = &parts[r].1[k * dim..(k + 1) * dim];
+        if ids.last() == Some(&id) {
+            let start = sums.len() - dim;
+            for (a, b) in sums[start..].iter_mut().zip(g) {
+                *a += b;
+            }
+        } else {
+            ids.push(id);
+            sums.extend_from_slice(g);
+        }
+        if let Some(&id) = parts[r].0.get(k + 1) {
+            next.push(Reverse((id, r, k + 1)));
+        }
+    }
+    (ids, sums)
+}
+
+/// `values` as little-endian bytes into `bytes` (4 per value): one copy on
+/// a little-endian machine.
+fn put_f32s(bytes: &mut [u8], values: &[f32]) {
+    if cfg!(target_endian = "little") {
+        bytes.copy_from_slice(bytemuck::cast_slice(values));
+    } else {
+        for (slot, v) in bytes.chunks_exact_mut(4).zip(values) {
+            slot.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// Little-endian `bytes` (4 per value, any alignment) into `values`.
+fn get_f32s(bytes: &[u8], values: &mut [f32]) {
+    if cfg!(target_endian = "little") {
+        bytemuck::cast_slice_mut::<f32, u8>(values).copy_from_slice(bytes);
+    } else {
+        for (v, c) in values.iter_mut().zip(bytes.chunks_exact(4)) {
+            *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+        }
+    }
 }
 
 /// Writes every row this rank owns, from `f(global row, out)` filling one
@@ -590,6 +639,35 @@ fn fill_own<U: Element>(t: &mut WholeTensor<U>, layout: &RowLayout, mut f: impl 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn merged_parts_sum_each_id_once_in_rank_order() {
+        let parts = vec![
+            (vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]),
+            (vec![], vec![]),
+            (vec![0, 4, 9], vec![5.0, 6.0, 7.0, 8.0, 9.0, 10.0]),
+            (vec![4], vec![0.5, 0.25]),
+        ];
+        let (ids, sums) = merge_sums(&parts, 2);
+        assert_eq!(ids, [0, 1, 4, 9]);
+        assert_eq!(sums, [5.0, 6.0, 1.0, 2.0, 3.0 + 7.0 + 0.5, 4.0 + 8.0 + 0.25, 9.0, 10.0]);
+        // The same as summing the concatenation.
+        let all_ids: Vec<u64> = parts.iter().flat_map(|p| p.0.clone()).collect();
+        let all_grads: Vec<f32> = parts.iter().flat_map(|p| p.1.clone()).collect();
+        assert_eq!(sum_repeats(&all_ids, &all_grads, 2), (ids, sums));
+        assert_eq!(merge_sums(&[], 3), (vec![], vec![]));
+    }
+
+    #[test]
+    fn received_gradients_must_be_ascending_and_distinct() {
+        let ids = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        let grads = vec![0u8; 2 * 4];
+        assert!(received_gradients(&ids(&[1, 3]), &grads, 10, 1).is_ok());
+        let e = received_gradients(&ids(&[3, 3]), &grads, 10, 1).unwrap_err();
+        assert!(e.contains("row id 3 at position 1 after row id 3"), "{e}");
+        let e = received_gradients(&ids(&[5, 2]), &grads, 10, 1).unwrap_err();
+        assert!(e.contains("not ascending"), "{e}");
+    }
+
     use super::*;
 
     #[test]

@@ -1,6 +1,6 @@
 //! `wm-bench`: wholemem's benchmarks. This file parses the command line and
 //! dispatches; each subcommand lives in its own module of the `wm_bench`
-//! library ([`wm_bench::gather`] for gather and scatter, [`wm_bench::get`],
+//! library ([`wm_bench::gather`] for gather and scatter, [`wm_bench::apply`], [`wm_bench::get`],
 //! [`wm_bench::load`],
 //! [`wm_bench::sample`], [`wm_bench::probe`], [`wm_bench::kernels`]).
 #![forbid(unsafe_code)]
@@ -24,6 +24,9 @@ enum Cmd {
     Gather(MoveArgs),
     /// Scatter a local buffer into random rows of a table spread over the ranks.
     Scatter(MoveArgs),
+    /// Apply SGD gradients to random rows of an embedding spread over the ranks (`apply_gradients`), verified,
+    /// beside plain code updating a private table row by row.
+    Apply(MoveArgs),
     /// Read random rows one-sidedly (no owner takes part), from ranks of the job or, with --join, from outside it.
     Get(wm_bench::get::GetArgs),
     /// Write sharded files of known content, load them with every rank reading its own rows, verify,
@@ -45,6 +48,7 @@ fn main() {
         Cmd::Gather(a) => wm_bench::gather::start(Op::Gather, a),
         Cmd::Scatter(a) => wm_bench::gather::start(Op::Scatter, a),
         Cmd::Get(a) => wm_bench::get::start(a),
+        Cmd::Apply(a) => wm_bench::apply::start(a),
         Cmd::Probe(a) => wm_bench::probe::run(a),
         Cmd::Kernels(a) => wm_bench::kernels::run(a),
         Cmd::Load(a) => wm_bench::load::start(a),

@@ -1,0 +1,145 @@
+//! `wm-bench apply`: `Embedding::apply_gradients` with SGD on random ids,
+//! timed per call, beside plain code doing the same updates.
+//!
+//! Every rank draws its batches as `wm-bench gather` does (`--id-dist`,
+//! `--seed`), with gradient 1 for every element and learning rate 1, on a
+//! table that starts at 0: afterwards a row holds minus the number of
+//! times any rank named it in a timed or warm-up batch — an exact integer
+//! in f32 — which every rank checks for the ids of its last batch, so the
+//! figure is of updates that were all applied once. The baseline: rank 0
+//! alone applies its own batches, one row at a time (read, subtract,
+//! write), to a private table of the same shape, single-threaded. Bytes
+//! are those of the gradients a rank passes.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Result, ensure};
+use wholemem::{Location, WholeTensor};
+use wm_comm::{CommExt, Communicator};
+use wm_embedding::{Embedding, Optimizer};
+
+use crate::gather::{DEFAULT_TABLE_BYTES, MoveArgs, batch_ids};
+use crate::ranks::Started;
+use crate::report::{self, Speeds, Spread};
+
+/// Runs `wm-bench apply`: starts `--ranks` local ranks when no launcher
+/// did, then benchmarks. Returns the exit code (3 when verification
+/// failed).
+///
+/// # Errors
+/// Bad options, an unsupported type, a failed step, a lost peer.
+pub fn start(a: &MoveArgs) -> Result<i32> {
+    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    ensure!(a.location == Location::Host, "wm-bench apply measures host tables (--location host)");
+    ensure!(a.dtype == wholemem::DType::F32, "wm-bench apply measures f32 tables (--dtype f32), got {}", a.dtype);
+    ensure!(a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none(), "--cache-ratio, --embedding and --out-dtype apply to gather");
+    match a.ranks.start()? {
+        Started::Launched(code) => Ok(code),
+        Started::Rank(world) => bench(&world, a),
+    }
+}
+
+fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let dim = a.dim;
+    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / (dim * 4));
+    ensure!(rows > 0, "--rows must be positive");
+    if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
+        anyhow::bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
+    }
+    let mut emb = Embedding::<f32>::allocate(world, a.ty, a.location, rows, dim, None, Some(Optimizer::sgd()))?;
+    zero(emb.table_mut(), dim)?;
+    world.barrier()?;
+    let grads = vec![1f32; a.batch * dim];
+    // Written once, so its pages exist before the timing (as the table's
+    // do).
+    let mut base = (me == 0).then(|| {
+        let mut t = vec![1f32; rows * dim];
+        t.fill(0.0);
+        std::hint::black_box(t)
+    });
+    let (mut seconds, mut base_seconds) = (0.0f64, 0.0f64);
+    let mut last = Vec::new();
+    for b in 0..a.warmup + a.iters {
+        let ids = batch_ids(a, rows, me, b);
+        world.barrier()?;
+        let t0 = Instant::now();
+        emb.apply_gradients(&ids, &grads, 1.0)?;
+        let dt = t0.elapsed().as_secs_f64();
+        world.barrier()?;
+        if let Some(t) = &mut base {
+            let t0 = Instant::now();
+            for &id in &ids {
+                for v in &mut t[id as usize * dim..][..dim] {
+                    *v -= 1.0;
+                }
+            }
+            if b >= a.warmup {
+                base_seconds += t0.elapsed().as_secs_f64();
+            }
+        }
+        if b >= a.warmup {
+            seconds += dt;
+        }
+        if b + 1 == a.warmup + a.iters {
+            last = ids;
+        }
+    }
+    // Every row named in any batch by any rank lost 1 per naming.
+    let mut named = std::collections::HashMap::<i64, u32>::new();
+    for r in 0..n {
+        for b in 0..a.warmup + a.iters {
+            for id in batch_ids(a, rows, r, b) {
+                *named.entry(id).or_default() += 1;
+            }
+        }
+    }
+    let mut got = vec![0f32; last.len() * dim];
+    emb.gather(&last, &mut got)?;
+    let wrong = last
+        .iter()
+        .zip(got.chunks_exact(dim))
+        .filter(|(id, row)| {
+            let want = -(named.get(id).copied().unwrap_or(0) as f32);
+            row.iter().any(|&v| v != want)
+        })
+        .count();
+    let bytes = (a.iters * a.batch * dim * 4) as f64;
+    let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
+    let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
+    emb.free()?;
+    if me != 0 {
+        return Ok(if stats.chunks(3).all(|s| s[2] == 0.0) { 0 } else { 3 });
+    }
+    let per_rank: Vec<f64> = stats.chunks(3).map(|s| s[0]).collect();
+    let slowest = stats.chunks(3).map(|s| s[1]).fold(0.0f64, f64::max);
+    let wrong_total: f64 = stats.chunks(3).map(|s| s[2]).sum();
+    let s = Spread::of(&per_rank);
+    let total = bytes * n as f64 / slowest.max(1e-12) / 1e9;
+    let baseline = bytes / base_seconds.max(1e-12) / 1e9;
+    let ratio = s.median / baseline;
+    if a.json {
+        report::json_line(&serde_json::json!({
+            "op": "apply", "optimizer": "sgd", "type": a.ty.name(), "ranks": n, "nodes": nodes, "rows": rows, "dim": dim,
+            "batch": a.batch, "iters": a.iters, "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline,
+            "ratio": ratio, "verified": wrong_total == 0.0,
+        }));
+    } else {
+        println!(
+            "apply_gradients (SGD) on host {} memory: {n} ranks on {nodes} node(s), {rows} rows x {dim} f32, batches of {} ids, {} timed",
+            a.ty, a.batch, a.iters
+        );
+        Speeds { per_rank: s, total, baseline, ratio }
+            .print("one process, one thread, private table, row by row", "per-rank median / baseline (gradient bytes)");
+        report::print_verified(wrong_total);
+    }
+    Ok(if wrong_total == 0.0 { 0 } else { 3 })
+}
+
+/// Sets this rank's rows of `t` to 0.
+fn zero(t: &mut WholeTensor<f32>, dim: usize) -> Result<()> {
+    let own = t.local_rows().len();
+    t.write_local(&vec![0f32; own * dim])?;
+    Ok(())
+}
