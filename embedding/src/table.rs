@@ -73,6 +73,37 @@ const GRADS_FAILED: u8 = 1;
 /// Bytes before the ids in a [`GRADS_IDS`] part.
 const GRADS_HEADER: usize = 13;
 
+thread_local! {
+    /// Large f32 buffers of earlier optimizer steps on this thread, reused:
+    /// a fresh 4 MiB buffer costs a thousand page faults.
+    static POOL: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// An empty buffer with room for `cap` values, from the pool when one
+/// fits.
+fn pooled(cap: usize) -> Vec<f32> {
+    let found = POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        let best = p.iter().enumerate().filter(|(_, v)| v.capacity() >= cap).min_by_key(|(_, v)| v.capacity()).map(|(i, _)| i);
+        best.map(|i| p.swap_remove(i))
+    });
+    let mut v = found.unwrap_or_else(|| Vec::with_capacity(cap));
+    v.clear();
+    v
+}
+
+/// Keeps large buffers for [`pooled`] (a few, so the pool stays bounded).
+fn recycle(bufs: impl IntoIterator<Item = Vec<f32>>) {
+    POOL.with(|p| {
+        let mut p = p.borrow_mut();
+        for b in bufs {
+            if b.capacity() >= 1 << 16 && p.len() < 8 {
+                p.push(b);
+            }
+        }
+    });
+}
+
 /// Sums the gradient rows of equal ids: the unique ids ascending, and for
 /// each the sum of its rows in input order (starting from 0).
 pub(crate) fn sum_repeats(rows: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>, Vec<f32>) {
@@ -82,7 +113,7 @@ pub(crate) fn sum_repeats(rows: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>,
     let mut order: Vec<(u64, usize)> = rows.iter().copied().zip(0..).collect();
     order.sort_unstable();
     let mut ids = Vec::with_capacity(rows.len());
-    let mut sums: Vec<f32> = Vec::with_capacity(grads.len());
+    let mut sums: Vec<f32> = pooled(grads.len());
     for &(id, i) in &order {
         if ids.last() != Some(&id) {
             ids.push(id);
@@ -471,6 +502,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             self.cache.forget_device();
         }
         let (local, sums) = merge_sums(&received, dim);
+        recycle(received.into_iter().map(|(_, g)| g).chain([usums]));
         let first = p.offset(comm.rank()) as i64;
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
@@ -479,7 +511,8 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    alike), the next gather empties every node's cache, as after a
         //    loan of the table.
         let lent_before = self.cache.lend();
-        let mut w = vec![0f32; own.len() * dim];
+        let mut w = pooled(own.len() * dim);
+        w.resize(own.len() * dim, 0.0);
         let width = opt.state_width(dim);
         let mut s = vec![0f32; own.len() * width];
         let device = self.cache.device_enabled();
@@ -515,6 +548,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         if !lent_before {
             self.cache.unlend();
         }
+        recycle([sums, w]);
         Ok(())
     }
 
@@ -557,7 +591,8 @@ fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std
     if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grads.len()) {
         return Err(format!("{} bytes of gradients for {} ids of dimension {dim}", grads.len(), rows.len()));
     }
-    let mut out = vec![0f32; grads.len() / 4];
+    let mut out = pooled(grads.len() / 4);
+    out.resize(grads.len() / 4, 0.0);
     get_f32s(grads, &mut out);
     Ok((rows, out))
 }
@@ -568,7 +603,7 @@ fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std
 fn merge_sums(parts: &[(Vec<u64>, Vec<f32>)], dim: usize) -> (Vec<u64>, Vec<f32>) {
     use std::cmp::Reverse;
     let total: usize = parts.iter().map(|(i, _)| i.len()).sum();
-    let (mut ids, mut sums): (Vec<u64>, Vec<f32>) = (Vec::with_capacity(total), Vec::with_capacity(total * dim));
+    let (mut ids, mut sums): (Vec<u64>, Vec<f32>) = (Vec::with_capacity(total), pooled(total * dim));
     // The next id of every sender, smallest first, ties in rank order.
     let mut next: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> =
         parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| Reverse((id, r, 0)))).collect();
