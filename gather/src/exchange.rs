@@ -208,23 +208,48 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
 /// The distinct ids of every rank's list, ascending, and for each list the
 /// index into them of each of its ids.
 fn dedup(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
-    debug_assert!(lists.len() <= 1 << 16 && lists.iter().all(|l| l.len() < 1 << 48), "a node's lists fit the packed keys");
-    // One integer per request — id, list (16 bits: a node's ranks),
-    // position (48 bits) — so the sort compares plain integers.
-    let mut all: Vec<u128> = Vec::with_capacity(lists.iter().map(Vec::len).sum());
-    for (q, l) in lists.iter().enumerate() {
-        all.extend(l.iter().enumerate().map(|(k, &id)| (u128::from(id) << 64) | ((q as u128) << 48) | k as u128));
-    }
-    all.sort_unstable();
-    let mut unique = Vec::with_capacity(all.len());
-    let mut answer: Vec<Vec<usize>> = lists.iter().map(|l| vec![0; l.len()]).collect();
-    for &key in &all {
-        let (id, q, k) = ((key >> 64) as u64, ((key >> 48) & 0xFFFF) as usize, (key & ((1 << 48) - 1)) as usize);
-        if unique.last() != Some(&id) {
-            unique.push(id);
+    let total: usize = lists.iter().map(Vec::len).sum();
+    let largest = lists.iter().flatten().copied().max().unwrap_or(0);
+    // Requests numbered across the lists, in order.
+    let bits = |x: u64| u64::BITS - x.leading_zeros();
+    let index_bits = bits(total as u64);
+    let mut flat = vec![0usize; total];
+    let mut unique = Vec::with_capacity(total);
+    if index_bits < u64::BITS && bits(largest) + index_bits <= u64::BITS {
+        // One u64 per request, id above its number, so the sort compares
+        // plain integers (the common case: ids and batches well below 2^32).
+        let mut keys: Vec<u64> = Vec::with_capacity(total);
+        for id in lists.iter().flatten() {
+            keys.push((id << index_bits) | keys.len() as u64);
         }
-        answer[q][k] = unique.len() - 1;
+        keys.sort_unstable();
+        let low = (1u64 << index_bits) - 1;
+        for key in keys {
+            let id = key >> index_bits;
+            if unique.last() != Some(&id) {
+                unique.push(id);
+            }
+            flat[(key & low) as usize] = unique.len() - 1;
+        }
+    } else {
+        let mut pairs: Vec<(u64, usize)> = lists.iter().flatten().copied().zip(0..).collect();
+        pairs.sort_unstable();
+        for (id, g) in pairs {
+            if unique.last() != Some(&id) {
+                unique.push(id);
+            }
+            flat[g] = unique.len() - 1;
+        }
     }
+    let mut rest = &flat[..];
+    let answer = lists
+        .iter()
+        .map(|l| {
+            let (mine, more) = rest.split_at(l.len());
+            rest = more;
+            mine.to_vec()
+        })
+        .collect();
     (unique, answer)
 }
 
@@ -981,14 +1006,18 @@ mod tests {
 
     #[test]
     fn dedup_answers_every_request_with_its_unique_id() {
-        let lists = vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]];
-        let (unique, answer) = dedup(&lists);
-        assert_eq!(unique, [1, 3, 7, 9]);
-        for (l, a) in lists.iter().zip(&answer) {
-            assert_eq!(l.len(), a.len());
-            for (&id, &u) in l.iter().zip(a) {
-                assert_eq!(unique[u], id);
+        // Small ids (packed keys) and ids too large to pack (pairs).
+        for big in [0, u64::MAX - 20] {
+            let lists: Vec<Vec<u64>> = vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]].into_iter().map(|l| l.into_iter().map(|x| x + big).collect()).collect();
+            let (unique, answer) = dedup(&lists);
+            assert_eq!(unique, [1 + big, 3 + big, 7 + big, 9 + big]);
+            for (l, a) in lists.iter().zip(&answer) {
+                assert_eq!(l.len(), a.len());
+                for (&id, &u) in l.iter().zip(a) {
+                    assert_eq!(unique[u], id);
+                }
             }
         }
+        assert_eq!(dedup(&[vec![], vec![]]), (vec![], vec![vec![], vec![]]));
     }
 }
