@@ -382,7 +382,8 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 _ if all_base => "every rank at once, one thread each, private tables, per rank of a step",
                 _ => "one process, one thread, private table",
             };
-            Speeds { per_rank: s, total, baseline, ratio }.print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
+            Speeds { per_rank: s, total, baseline, ratio }
+                .print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
             if let Some(g) = per_step {
                 println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
             }

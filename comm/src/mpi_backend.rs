@@ -185,7 +185,16 @@ impl MpiComm {
     }
 
     fn wrap(h: Handle, sock: SocketComm, runtime: Arc<Runtime>) -> Self {
-        Self { inner: Arc::new(Inner { mpi: Mutex::new(h), sock, local: OnceLock::new(), cross: OnceLock::new(), buffers: Mutex::new(Default::default()), runtime }) }
+        Self {
+            inner: Arc::new(Inner {
+                mpi: Mutex::new(h),
+                sock,
+                local: OnceLock::new(),
+                cross: OnceLock::new(),
+                buffers: Mutex::new(Default::default()),
+                runtime,
+            }),
+        }
     }
 
     fn mpi(&self) -> MutexGuard<'_, Handle> {
@@ -208,7 +217,12 @@ impl MpiComm {
     /// by rank, exchanged in MPI calls within MPI's int counts; returns the
     /// send and receive buffers (to keep for the next call) and where each
     /// rank's part starts in the receive buffer (`n + 1` offsets).
-    fn exchange_remote(&self, sizes: &[usize], remote: &[bool], fill: &mut dyn FnMut(usize, &mut [u8])) -> Result<([Vec<u8>; 2], Vec<usize>)> {
+    fn exchange_remote(
+        &self,
+        sizes: &[usize],
+        remote: &[bool],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> Result<([Vec<u8>; 2], Vec<usize>)> {
         let n = sizes.len();
         let slen: Vec<usize> = (0..n).map(|r| if remote[r] { sizes[r] } else { 0 }).collect();
         let offsets = |lens: &[usize]| -> Result<Vec<usize>> {

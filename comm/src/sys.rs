@@ -119,7 +119,8 @@ pub(crate) fn set_socket_buffers(fd: RawFd, bytes: usize) -> io::Result<()> {
     let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
     for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
         // SAFETY: `v` is a readable c_int for the length passed; `fd` is open.
-        let r = unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&raw const v).cast(), mem::size_of::<libc::c_int>() as libc::socklen_t) };
+        let r =
+            unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&raw const v).cast(), mem::size_of::<libc::c_int>() as libc::socklen_t) };
         if r != 0 {
             return Err(io::Error::last_os_error());
         }

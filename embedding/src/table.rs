@@ -586,7 +586,12 @@ fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std
     }
     // A sender sums its repeats and sends its ids ascending.
     if let Some(i) = rows.windows(2).position(|w| w[0] >= w[1]) {
-        return Err(format!("row id {} at position {} after row id {}: the ids are not ascending and distinct", rows[i + 1], i + 1, rows[i]));
+        return Err(format!(
+            "row id {} at position {} after row id {}: the ids are not ascending and distinct",
+            rows[i + 1],
+            i + 1,
+            rows[i]
+        ));
     }
     if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grads.len()) {
         return Err(format!("{} bytes of gradients for {} ids of dimension {dim}", grads.len(), rows.len()));

@@ -448,7 +448,11 @@ pub(crate) fn gather_distributed(
                 }
                 _ => {
                     misfit.get_or_insert_with(|| {
-                        malformed(comm.as_ref(), r, format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), wanted(r).len()))
+                        malformed(
+                            comm.as_ref(),
+                            r,
+                            format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), wanted(r).len()),
+                        )
                     });
                 }
             })
@@ -803,7 +807,6 @@ pub(crate) fn gather_hierarchy(
             })
         },
     )?;
-    drop(cells);
     clock.lap_split("cross rows", &[("owner copy", copying), ("own rows", own_time), ("place", placing)]);
 
     // 5. Back within the node: each local rank gets its rows in the order it
@@ -1008,7 +1011,8 @@ mod tests {
     fn dedup_answers_every_request_with_its_unique_id() {
         // Small ids (packed keys) and ids too large to pack (pairs).
         for big in [0, u64::MAX - 20] {
-            let lists: Vec<Vec<u64>> = vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]].into_iter().map(|l| l.into_iter().map(|x| x + big).collect()).collect();
+            let lists: Vec<Vec<u64>> =
+                vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]].into_iter().map(|l| l.into_iter().map(|x| x + big).collect()).collect();
             let (unique, answer) = dedup(&lists);
             assert_eq!(unique, [1 + big, 3 + big, 7 + big, 9 + big]);
             for (l, a) in lists.iter().zip(&answer) {

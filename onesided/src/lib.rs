@@ -55,10 +55,10 @@ mod error;
 #[cfg(feature = "fabric")]
 #[allow(unsafe_code)]
 mod fabric;
+mod mirror;
 #[cfg(feature = "mpi")]
 #[allow(unsafe_code)]
 mod mpi_rma;
-mod mirror;
 mod profile;
 mod reader;
 mod record;

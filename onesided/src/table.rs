@@ -11,13 +11,13 @@ use wm_comm::{CommExt, Communicator, JobKey, Rendezvous};
 use wm_gather::DType;
 
 use crate::client::Identity;
-use crate::{catalog, mirror};
 use crate::error::agree;
 use crate::reader::{Origin, Reader, copy_threads};
 use crate::record::{self, Checked, OwnerRecord, TableRecord, check_name};
 use crate::server::{Serve, Server};
 use crate::shm::{Mapped, OwnerRows};
 use crate::{Error, Method, Options, Result};
+use crate::{catalog, mirror};
 
 /// A table made readable one-sidedly: every rank serves its rows, and any
 /// rank — or a process outside the job, once the table is

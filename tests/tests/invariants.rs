@@ -68,9 +68,10 @@ const UNSAFE_ALLOWED: &[&str] = &[
 
 /// Whether `text` holds unsafe code (outside comments).
 fn has_unsafe(text: &str) -> bool {
-    text.lines().map(str::trim_start).filter(|l| !l.starts_with("//")).any(|l| {
-        l.contains("unsafe {") || l.contains("unsafe fn ") || l.contains("unsafe impl ") || l.contains("unsafe extern")
-    })
+    text.lines()
+        .map(str::trim_start)
+        .filter(|l| !l.starts_with("//"))
+        .any(|l| l.contains("unsafe {") || l.contains("unsafe fn ") || l.contains("unsafe impl ") || l.contains("unsafe extern"))
 }
 
 fn allowed(rel: &str) -> bool {
@@ -123,7 +124,8 @@ fn every_crate_root_denies_or_forbids_unsafe_code() {
 
 /// Paths of foreign-function types that must not appear in a public
 /// signature.
-const FFI: &[&str] = &["libc::", "cudarc::", "mpi::ffi", "mpi_sys::", "nvml_wrapper::", "hwlocality::", "wm_fabric_sys::", "c_void", "c_int"];
+const FFI: &[&str] =
+    &["libc::", "cudarc::", "mpi::ffi", "mpi_sys::", "nvml_wrapper::", "hwlocality::", "wm_fabric_sys::", "c_void", "c_int"];
 /// The documented seams: `wholemem::device::raw` (a table's CUDA context
 /// and stream, for `wm-gather`'s kernels), `MpiComm::with_raw` (the raw MPI
 /// communicator, for `wm-onesided`'s windows), and the bindings crate.

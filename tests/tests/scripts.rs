@@ -117,12 +117,8 @@ fn the_gpu_check_runs_every_device_test() {
     let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let tests = std::fs::read_to_string(here.join("tests/device.rs")).expect("tests/device.rs");
     let check = std::fs::read_to_string(scripts().join("gpu-check.sh")).expect("gpu-check.sh");
-    let names: Vec<&str> = tests
-        .split("#[test]\nfn ")
-        .skip(1)
-        .filter_map(|t| t.split('(').next())
-        .filter(|n| n.starts_with("device_"))
-        .collect();
+    let names: Vec<&str> =
+        tests.split("#[test]\nfn ").skip(1).filter_map(|t| t.split('(').next()).filter(|n| n.starts_with("device_")).collect();
     assert!(names.len() >= 6, "device tests found: {names:?}");
     let missing: Vec<&&str> = names.iter().filter(|n| !check.contains(**n)).collect();
     assert!(missing.is_empty(), "device tests the GPU check does not run: {missing:?}");

@@ -144,16 +144,11 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
     let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 1 + asked[r] * ROW + extra }).collect();
     let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
     let mut verdicts = vec![ok.clone(); n];
-    comm.alltoallv_in_place(
-        &sizes,
-        &mut |_, buf| rows_part(buf),
-        &mut || {},
-        &mut |r, b| {
-            if let Some((&FAILED, v)) = b.split_first() {
-                verdicts[r] = v.to_vec();
-            }
-        },
-    )?;
+    comm.alltoallv_in_place(&sizes, &mut |_, buf| rows_part(buf), &mut || {}, &mut |r, b| {
+        if let Some((&FAILED, v)) = b.split_first() {
+            verdicts[r] = v.to_vec();
+        }
+    })?;
     wholemem::agree::decide(comm, Ok(()), Rule::Lowest, &verdicts)
 }
 
