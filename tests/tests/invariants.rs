@@ -155,7 +155,8 @@ fn public_signatures(text: &str) -> Vec<String> {
             }
             out.push(sig.split('{').next().unwrap_or_default().to_owned());
         } else if t.starts_with("pub ") && t.contains(": ") && !t.starts_with("pub use") && !t.starts_with("pub mod") {
-            out.push(t.to_owned());
+            // A field, constant or static: its type, not its value.
+            out.push(t.split(" = ").next().unwrap_or_default().to_owned());
         }
     }
     out
@@ -192,4 +193,6 @@ fn the_checks_see_what_they_look_for() {
     let sigs = public_signatures("pub fn f(x: libc::c_int,\n    y: u8) -> u8 {\n}\n#[cfg(test)]\npub fn g(p: libc::pollfd) {}\n");
     assert_eq!(sigs.len(), 1, "{sigs:?}");
     assert!(sigs[0].contains("libc::c_int") && sigs[0].contains("y: u8"), "{sigs:?}");
+    // A constant's type counts, its value does not.
+    assert_eq!(public_signatures("pub const S: i32 = libc::F_SEAL_SEAL;\npub x: libc::pid_t,\n"), ["pub const S: i32", "pub x: libc::pid_t,"]);
 }
