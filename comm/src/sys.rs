@@ -112,22 +112,6 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usiz
     }
 }
 
-/// Asks for send and receive buffers of `bytes` each on socket `fd`
-/// (`SO_SNDBUF`, `SO_RCVBUF`; the kernel caps them at `wmem_max` and
-/// `rmem_max`).
-pub(crate) fn set_socket_buffers(fd: RawFd, bytes: usize) -> io::Result<()> {
-    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
-    for opt in [libc::SO_SNDBUF, libc::SO_RCVBUF] {
-        // SAFETY: `v` is a readable c_int for the length passed; `fd` is open.
-        let r =
-            unsafe { libc::setsockopt(fd, libc::SOL_SOCKET, opt, (&raw const v).cast(), mem::size_of::<libc::c_int>() as libc::socklen_t) };
-        if r != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 /// This process's effective user id.
 pub(crate) fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.

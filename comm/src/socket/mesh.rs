@@ -244,9 +244,6 @@ impl Conn {
             Conn::Tcp(s) => {
                 s.set_read_timeout(None)?;
                 s.set_write_timeout(None)?;
-                if let Some(b) = std::env::var("WM_SOCKBUF").ok().and_then(|v| v.parse::<usize>().ok()) {
-                    sys::set_socket_buffers(s.as_raw_fd(), b)?;
-                }
                 s.set_nonblocking(true)
             }
         }
