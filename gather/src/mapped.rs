@@ -88,11 +88,23 @@ pub(crate) fn gather_to(
     if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
         return Err(Error::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows())));
     }
+    check_placement(layout, conv, rows.len(), positions, out)?;
+    let src = MappedRows::new(mem, layout)?;
+    // SAFETY: every row is below the row count and mapped on this rank
+    // (MappedRows::new checked every rank's rows are), the layout fits in a
+    // row and matches the conversion; the positions are distinct rows of
+    // `out` (all checked above), a buffer apart from the table.
+    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
+    Ok(())
+}
+
+/// That `rows` rows converted by `conv` land on `positions`, one distinct
+/// row of `out` each, and that the conversion is the layout's.
+fn check_placement(layout: &RowLayout, conv: RowConv, rows: usize, positions: &[usize], out: &[u8]) -> Result<()> {
     let db = conv.dst_bytes();
-    if rows.len() != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
+    if rows != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
         return Err(Error::InvalidArgument(format!(
-            "{} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
-            rows.len(),
+            "{rows} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
             positions.len(),
             out.len()
         )));
@@ -104,12 +116,6 @@ pub(crate) fn gather_to(
             layout.bytes()
         )));
     }
-    let src = MappedRows::new(mem, layout)?;
-    // SAFETY: every row is below the row count and mapped on this rank
-    // (MappedRows::new checked every rank's rows are), the layout fits in a
-    // row and matches the conversion; the positions are distinct rows of
-    // `out` (all checked above), a buffer apart from the table.
-    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
     Ok(())
 }
 
@@ -148,22 +154,7 @@ pub(crate) fn gather_own_to(
     if let Some(bad) = rows.iter().find(|&&r| r >= count) {
         return Err(Error::InvalidArgument(format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank())));
     }
-    let db = conv.dst_bytes();
-    if rows.len() != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
-        return Err(Error::InvalidArgument(format!(
-            "{} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
-            rows.len(),
-            positions.len(),
-            out.len()
-        )));
-    }
-    if conv.src_bytes() != layout.bytes() {
-        return Err(Error::InvalidArgument(format!(
-            "a conversion of {} bytes per row for a layout of {}",
-            conv.src_bytes(),
-            layout.bytes()
-        )));
-    }
+    check_placement(layout, conv, rows.len(), positions, out)?;
     let base = match (mem.location(), mem.rank_ptr(me)) {
         (wholemem::Location::Host, Some(p)) => p,
         _ => {
