@@ -272,6 +272,76 @@ const ROWS: u8 = 2;
 /// the rows (its own error stays with it).
 const COPY_FAILED: u8 = 3;
 
+/// Drops the requests of every member `r` of `comm` but `me` whose rows
+/// would not fit a part, recording the first as this rank's finding.
+fn drop_oversized(comm: &dyn Communicator, asked: &mut [Vec<usize>], me: usize, db: usize, problem: &mut Option<Error>) {
+    for (r, a) in asked.iter_mut().enumerate() {
+        if r != me && rows_bytes(a.len(), db).and_then(|b| b.checked_add(1)).is_none() {
+            problem.get_or_insert_with(|| malformed(comm, r, format!("a request for {} rows of {db} bytes", a.len())));
+            a.clear();
+        }
+    }
+}
+
+/// The part sizes of a reply of rows to `members` ranks (`rows(r)` rows of
+/// `db` bytes to member `r`, nothing to `me`), each behind its kind byte —
+/// or, when this rank has a `verdict`, the verdict to every other member.
+fn reply_sizes(members: usize, me: usize, db: usize, verdict: Option<&[u8]>, rows: impl Fn(usize) -> usize) -> Vec<usize> {
+    (0..members)
+        .map(|r| match verdict {
+            _ if r == me => 0,
+            Some(v) => 1 + v.len(),
+            None => 1 + rows(r) * db,
+        })
+        .collect()
+}
+
+/// Fills one part of a reply: the kind byte, then the verdict, or the rows
+/// `copy` writes. A failed copy is marked in the part and returned.
+fn fill_reply(buf: &mut [u8], verdict: Option<&[u8]>, copy: impl FnOnce(&mut [u8]) -> Result<()>) -> Option<Error> {
+    let (kind, body) = buf.split_first_mut()?;
+    match verdict {
+        Some(v) => {
+            *kind = FAILED;
+            body.copy_from_slice(v);
+            None
+        }
+        None => match copy(body) {
+            Ok(()) => {
+                *kind = ROWS;
+                None
+            }
+            Err(e) => {
+                *kind = COPY_FAILED;
+                Some(e)
+            }
+        },
+    }
+}
+
+/// What one part of a reply holds.
+enum Reply<'a> {
+    /// The rows asked for.
+    Rows(&'a [u8]),
+    /// The sender's verdict ([`wholemem::agree::outcome_bytes`]).
+    Verdict(&'a [u8]),
+    /// A failed copy, or a part no reply can be: the error naming the sender.
+    Failed(Error),
+}
+
+/// Reads the part member `from` of `comm` replied with, `rows` rows of
+/// `db` bytes asked of it.
+fn read_reply<'a>(comm: &dyn Communicator, from: usize, bytes: &'a [u8], rows: usize, db: usize) -> Reply<'a> {
+    match bytes.split_first() {
+        Some((&ROWS, body)) if Some(body.len()) == rows_bytes(rows, db) => Reply::Rows(body),
+        Some((&FAILED, v)) => Reply::Verdict(v),
+        Some((&COPY_FAILED, _)) => {
+            Reply::Failed(Error::PeerFailed { rank: comm.world_ranks()[from], detail: "it could not copy the rows asked of it".into() })
+        }
+        _ => Reply::Failed(malformed(comm, from, format!("{} bytes for {rows} rows of {db} bytes and a kind byte", bytes.len()))),
+    }
+}
+
 /// The first exchange of a distributed gather or scatter, which also
 /// carries every rank's outcome of its checks (`checked`), so no separate
 /// agreement is needed before it.
@@ -377,21 +447,9 @@ pub(crate) fn gather_distributed(
     //    the rows), or the copy failed. Each arriving part goes to its
     //    places in `out`, and this rank's own rows are copied straight into
     //    place while the others travel.
-    for (r, a) in asked.iter_mut().enumerate() {
-        if r != me && rows_bytes(a.len(), db).and_then(|b| b.checked_add(1)).is_none() {
-            problem.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("a request for {} rows of {db} bytes", a.len())));
-            a.clear();
-        }
-    }
-    let mine: Result<()> = problem.map_or(Ok(()), Err);
-    let verdict = mine.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&mine));
-    let sizes: Vec<usize> = (0..n)
-        .map(|r| match &verdict {
-            _ if r == me => 0,
-            Some(v) => 1 + v.len(),
-            None => 1 + asked[r].len() * db,
-        })
-        .collect();
+    drop_oversized(comm.as_ref(), &mut asked, me, db, &mut problem);
+    let verdict = finding_bytes(&mut problem);
+    let sizes = reply_sizes(n, me, db, verdict.as_deref(), |r| asked[r].len());
     let mut failed: Option<Error> = None;
     let mut misfit: Option<Error> = None;
     let mut verdicts: Vec<Option<Vec<u8>>> = vec![None; n];
@@ -405,19 +463,9 @@ pub(crate) fn gather_distributed(
             if r == me {
                 return;
             }
-            let (kind, body) = buf.split_first_mut().expect("a part of a rank other than this one has its kind byte");
-            match &verdict {
-                Some(v) => {
-                    *kind = FAILED;
-                    body.copy_from_slice(v);
-                }
-                None => match timed(on, &mut copying, || read_local(mem, layout, conv, &asked[r], None, body)) {
-                    Ok(()) => *kind = ROWS,
-                    Err(e) => {
-                        *kind = COPY_FAILED;
-                        failed.get_or_insert(e);
-                    }
-                },
+            let copy = |body: &mut [u8]| timed(on, &mut copying, || read_local(mem, layout, conv, &asked[r], None, body));
+            if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
+                failed.get_or_insert(e);
             }
         },
         // This rank's own rows go straight to their places while the
@@ -435,25 +483,11 @@ pub(crate) fn gather_distributed(
                 // Its part is empty: own rows are not sent.
                 return;
             }
-            timed(on, &mut placing, || match bytes.split_first() {
-                Some((&ROWS, body)) if Some(body.len()) == rows_bytes(wanted(r).len(), db) => {
-                    place(&mut out.borrow_mut(), body, wanted(r), db);
-                }
-                Some((&FAILED, v)) => verdicts[r] = Some(v.to_vec()),
-                Some((&COPY_FAILED, _)) => {
-                    misfit.get_or_insert_with(|| Error::PeerFailed {
-                        rank: comm.world_ranks()[r],
-                        detail: "it could not copy the rows asked of it".into(),
-                    });
-                }
-                _ => {
-                    misfit.get_or_insert_with(|| {
-                        malformed(
-                            comm.as_ref(),
-                            r,
-                            format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), wanted(r).len()),
-                        )
-                    });
+            timed(on, &mut placing, || match read_reply(comm.as_ref(), r, bytes, wanted(r).len(), db) {
+                Reply::Rows(body) => place(&mut out.borrow_mut(), body, wanted(r), db),
+                Reply::Verdict(v) => verdicts[r] = Some(v.to_vec()),
+                Reply::Failed(e) => {
+                    misfit.get_or_insert(e);
                 }
             })
         },
@@ -463,7 +497,7 @@ pub(crate) fn gather_distributed(
     // lowest owner's error is every rank's.
     let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
     let parts: Vec<&[u8]> = verdicts.iter().map(|v| v.as_deref().unwrap_or(&ok)).collect();
-    let decided = wholemem::agree::decide(comm.as_ref(), mine, wholemem::agree::Rule::Lowest, &parts);
+    let decided = wholemem::agree::decide(comm.as_ref(), problem.map_or(Ok(()), Err), wholemem::agree::Rule::Lowest, &parts);
     // What only this rank can know — a part it received malformed, a copy
     // of its own that failed — is its own error: on the host a copy cannot
     // fail once the ids are checked, and a malformed part fails the rank
@@ -689,20 +723,9 @@ pub(crate) fn gather_hierarchy(
     // Each part behind a kind byte: rows follow, or what this rank found
     // wrong so far (its verdict travels instead of rows, and on from the
     // receivers to their nodes in the fan-out, so every rank learns it).
+    drop_oversized(cross.as_ref(), &mut asked, cme, db, &mut problem);
     let verdict = finding_bytes(&mut problem);
-    for (c, a) in asked.iter_mut().enumerate() {
-        if c != cme && rows_bytes(a.len(), db).and_then(|b| b.checked_add(1)).is_none() {
-            problem.get_or_insert_with(|| malformed(cross.as_ref(), c, format!("a request for {} rows of {db} bytes", a.len())));
-            a.clear();
-        }
-    }
-    let sizes: Vec<usize> = (0..cross.size())
-        .map(|c| match &verdict {
-            _ if c == cme => 0,
-            Some(v) => 1 + v.len(),
-            None => 1 + asked[c].len() * db,
-        })
-        .collect();
+    let sizes = reply_sizes(cross.size(), cme, db, verdict.as_deref(), |c| asked[c].len());
     // Verdicts heard from other ranks: their bytes (to pass on) and error.
     let mut heard: Vec<(Vec<u8>, Error)> = Vec::new();
     let (on, mut copying, mut own_time, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
@@ -724,19 +747,9 @@ pub(crate) fn gather_hierarchy(
             if c == cme {
                 return;
             }
-            let (kind, body) = buf.split_first_mut().expect("a part of another rank has its kind byte");
-            match &verdict {
-                Some(v) => {
-                    *kind = FAILED;
-                    body.copy_from_slice(v);
-                }
-                None => match timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, body)) {
-                    Ok(()) => *kind = ROWS,
-                    Err(e) => {
-                        *kind = COPY_FAILED;
-                        failed.get_or_insert(e);
-                    }
-                },
+            let copy = |body: &mut [u8]| timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, body));
+            if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
+                failed.get_or_insert(e);
             }
         },
         &mut || {
@@ -780,29 +793,17 @@ pub(crate) fn gather_hierarchy(
             if c == cme {
                 return;
             }
-            timed(on, &mut placing, || match bytes.split_first() {
-                Some((&ROWS, body)) if Some(body.len()) == rows_bytes(uwanted(c).len(), db) => {
+            timed(on, &mut placing, || match read_reply(cross.as_ref(), c, bytes, uwanted(c).len(), db) {
+                Reply::Rows(body) => {
                     let mut cells = cells.borrow_mut();
                     let (kept, out) = &mut *cells;
                     for (row, &u) in body.chunks_exact(db).zip(uwanted(c)) {
                         deliver(kept, out, u, row);
                     }
                 }
-                Some((&FAILED, v)) => heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v))),
-                Some((&COPY_FAILED, _)) => {
-                    problem.get_or_insert_with(|| Error::PeerFailed {
-                        rank: cross.world_ranks()[c],
-                        detail: "it could not copy the rows asked of it".into(),
-                    });
-                }
-                _ => {
-                    problem.get_or_insert_with(|| {
-                        malformed(
-                            cross.as_ref(),
-                            c,
-                            format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), uwanted(c).len()),
-                        )
-                    });
+                Reply::Verdict(v) => heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v))),
+                Reply::Failed(e) => {
+                    problem.get_or_insert(e);
                 }
             })
         },
@@ -817,32 +818,19 @@ pub(crate) fn gather_hierarchy(
     let mut problem = failed.or(own_failed).or(problem);
     let verdict = finding_bytes(&mut problem).or_else(|| heard.first().map(|(v, _)| v.clone()));
     let unique_row = |u: usize| &unique_rows[u * db..][..db];
-    let sizes: Vec<usize> = (0..local.size())
-        .map(|q| match &verdict {
-            _ if q == lme => 0,
-            Some(v) => 1 + v.len(),
-            None => 1 + from_local[q].len() * db,
-        })
-        .collect();
+    let sizes = reply_sizes(local.size(), lme, db, verdict.as_deref(), |q| from_local[q].len());
     let out = std::cell::RefCell::new(out);
     local.alltoallv_in_place(
         &sizes,
         &mut |q, buf| {
-            if q == lme {
-                return;
-            }
-            let (kind, body) = buf.split_first_mut().expect("a part of another rank has its kind byte");
-            match &verdict {
-                Some(v) => {
-                    *kind = FAILED;
-                    body.copy_from_slice(v);
-                }
-                None => {
-                    *kind = ROWS;
+            if q != lme {
+                // Copies within this rank's memory: they cannot fail.
+                fill_reply(buf, verdict.as_deref(), |body| {
                     for (slot, &u) in body.chunks_exact_mut(db).zip(&answer[q]) {
                         slot.copy_from_slice(unique_row(u));
                     }
-                }
+                    Ok(())
+                });
             }
         },
         &mut || {},
@@ -850,19 +838,11 @@ pub(crate) fn gather_hierarchy(
             if q == lme {
                 return;
             }
-            match bytes.split_first() {
-                Some((&ROWS, body)) if Some(body.len()) == rows_bytes(wanted(q).len(), db) => {
-                    place(&mut out.borrow_mut(), body, wanted(q), db);
-                }
-                Some((&FAILED, v)) => heard.push((v.to_vec(), verdict_error(local.as_ref(), q, v))),
-                _ => {
-                    problem.get_or_insert_with(|| {
-                        malformed(
-                            local.as_ref(),
-                            q,
-                            format!("{} bytes for {} rows of {db} bytes and a kind byte", bytes.len(), wanted(q).len()),
-                        )
-                    });
+            match read_reply(local.as_ref(), q, bytes, wanted(q).len(), db) {
+                Reply::Rows(body) => place(&mut out.borrow_mut(), body, wanted(q), db),
+                Reply::Verdict(v) => heard.push((v.to_vec(), verdict_error(local.as_ref(), q, v))),
+                Reply::Failed(e) => {
+                    problem.get_or_insert(e);
                 }
             }
         },

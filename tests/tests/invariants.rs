@@ -194,5 +194,8 @@ fn the_checks_see_what_they_look_for() {
     assert_eq!(sigs.len(), 1, "{sigs:?}");
     assert!(sigs[0].contains("libc::c_int") && sigs[0].contains("y: u8"), "{sigs:?}");
     // A constant's type counts, its value does not.
-    assert_eq!(public_signatures("pub const S: i32 = libc::F_SEAL_SEAL;\npub x: libc::pid_t,\n"), ["pub const S: i32", "pub x: libc::pid_t,"]);
+    assert_eq!(
+        public_signatures("pub const S: i32 = libc::F_SEAL_SEAL;\npub x: libc::pid_t,\n"),
+        ["pub const S: i32", "pub x: libc::pid_t,"]
+    );
 }
