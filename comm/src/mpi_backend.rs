@@ -265,6 +265,10 @@ impl MpiComm {
             }
         }
         let rdispl = offsets(&rlen)?;
+        // The total is what this job's ranks (who hold its key) send here.
+        // Should it not fit in memory, the allocation aborts this process,
+        // and the MPI runtime ends the job: an error returned here would
+        // leave the other ranks waiting in the exchange below for ever.
         reuse(&mut rbuf, rdispl[n]);
         // One plan for every rank, from figures every rank holds alike: the
         // largest part any rank sends, and as the busiest rank's traffic
