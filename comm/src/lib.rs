@@ -38,6 +38,7 @@ pub mod mpi_backend;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod nccl;
+pub mod pool;
 pub mod ranks;
 pub mod socket;
 // Socket calls std does not offer: SCM_RIGHTS, poll, SO_PEERCRED, getifaddrs.
@@ -49,6 +50,7 @@ use std::sync::Arc;
 pub use auth::JobKey;
 pub use communicator::{CommExt, Communicator};
 pub use error::{Error, Result, rank_list};
+pub use pool::BufferPool;
 pub use ranks::{RankEnv, RankSource};
 pub use socket::{Rendezvous, SocketComm};
 

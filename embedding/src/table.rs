@@ -76,18 +76,13 @@ const GRADS_HEADER: usize = 13;
 thread_local! {
     /// Large f32 buffers of earlier optimizer steps on this thread, reused:
     /// a fresh 4 MiB buffer costs a thousand page faults.
-    static POOL: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static POOL: std::cell::RefCell<wm_comm::BufferPool<f32>> = const { std::cell::RefCell::new(wm_comm::BufferPool::new(1 << 16, 8)) };
 }
 
 /// An empty buffer with room for `cap` values, from the pool when one
 /// fits.
 fn pooled(cap: usize) -> Vec<f32> {
-    let found = POOL.with(|p| {
-        let mut p = p.borrow_mut();
-        let best = p.iter().enumerate().filter(|(_, v)| v.capacity() >= cap).min_by_key(|(_, v)| v.capacity()).map(|(i, _)| i);
-        best.map(|i| p.swap_remove(i))
-    });
-    let mut v = found.unwrap_or_else(|| Vec::with_capacity(cap));
+    let mut v = POOL.with(|p| p.borrow_mut().get(cap));
     v.clear();
     v
 }
@@ -97,9 +92,7 @@ fn recycle(bufs: impl IntoIterator<Item = Vec<f32>>) {
     POOL.with(|p| {
         let mut p = p.borrow_mut();
         for b in bufs {
-            if b.capacity() >= 1 << 16 && p.len() < 8 {
-                p.push(b);
-            }
+            p.keep(b);
         }
     });
 }

@@ -108,24 +108,12 @@ fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
 thread_local! {
     /// Reply buffers of earlier calls, reused so that large exchanges do not
     /// fault in fresh pages every time.
-    static SCRATCH: std::cell::RefCell<Vec<Vec<u8>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<wm_comm::BufferPool<u8>> = const { std::cell::RefCell::new(wm_comm::BufferPool::new(64 << 10, 16)) };
 }
 
 /// A buffer of `len` bytes, reused when one is at hand.
 fn scratch(len: usize) -> Vec<u8> {
-    let reused = SCRATCH.with(|s| {
-        let mut s = s.borrow_mut();
-        let best = s.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
-        best.map(|i| s.swap_remove(i))
-    });
-    match reused {
-        Some(mut b) => {
-            b.resize(len, 0);
-            b.truncate(len);
-            b
-        }
-        None => vec![0u8; len],
-    }
+    SCRATCH.with(|s| s.borrow_mut().get(len))
 }
 
 /// Keeps large buffers for [`scratch`].
@@ -133,9 +121,7 @@ fn give_back(bufs: Vec<Vec<u8>>) {
     SCRATCH.with(|s| {
         let mut s = s.borrow_mut();
         for b in bufs {
-            if b.capacity() >= 64 << 10 && s.len() < 16 {
-                s.push(b);
-            }
+            s.keep(b);
         }
     });
 }
@@ -692,14 +678,15 @@ pub(crate) fn gather_hierarchy(
     // 4. Owners copy the rows asked of them straight into the exchange;
     //    this rank's own unique rows are copied while the others travel.
     //    Each unique row goes straight to this rank's requests for it in
-    //    `out`, and is kept for the fan-out only when another local rank
-    //    asked for it too.
+    //    `out`; a row from another node is also kept for the fan-out when
+    //    another local rank asked for it (this rank's own rows go to the
+    //    fan-out straight from the table).
     let mut unique_rows = scratch(unique.len() * db);
     let mut for_others = vec![false; unique.len()];
     for (q, a) in answer.iter().enumerate() {
         if q != lme {
             for &u in a {
-                for_others[u] = true;
+                for_others[u] = owner_node[u] != cme;
             }
         }
     }
@@ -755,25 +742,18 @@ pub(crate) fn gather_hierarchy(
         &mut || {
             timed(on, &mut own_time, || {
                 // Rows this rank asked for go straight to the first of their
-                // places in `out`, the others to the fan-out's rows; then
-                // each is copied on to its further places.
+                // places in `out`, then on to their further places.
                 let first = p.offset(comm.rank());
-                let (mut to_out, mut out_at, mut to_kept, mut kept_at) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let (mut to_out, mut out_at) = (Vec::new(), Vec::new());
                 for &u in uwanted(cme) {
-                    let row = unique[u] as usize - first;
                     if mine_at[u] < mine_at[u + 1] {
-                        to_out.push(row);
+                        to_out.push(unique[u] as usize - first);
                         out_at.push(mine[mine_at[u]]);
-                    } else {
-                        to_kept.push(row);
-                        kept_at.push(u);
                     }
                 }
                 let mut cells = cells.borrow_mut();
-                let (kept, out) = &mut *cells;
-                let read = read_local(mem, layout, conv, &to_out, Some(&out_at), out)
-                    .and_then(|()| read_local(mem, layout, conv, &to_kept, Some(&kept_at), kept));
-                if let Err(e) = read {
+                let (_, out) = &mut *cells;
+                if let Err(e) = read_local(mem, layout, conv, &to_out, Some(&out_at), out) {
                     own_failed.get_or_insert(e);
                     return;
                 }
@@ -782,9 +762,6 @@ pub(crate) fn gather_hierarchy(
                     let Some((&at, more)) = places.split_first() else { continue };
                     for &pos in more {
                         out.copy_within(at * db..(at + 1) * db, pos * db);
-                    }
-                    if for_others[u] {
-                        kept[u * db..][..db].copy_from_slice(&out[at * db..][..db]);
                     }
                 }
             })
@@ -820,17 +797,30 @@ pub(crate) fn gather_hierarchy(
     let unique_row = |u: usize| &unique_rows[u * db..][..db];
     let sizes = reply_sizes(local.size(), lme, db, verdict.as_deref(), |q| from_local[q].len());
     let out = std::cell::RefCell::new(out);
+    let first = p.offset(comm.rank());
+    let mut fan_failed: Option<Error> = None;
     local.alltoallv_in_place(
         &sizes,
         &mut |q, buf| {
-            if q != lme {
-                // Copies within this rank's memory: they cannot fail.
-                fill_reply(buf, verdict.as_deref(), |body| {
-                    for (slot, &u) in body.chunks_exact_mut(db).zip(&answer[q]) {
+            if q == lme {
+                return;
+            }
+            // Rows from other nodes from where they were kept, this rank's
+            // own from the table.
+            let copy = |body: &mut [u8]| {
+                let (mut own, mut own_at) = (Vec::new(), Vec::new());
+                for (k, (slot, &u)) in body.chunks_exact_mut(db).zip(&answer[q]).enumerate() {
+                    if owner_node[u] == cme {
+                        own.push(unique[u] as usize - first);
+                        own_at.push(k);
+                    } else {
                         slot.copy_from_slice(unique_row(u));
                     }
-                    Ok(())
-                });
+                }
+                read_local(mem, layout, conv, &own, Some(&own_at), body)
+            };
+            if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
+                fan_failed.get_or_insert(e);
             }
         },
         &mut || {},
@@ -847,6 +837,9 @@ pub(crate) fn gather_hierarchy(
             }
         },
     )?;
+    if let Some(e) = fan_failed {
+        problem.get_or_insert(e);
+    }
     give_back(vec![unique_rows]);
     clock.lap("fan out");
     // This rank's own finding first, else the first verdict it heard: every

@@ -91,7 +91,7 @@ struct State {
     poisoned: Vec<(u64, String)>,
     /// Payload buffers handed back by callers, reused for large frames so a
     /// steady stream of exchanges does not fault in fresh pages each time.
-    spare: Vec<Vec<u8>>,
+    spare: crate::BufferPool<u8>,
 }
 
 /// Longest reason an abort frame carries, in bytes.
@@ -141,7 +141,7 @@ impl Endpoint {
     /// An endpoint over established connections (`conns[world_rank]` is `None`).
     pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration, max_frame: u64) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
-        let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: Vec::new() });
+        let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: crate::BufferPool::new(SPARE_MIN, SPARE_MAX) });
         Self { world_rank, nodes, timeout, max_frame, state }
     }
 
@@ -442,7 +442,7 @@ impl Endpoint {
                 }
                 // Bounded above by the limit, so this fits a usize.
                 let len = hdr.len as usize;
-                let buf = if len >= SPARE_MIN { take_spare(spare, len) } else { zeroed(len) };
+                let buf = if len >= SPARE_MIN { spare.take(len) } else { zeroed(len) };
                 let buf = buf.map_err(|e| {
                     let detail = format!("cannot allocate {len} bytes for a frame from rank {rank}: {e}");
                     Error::Protocol { rank: self.world_rank, op: "receiving", detail }
@@ -508,17 +508,14 @@ impl Endpoint {
         if len < SPARE_MIN {
             return vec![0u8; len];
         }
-        let mut st = self.lock();
-        take_spare(&mut st.spare, len).unwrap_or_else(|_| vec![0u8; len])
+        self.lock().spare.get(len)
     }
 
     /// Keeps buffers for reuse by later large frames.
     pub fn recycle(&self, bufs: impl IntoIterator<Item = Vec<u8>>) {
         let mut st = self.lock();
         for b in bufs {
-            if b.capacity() >= SPARE_MIN && st.spare.len() < SPARE_MAX {
-                st.spare.push(b);
-            }
+            st.spare.keep(b);
         }
     }
 
@@ -610,22 +607,6 @@ fn zeroed(len: usize) -> Result<Vec<u8>, std::collections::TryReserveError> {
     b.try_reserve_exact(len)?;
     b.resize(len, 0);
     Ok(b)
-}
-
-/// A buffer of exactly `len` bytes: the smallest spare that fits, or new.
-fn take_spare(spare: &mut Vec<Vec<u8>>, len: usize) -> Result<Vec<u8>, std::collections::TryReserveError> {
-    let best = spare.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i);
-    match best {
-        Some(i) => {
-            let mut b = spare.swap_remove(i);
-            // Contents are overwritten by the frame; resizing only touches
-            // bytes beyond the old length.
-            b.resize(len, 0);
-            b.truncate(len);
-            Ok(b)
-        }
-        None => zeroed(len),
-    }
 }
 
 #[cfg(test)]
