@@ -228,6 +228,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
     let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
     let mut first_seen = 0u64;
     let mut before = CacheStats::default();
+    let mut profile = wm_gather::profile::Profile::default();
     world.barrier()?;
     for b in 0..a.warmup + a.iters {
         let timed = b >= a.warmup;
@@ -241,7 +242,15 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             let test_turn = !timed || (k == 0) == (b % 2 == 0);
             world.barrier()?;
             let dt = if test_turn {
-                path.timed(&ids, &mut buf, out_dt)?
+                // Only the cached path's calls are profiled.
+                if timed && a.profile {
+                    wm_gather::profile::record();
+                }
+                let dt = path.timed(&ids, &mut buf, out_dt)?;
+                if timed && a.profile {
+                    profile.merge(&wm_gather::profile::take());
+                }
+                dt
             } else {
                 let t0 = Instant::now();
                 wm_gather::gather(path.mem(), &layout, Ids::I64(&ids), &mut buf, out_dt)?;
@@ -278,6 +287,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
         eprintln!();
     }
 
+    let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &profile)?) } else { None };
     // The node's hit rate over the timed batches, and the best static
     // choice's for the same ids.
     let cache = path.cache();
@@ -358,6 +368,9 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 "iters": a.iters, "id_dist": a.id_dist.to_string(), "verified": verified,
             });
             figures.extend_json(&mut j);
+            if let Some(p) = &phases {
+                j["profile"] = p.json();
+            }
             report::json_line(&j);
         } else {
             println!(
@@ -374,6 +387,9 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             );
             figures.print();
             report::print_verified(wrong_total);
+            if let Some(p) = &phases {
+                p.print();
+            }
         }
     }
     Ok(if verified { 0 } else { 3 })

@@ -402,6 +402,9 @@ fn checked_rows<T>(checked: &Result<T>, ids: Ids<'_>) -> Vec<usize> {
     if checked.is_ok() { ids.to_rows() } else { Vec::new() }
 }
 
+/// `also` runs once while the rows travel, after this rank's own rows are
+/// in place (work of the caller's that needs nothing from the exchange, and
+/// not `out`), unless the call fails before the rows exchange.
 pub(crate) fn gather_distributed(
     mem: &WholeMemory,
     layout: &RowLayout,
@@ -409,6 +412,7 @@ pub(crate) fn gather_distributed(
     ids: Ids<'_>,
     out: &mut [u8],
     mut clock: Clock,
+    also: &mut dyn FnMut(),
 ) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
@@ -462,7 +466,8 @@ pub(crate) fn gather_distributed(
                 if let Err(e) = read_local(mem, layout, conv, &local, Some(wanted(me)), &mut out.borrow_mut()) {
                     own_failed.get_or_insert(e);
                 }
-            })
+            });
+            also();
         },
         &mut |r, bytes| {
             if r == me {
@@ -506,6 +511,7 @@ fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Comm, &Comm)> {
     }
 }
 
+/// `also` as in [`gather_distributed`], while the rows cross nodes.
 pub(crate) fn gather_hierarchy(
     mem: &WholeMemory,
     layout: &RowLayout,
@@ -513,6 +519,7 @@ pub(crate) fn gather_hierarchy(
     ids: Ids<'_>,
     out: &mut [u8],
     mut clock: Clock,
+    also: &mut dyn FnMut(),
 ) -> Result<()> {
     let comm = mem.comm();
     // Every rank of a hierarchy table has both communicators (from
@@ -520,7 +527,7 @@ pub(crate) fn gather_hierarchy(
     let (local, cross) = hierarchy_comms(mem)?;
     if cross.size() == 1 {
         // One node: nothing crosses nodes, so there is nothing to de-duplicate.
-        return gather_distributed(mem, layout, checked, ids, out, clock);
+        return gather_distributed(mem, layout, checked, ids, out, clock, also);
     }
     let p = mem.partition();
     let placement = wm_topology::NodeLayout::of(comm.nodes());
@@ -764,7 +771,8 @@ pub(crate) fn gather_hierarchy(
                         out.copy_within(at * db..(at + 1) * db, pos * db);
                     }
                 }
-            })
+            });
+            also();
         },
         &mut |c, bytes| {
             if c == cme {

@@ -355,8 +355,8 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
             done
         }
         // The checks' outcomes travel with the first exchange.
-        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out, clock),
-        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out, clock),
+        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out, clock, &mut || {}),
+        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out, clock, &mut || {}),
     }
 }
 
@@ -462,9 +462,23 @@ pub(crate) fn gather_collective(
     ids: Ids<'_>,
     out: &mut [u8],
 ) -> Result<()> {
+    gather_collective_with(mem, layout, checked, ids, out, &mut || {})
+}
+
+/// [`gather_collective`], running `also` once while the rows travel
+/// (unless the call fails before they do): the caller's own work overlaps
+/// the exchange on the calling thread.
+pub(crate) fn gather_collective_with(
+    mem: &wholemem::WholeMemory,
+    layout: &RowLayout,
+    checked: Result<kernel::RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+    also: &mut dyn FnMut(),
+) -> Result<()> {
     match mem.memory_type() {
-        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, checked, ids, out, profile::Clock::start()),
-        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, checked, ids, out, profile::Clock::start()),
+        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, checked, ids, out, profile::Clock::start(), also),
+        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, checked, ids, out, profile::Clock::start(), also),
         // Not collective: nothing to tell the other ranks.
         other => checked.and(Err(Error::InvalidArgument(format!("{other} memory has no collective gather")))),
     }

@@ -14,7 +14,12 @@
 //! output, own rows included) and `agree` (every rank learning whether any
 //! part was malformed). A hierarchy call across nodes has `checks`, `node
 //! ids`, `dedup`, `cross ids`, `owner copy`, `cross rows`, `fan out` and
-//! `agree`. Mapped tables have `checks` and `copy`.
+//! `agree`. Mapped tables have `checks` and `copy`. A gather through a node
+//! cache adds `cache lookup`, `cache hits` (the hits and own rows copied
+//! on a second thread while the misses are fetched: not on the critical
+//! path unless it outlasts the fetch), `cache wait` (for that thread after
+//! the fetch), `cache place` and `cache update` around the table's gather of
+//! its misses, whose phases are listed as its own.
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
@@ -39,6 +44,15 @@ impl Profile {
     /// The total of one phase (zero when it never ran).
     pub fn get(&self, phase: &str) -> Duration {
         self.phases.iter().find(|(p, _)| *p == phase).map_or(Duration::ZERO, |(_, d)| *d)
+    }
+
+    /// Adds `other`'s calls and phases to these (a profile of some calls
+    /// among others: record each, take it, merge).
+    pub fn merge(&mut self, other: &Profile) {
+        self.calls += other.calls;
+        for (p, d) in &other.phases {
+            self.add(p, *d);
+        }
     }
 
     /// The sum of every phase.
@@ -79,6 +93,13 @@ impl Clock {
         Self { last: on.then(Instant::now) }
     }
 
+    /// A clock for the phases around a call that starts a clock of its own
+    /// (a cached gather around the table's gather): it adds phases, not a
+    /// call.
+    pub fn around() -> Self {
+        Self { last: ON.with(Cell::get).then(Instant::now) }
+    }
+
     /// Whether this call is being recorded.
     pub fn on(&self) -> bool {
         self.last.is_some()
@@ -90,6 +111,14 @@ impl Clock {
             let now = Instant::now();
             CURRENT.with(|c| c.borrow_mut().add(phase, now - last));
             self.last = Some(now);
+        }
+    }
+
+    /// Adds `d` to `phase` without ending the current one: time measured
+    /// elsewhere (on another thread), beside the call's own phases.
+    pub fn add(&mut self, phase: &'static str, d: Duration) {
+        if self.last.is_some() {
+            CURRENT.with(|c| c.borrow_mut().add(phase, d));
         }
     }
 

@@ -297,6 +297,7 @@ impl NodeCache {
             Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out),
         };
 
+        let mut clock = crate::profile::Clock::around();
         // 1. Look up every id of a row another node owns (a few ids ahead,
         //    the tags they will read are asked for); this rank's own host
         //    rows are read in place, every other id is fetched.
@@ -338,6 +339,7 @@ impl NodeCache {
             }
         }
 
+        clock.lap("cache lookup");
         // 2. Everything else through the table's gather, in its own type,
         //    each row once however often it was asked. Meanwhile another
         //    thread copies the hits and this rank's own rows into place and,
@@ -358,29 +360,42 @@ impl NodeCache {
         let mut fetched = std::mem::take(&mut self.scratch);
         fetched.resize(fetch.len() * rb, 0);
         let (data, tags, alone) = (self.data.as_ref(), &mut self.tags, !self.shared);
-        let (copied, result, decided) = std::thread::scope(|s| {
-            let copier = s.spawn(|| {
-                let copied = match (data, hit_slots.is_empty()) {
-                    (_, true) => Ok(()),
-                    (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out),
-                    (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
-                };
-                let copied = copied.and_then(|()| mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out));
-                // The decision may evict a row just hit: its slot is
-                // refilled only after this thread is done reading it.
-                let decided = alone.then(|| decide_alone(tags, &accesses));
-                (copied, decided)
-            });
-            let result = crate::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched);
-            let (copied, decided) = copier.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            (copied, result, decided)
+        // The hits, own rows and (alone) the decision, run while the
+        // misses travel; run here after the exchange when it ended before
+        // its rows did (it then failed, or had nothing to move).
+        let mut hits = Some(|| {
+            let t = std::time::Instant::now();
+            let copied = match (data, hit_slots.is_empty()) {
+                (_, true) => Ok(()),
+                (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out),
+                (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
+            };
+            let copied = copied.and_then(|()| mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out));
+            // The decision may evict a row just hit: its slot is refilled
+            // only after the hits are copied.
+            let decided = alone.then(|| decide_alone(tags, &accesses));
+            (copied, decided, t.elapsed())
         });
+        let mut done = None;
+        let result = crate::gather_collective_with(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut || {
+            if let Some(mut h) = hits.take() {
+                done = Some(h());
+            }
+        });
+        clock.lap("cache misses");
+        let (copied, decided, busy) = match done {
+            Some(d) => d,
+            None => hits.take().map(|mut h| h()).expect("the hits run once, in the exchange or here"),
+        };
+        clock.lap("cache rest");
+        clock.add("cache hits", busy);
         let result = result.and_then(|()| {
             self.stats.lookups += accesses.len() as u64;
             self.stats.hits += hit_slots.len() as u64;
             let placed = copied.and_then(|()| {
                 kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument)
             });
+            clock.lap("cache place");
             // 3. Fill (and, where nodes have several ranks, count and
             //    decide first). The rows fetched are in table order, so
             //    their numbers among the cacheable rows ascend too.
@@ -391,6 +406,7 @@ impl NodeCache {
                 None => self.update_shared_and_agree(placed, accesses, &missed_at, &fetched),
             }
         });
+        clock.lap("cache update");
         if result.is_err() {
             // A decision may be in the tags without its fills: hold nothing.
             self.tags.clear();

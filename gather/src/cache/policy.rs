@@ -175,6 +175,9 @@ impl Tags {
             Placement::Sets { sets } => {
                 let first = set_of(r, sets) * WAYS;
                 crate::kernel::prefetch_slice(&self.fps[first..first + WAYS]);
+                // The set's tags too (a few lines): the one a fingerprint
+                // points at is read next.
+                crate::kernel::prefetch_slice(&self.tags[first..first + WAYS]);
             }
         }
     }
