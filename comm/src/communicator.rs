@@ -111,6 +111,28 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         Ok(())
     }
 
+    /// [`alltoallv_in_place`](Self::alltoallv_in_place) with the work
+    /// meanwhile in steps: `step()` does a bounded piece of it and returns
+    /// whether more remains. The socket backend calls it between its turns
+    /// at the sockets, so the transfer goes on while a large copy runs (one
+    /// long `meanwhile` leaves the peers' bytes waiting in full socket
+    /// buffers); every step has run before `take` is called. Other backends
+    /// (and the default) run every step where `alltoallv_in_place` runs
+    /// `meanwhile`.
+    ///
+    /// # Errors
+    /// As [`alltoallv`](Self::alltoallv); on an error, steps may be left
+    /// undone.
+    fn alltoallv_in_place_stepped(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        step: &mut dyn FnMut() -> bool,
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.alltoallv_in_place(sizes, fill, &mut || while step() {}, take)
+    }
+
     /// Splits into communicators of the ranks that pass the same `color`,
     /// ordered by `(key, rank)`.
     ///

@@ -476,15 +476,36 @@ impl Communicator for MpiComm {
         meanwhile: &mut dyn FnMut(),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
+        self.alltoallv_in_place_stepped(
+            sizes,
+            fill,
+            &mut || {
+                meanwhile();
+                false
+            },
+            take,
+        )
+    }
+
+    /// As [`alltoallv_in_place`](Communicator::alltoallv_in_place): the
+    /// steps run while the parts for ranks of this node travel (after the
+    /// MPI part, which they do not overlap).
+    fn alltoallv_in_place_stepped(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        meanwhile: &mut dyn FnMut() -> bool,
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
         crate::communicator::check_sizes(sizes, self.size())?;
         let (n, me) = (self.size(), self.rank());
         let remote: Vec<bool> = (0..n).map(|r| !self.same_node(r, me)).collect();
         if !remote.contains(&true) {
-            return self.inner.sock.alltoallv_in_place(sizes, fill, meanwhile, take);
+            return self.inner.sock.alltoallv_in_place_stepped(sizes, fill, meanwhile, take);
         }
         let ([sbuf, rbuf], rdispl) = self.exchange_remote(sizes, &remote, fill)?;
         let local_sizes: Vec<usize> = (0..n).map(|r| if remote[r] { 0 } else { sizes[r] }).collect();
-        let done = self.inner.sock.alltoallv_in_place(
+        let done = self.inner.sock.alltoallv_in_place_stepped(
             &local_sizes,
             &mut |r, buf| {
                 if !remote[r] {

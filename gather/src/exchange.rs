@@ -162,6 +162,17 @@ fn read_local(
     Ok(())
 }
 
+/// Bytes of own rows one step of an exchange's work copies: the socket
+/// backend goes back to its sockets between steps, so a rank's own copy
+/// does not keep its peers' bytes waiting.
+const STEP_BYTES: usize = 256 << 10;
+
+/// Rows of `db` bytes one step copies: all of them for device tables (one
+/// kernel launch), [`STEP_BYTES`] worth on the host.
+fn step_rows(mem: &WholeMemory, db: usize, total: usize) -> usize {
+    if mem.location() == wholemem::Location::Device { total.max(1) } else { (STEP_BYTES / db.max(1)).max(1) }
+}
+
 /// [`crate::gather_owned`] for distributed and hierarchy tables: this
 /// rank's rows `rows` (local numbers, checked), straight from its memory.
 pub(crate) fn gather_owned(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], out: &mut [u8]) -> Result<()> {
@@ -447,7 +458,10 @@ pub(crate) fn gather_distributed(
     // Written first by `meanwhile` (own rows), then by `take` (the others').
     let out = std::cell::RefCell::new(out);
     let mut own_failed: Option<Error> = None;
-    comm.alltoallv_in_place(
+    let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
+    let (mut next, chunk) = (0, step_rows(mem, db, local.len()));
+    let mut also = Some(also);
+    comm.alltoallv_in_place_stepped(
         &sizes,
         &mut |r, buf| {
             if r == me {
@@ -459,15 +473,22 @@ pub(crate) fn gather_distributed(
             }
         },
         // This rank's own rows go straight to their places while the
-        // others' travel.
+        // others' travel, a piece per step; then the caller's work.
         &mut || {
-            timed(on, &mut own, || {
-                let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
-                if let Err(e) = read_local(mem, layout, conv, &local, Some(wanted(me)), &mut out.borrow_mut()) {
-                    own_failed.get_or_insert(e);
-                }
-            });
-            also();
+            if next < local.len() {
+                let end = (next + chunk).min(local.len());
+                timed(on, &mut own, || {
+                    if let Err(e) = read_local(mem, layout, conv, &local[next..end], Some(&wanted(me)[next..end]), &mut out.borrow_mut()) {
+                        own_failed.get_or_insert(e);
+                    }
+                });
+                next = if own_failed.is_some() { local.len() } else { end };
+                return true;
+            }
+            if let Some(a) = also.take() {
+                a();
+            }
+            false
         },
         &mut |r, bytes| {
             if r == me {
@@ -735,7 +756,17 @@ pub(crate) fn gather_hierarchy(
             out[pos * db..][..db].copy_from_slice(row);
         }
     };
-    cross.alltoallv_in_place(
+    let first = p.offset(comm.rank());
+    let (mut to_out, mut out_at) = (Vec::new(), Vec::new());
+    for &u in uwanted(cme) {
+        if mine_at[u] < mine_at[u + 1] {
+            to_out.push(unique[u] as usize - first);
+            out_at.push(mine[mine_at[u]]);
+        }
+    }
+    let (mut next, chunk) = (0, step_rows(mem, db, to_out.len()));
+    let mut also = Some(also);
+    cross.alltoallv_in_place_stepped(
         &sizes,
         &mut |c, buf| {
             if c == cme {
@@ -746,33 +777,39 @@ pub(crate) fn gather_hierarchy(
                 failed.get_or_insert(e);
             }
         },
+        // Rows this rank asked for go straight to the first of their places
+        // in `out`, a piece per step, then on to their further places; then
+        // the caller's work.
         &mut || {
-            timed(on, &mut own_time, || {
-                // Rows this rank asked for go straight to the first of their
-                // places in `out`, then on to their further places.
-                let first = p.offset(comm.rank());
-                let (mut to_out, mut out_at) = (Vec::new(), Vec::new());
-                for &u in uwanted(cme) {
-                    if mine_at[u] < mine_at[u + 1] {
-                        to_out.push(unique[u] as usize - first);
-                        out_at.push(mine[mine_at[u]]);
+            if next < to_out.len() {
+                let end = (next + chunk).min(to_out.len());
+                timed(on, &mut own_time, || {
+                    let mut cells = cells.borrow_mut();
+                    let (_, out) = &mut *cells;
+                    if let Err(e) = read_local(mem, layout, conv, &to_out[next..end], Some(&out_at[next..end]), out) {
+                        own_failed.get_or_insert(e);
                     }
+                });
+                next = if own_failed.is_some() { to_out.len() } else { end };
+                return true;
+            }
+            if let Some(a) = also.take() {
+                if own_failed.is_none() {
+                    timed(on, &mut own_time, || {
+                        let mut cells = cells.borrow_mut();
+                        let (_, out) = &mut *cells;
+                        for &u in uwanted(cme) {
+                            let places = &mine[mine_at[u]..mine_at[u + 1]];
+                            let Some((&at, more)) = places.split_first() else { continue };
+                            for &pos in more {
+                                out.copy_within(at * db..(at + 1) * db, pos * db);
+                            }
+                        }
+                    });
                 }
-                let mut cells = cells.borrow_mut();
-                let (_, out) = &mut *cells;
-                if let Err(e) = read_local(mem, layout, conv, &to_out, Some(&out_at), out) {
-                    own_failed.get_or_insert(e);
-                    return;
-                }
-                for &u in uwanted(cme) {
-                    let places = &mine[mine_at[u]..mine_at[u + 1]];
-                    let Some((&at, more)) = places.split_first() else { continue };
-                    for &pos in more {
-                        out.copy_within(at * db..(at + 1) * db, pos * db);
-                    }
-                }
-            });
-            also();
+                a();
+            }
+            false
         },
         &mut |c, bytes| {
             if c == cme {

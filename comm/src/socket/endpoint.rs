@@ -158,14 +158,22 @@ impl Endpoint {
 
     /// Sends `out`, then waits for `want`; returns the wanted frames in order.
     pub fn transact(&self, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
-        self.transact_with(op, out, want, &mut || {})
+        self.transact_with(op, out, want, &mut || false)
     }
 
-    /// [`Endpoint::transact`], calling `meanwhile` once after the first
-    /// writes: work that does not depend on the frames overlaps their
-    /// transfer. It runs with the endpoint locked, so it must not use any
-    /// communicator of this process.
-    pub fn transact_with(&self, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted], meanwhile: &mut dyn FnMut()) -> Result<Vec<Msg>> {
+    /// [`Endpoint::transact`], with work that does not depend on the frames
+    /// overlapping their transfer: `step` does a bounded piece of it and
+    /// says whether more remains. It is called after each turn at the
+    /// sockets (the first after the first writes) until it is done, and the
+    /// call returns only once it is. It runs with the endpoint locked, so it
+    /// must not use any communicator of this process.
+    pub fn transact_with(
+        &self,
+        op: &'static str,
+        out: &[Outgoing<'_>],
+        want: &[Wanted],
+        step: &mut dyn FnMut() -> bool,
+    ) -> Result<Vec<Msg>> {
         let mut st = self.lock();
         if let Some(b) = &st.broken {
             return Err(Error::PeerLost { rank: b.rank, op, detail: b.detail.clone() });
@@ -188,7 +196,7 @@ impl Endpoint {
             self.abandon(&mut st, self.world_rank, &detail);
             return Err(Error::InvalidArgument(detail));
         }
-        let res = self.run(&mut st, op, out, want, meanwhile);
+        let res = self.run(&mut st, op, out, want, step);
         if let Err(e) = &res {
             if let Error::Mismatch { detail, .. } = e {
                 let ids: Vec<u64> = want.iter().map(|w| w.comm).collect();
@@ -205,9 +213,10 @@ impl Endpoint {
         op: &'static str,
         out: &[Outgoing<'_>],
         want: &[Wanted],
-        meanwhile: &mut dyn FnMut(),
+        step: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<Msg>> {
-        let mut meanwhile = Some(meanwhile);
+        // Whether the caller's work has steps left.
+        let mut working = true;
         let headers: Vec<[u8; HEADER_LEN]> = out.iter().map(|o| o.hdr.encode()).collect();
         let mut written = vec![0usize; out.len()];
         let mut got: Vec<Option<Msg>> = (0..want.len()).map(|_| None).collect();
@@ -239,13 +248,14 @@ impl Endpoint {
             for (i, o) in out.iter().enumerate() {
                 progress |= self.write_some(st, o, &headers[i], &mut written[i], op)?;
             }
-            // The kernel holds what fitted in the sockets: the caller's own
-            // work goes on while it moves.
-            if let Some(m) = meanwhile.take() {
-                m();
+            // The kernel holds what fitted in the sockets: a step of the
+            // caller's own work while it moves, then back to the sockets.
+            if working {
+                working = step();
+                progress = true;
             }
             let sends_done = out.iter().zip(&written).all(|(o, &w)| w == HEADER_LEN + o.payload.len());
-            if sends_done && got.iter().zip(&settled).all(|(g, s)| g.is_some() || *s) {
+            if !working && sends_done && got.iter().zip(&settled).all(|(g, s)| g.is_some() || *s) {
                 if let Some(e) = mismatch {
                     return Err(e);
                 }
@@ -268,7 +278,8 @@ impl Endpoint {
                 }
             }
             let left = self.timeout.saturating_sub(last_progress.elapsed());
-            let wait_ms = left.as_millis().clamp(1, 1000) as i32;
+            // With work left, only look: the next step is ready to run.
+            let wait_ms = if working { 0 } else { left.as_millis().clamp(1, 1000) as i32 };
             sys::poll(&mut pfds, wait_ms).map_err(|e| Error::io("poll on peer sockets", e))?;
             for (pfd, &rank) in pfds.iter().zip(&who) {
                 if pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {

@@ -388,14 +388,32 @@ impl Communicator for SocketComm {
         Ok(got.into_iter().enumerate().map(|(r, g)| g.unwrap_or_else(|| if r == me { send[me].to_vec() } else { Vec::new() })).collect())
     }
 
-    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
-    // exchange's protocol keeps (see the SAFETY note at the call).
-    #[allow(unsafe_code)]
     fn alltoallv_in_place(
         &self,
         sizes: &[usize],
         fill: &mut dyn FnMut(usize, &mut [u8]),
         meanwhile: &mut dyn FnMut(),
+        take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.alltoallv_in_place_stepped(
+            sizes,
+            fill,
+            &mut || {
+                meanwhile();
+                false
+            },
+            take,
+        )
+    }
+
+    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
+    // exchange's protocol keeps (see the SAFETY note at the call).
+    #[allow(unsafe_code)]
+    fn alltoallv_in_place_stepped(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        meanwhile: &mut dyn FnMut() -> bool,
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         crate::communicator::check_sizes(sizes, self.size())?;
