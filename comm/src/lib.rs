@@ -54,6 +54,17 @@ pub use pool::BufferPool;
 pub use ranks::{RankEnv, RankSource};
 pub use socket::{Rendezvous, SocketComm};
 
+/// Tunes glibc's allocator for the exchanges' temporary buffers, unless
+/// `WM_MALLOC_TUNE=0`; once per process ([`init`] calls it). Process-wide:
+/// blocks under 32 MiB come from the heap, and up to 256 MiB of freed heap
+/// is kept for reuse instead of being given back to the kernel at every
+/// free, so the buffers of a gather are not faulted in anew by the next.
+/// Returns whether the allocator was tuned (never, away from glibc).
+pub fn tune_allocator() -> bool {
+    static DONE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DONE.get_or_init(|| wm_topology::env::WM_MALLOC_TUNE.get().as_deref().map(str::trim) != Some("0") && sys::tune_malloc())
+}
+
 /// Most reports [`warn`] prints per process; after that it counts them
 /// silently.
 const WARN_MAX: usize = 20;
@@ -81,6 +92,7 @@ pub fn warn(msg: &str) {
 /// [`Error::Bootstrap`] when the environment names a world of several ranks
 /// but no way to meet; [`Error::Timeout`] naming ranks that never arrived.
 pub fn init() -> Result<Arc<dyn Communicator>> {
+    tune_allocator();
     let backend = wm_topology::env::WM_BACKEND.get();
     match backend.as_deref() {
         None | Some("auto") => {

@@ -124,6 +124,12 @@ mod tests {
     }
 
     #[test]
+    fn the_allocator_is_tuned_on_glibc_unless_turned_off() {
+        let off = wm_topology::env::WM_MALLOC_TUNE.get().as_deref().map(str::trim) == Some("0");
+        assert_eq!(crate::tune_allocator(), cfg!(all(target_os = "linux", target_env = "gnu")) && !off);
+    }
+
+    #[test]
     fn an_impossible_length_is_an_error_not_an_abort() {
         let mut pool = BufferPool::<u8>::new(1, 1);
         assert!(pool.take(usize::MAX / 2).is_err());

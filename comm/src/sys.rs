@@ -1,5 +1,6 @@
 //! The few raw socket calls std does not offer: non-blocking send and receive
-//! without SIGPIPE, file descriptors over `SCM_RIGHTS`, and `poll`.
+//! without SIGPIPE, file descriptors over `SCM_RIGHTS`, and `poll`; and the
+//! C allocator's thresholds.
 //!
 //! Every function takes a descriptor the caller owns and keeps open for the
 //! duration of the call; that is the invariant the `SAFETY` comments rely on.
@@ -165,4 +166,30 @@ pub(crate) fn interface_ipv4(name: &str) -> io::Result<Option<std::net::Ipv4Addr
     // SAFETY: `head` came from getifaddrs and is freed once.
     unsafe { libc::freeifaddrs(head) };
     Ok(found)
+}
+
+/// Blocks below this many bytes come from the heap, not from a mapping of
+/// their own.
+const MMAP_THRESHOLD: i32 = 32 << 20;
+/// Free memory at the top of the heap kept, not given back, up to this.
+const TRIM_THRESHOLD: i32 = 256 << 20;
+
+/// Sets glibc's `M_MMAP_THRESHOLD` and `M_TRIM_THRESHOLD` (elsewhere:
+/// nothing). By default glibc gives back the top of its heap as soon as
+/// twice the last large block is free there: a gather's temporaries of a
+/// few hundred KiB each, freed at its end, are given back and faulted in
+/// again by the next call (on a 65 536-id hierarchy gather, half of its
+/// de-duplication time). Returns whether the thresholds were set.
+pub(crate) fn tune_malloc() -> bool {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only sets allocator parameters; any value is
+        // valid for these two.
+        unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1 }
+    }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    {
+        let _ = (MMAP_THRESHOLD, TRIM_THRESHOLD);
+        false
+    }
 }

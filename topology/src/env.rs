@@ -167,6 +167,14 @@ pub const WM_TEST_BIN_DIR: EnvVar = EnvVar {
     doc: "directory holding `wm-test-rank` and the other rank programs, for test executables copied to another machine",
 };
 
+/// Whether `wm_comm::init` tunes the C allocator for the exchanges'
+/// temporary buffers.
+pub const WM_MALLOC_TUNE: EnvVar = EnvVar {
+    name: "WM_MALLOC_TUNE",
+    default: "1",
+    doc: "`0` leaves glibc's malloc as it is; by default `wm_comm::init` keeps freed memory of up to 256 MiB in the heap and serves blocks below 32 MiB from it, so the buffers each gather and scatter allocates do not fault in fresh pages every call",
+};
+
 /// Every variable, for documentation and `--help` output.
 pub const ALL: &[EnvVar] = &[
     WM_RANK,
@@ -190,6 +198,7 @@ pub const ALL: &[EnvVar] = &[
     WM_REQUIRE_GPU,
     WM_KERNEL_CACHE,
     WM_UNTAGGED,
+    WM_MALLOC_TUNE,
     WM_TEST_BIN_DIR,
 ];
 
