@@ -15,11 +15,12 @@
 //! part was malformed). A hierarchy call across nodes has `checks`, `node
 //! ids`, `dedup`, `cross ids`, `owner copy`, `cross rows`, `fan out` and
 //! `agree`. Mapped tables have `checks` and `copy`. A gather through a node
-//! cache adds `cache lookup`, `cache hits` (the hits and own rows copied
-//! on a second thread while the misses are fetched: not on the critical
-//! path unless it outlasts the fetch), `cache wait` (for that thread after
-//! the fetch), `cache place` and `cache update` around the table's gather of
-//! its misses, whose phases are listed as its own.
+//! cache adds, around the table's gather of its misses (whose phases are
+//! listed as its own, and counted inside `cache misses`): `cache lookup`,
+//! `cache misses` (that gather, from start to end), `cache hits` (the hits
+//! and own rows copied while the misses travel: inside `cache misses`),
+//! `cache rest` (those copies when the exchange ended before running them),
+//! `cache place` and `cache update`.
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};

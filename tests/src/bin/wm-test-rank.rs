@@ -67,7 +67,8 @@ fn bytes_for(rank: usize, peer: usize, n: usize) -> Vec<u8> {
 
 // ---------------------------------------------------------------- collectives
 
-/// `alltoallv_in_place` over rounds: sizes of zero, small (inline on the
+/// `alltoallv_in_place` (and, every other round, its stepped form) over
+/// rounds: sizes of zero, small (inline on the
 /// socket), at the shared-memory threshold and growing (mailboxes replaced),
 /// each pair's size changing from round to round, with plain exchanges in
 /// between. Every part is checked byte for byte, and every rank's part must
@@ -83,26 +84,43 @@ fn in_place(comm: &Comm) -> Result<()> {
         };
         let sizes: Vec<usize> = (0..n).map(|to| size(me, to)).collect();
         let (mut misfilled, mut wrong): (Option<String>, Option<String>) = (None, None);
-        // The order of the callbacks: every fill, one meanwhile, every take.
+        // The order of the callbacks: every fill, one meanwhile (odd rounds:
+        // every step, the stepped form), every take.
         let events = std::cell::RefCell::new(Vec::new());
-        comm.alltoallv_in_place(
-            &sizes,
-            &mut |to, buf| {
-                events.borrow_mut().push(format!("fill {to}"));
-                if buf.len() == size(me, to) {
-                    buf.copy_from_slice(&bytes_for(me + round, to, buf.len()));
-                } else {
-                    misfilled.get_or_insert(format!("fill for rank {to} got {} bytes, not {}", buf.len(), size(me, to)));
-                }
-            },
-            &mut || events.borrow_mut().push("meanwhile".to_owned()),
-            &mut |from, got| {
-                events.borrow_mut().push(format!("take {from}"));
-                if got != bytes_for(from + round, me, size(from, me)).as_slice() {
-                    wrong.get_or_insert(format!("round {round}: wrong {} bytes from rank {from}", got.len()));
-                }
-            },
-        )?;
+        let mut fill = |to: usize, buf: &mut [u8]| {
+            events.borrow_mut().push(format!("fill {to}"));
+            if buf.len() == size(me, to) {
+                buf.copy_from_slice(&bytes_for(me + round, to, buf.len()));
+            } else {
+                misfilled.get_or_insert(format!("fill for rank {to} got {} bytes, not {}", buf.len(), size(me, to)));
+            }
+        };
+        let mut take = |from: usize, got: &[u8]| {
+            events.borrow_mut().push(format!("take {from}"));
+            if got != bytes_for(from + round, me, size(from, me)).as_slice() {
+                wrong.get_or_insert(format!("round {round}: wrong {} bytes from rank {from}", got.len()));
+            }
+        };
+        if round % 2 == 0 {
+            comm.alltoallv_in_place(&sizes, &mut fill, &mut || events.borrow_mut().push("meanwhile".to_owned()), &mut take)?;
+        } else {
+            // Seven steps, all before the first take; the events keep one
+            // "meanwhile" for the lot so both forms read alike below.
+            let mut left = 7;
+            comm.alltoallv_in_place_stepped(
+                &sizes,
+                &mut fill,
+                &mut || {
+                    left -= 1;
+                    if left == 0 {
+                        events.borrow_mut().push("meanwhile".to_owned());
+                    }
+                    left > 0
+                },
+                &mut take,
+            )?;
+            ensure!(left == 0, "round {round}: {left} steps of 7 did not run");
+        }
         if let Some(w) = misfilled.or(wrong) {
             bail!("alltoallv_in_place: {w}");
         }
