@@ -9,6 +9,78 @@ use wm_topology::NodeIdentity;
 
 use crate::{Error, Result};
 
+/// A part an in-place exchange hands over
+/// ([`Communicator::alltoallv_in_place_keeping`]): its bytes, and a way to
+/// keep them.
+#[derive(Debug)]
+pub struct Part<'a>(PartBytes<'a>);
+
+#[derive(Debug)]
+enum PartBytes<'a> {
+    /// Bytes the backend keeps (a mailbox, its own buffer).
+    Borrowed(&'a [u8]),
+    /// A buffer of the backend's that may be taken: the part is its bytes
+    /// from the offset on.
+    Owned(&'a mut Vec<u8>, usize),
+}
+
+impl<'a> Part<'a> {
+    /// A part whose bytes stay the backend's: keeping it copies them.
+    pub fn borrowed(bytes: &'a [u8]) -> Self {
+        Self(PartBytes::Borrowed(bytes))
+    }
+
+    /// A part that is `buf[start..]`, which [`keep`](Self::keep) takes
+    /// without copying (`buf` is left empty).
+    pub fn owned(buf: &'a mut Vec<u8>, start: usize) -> Self {
+        let start = start.min(buf.len());
+        Self(PartBytes::Owned(buf, start))
+    }
+
+    /// The part's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        match &self.0 {
+            PartBytes::Borrowed(b) => b,
+            PartBytes::Owned(v, start) => &v[*start..],
+        }
+    }
+
+    /// Whether [`keep`](Self::keep) takes the bytes without copying them.
+    pub fn keeps_without_copy(&self) -> bool {
+        matches!(self.0, PartBytes::Owned(..))
+    }
+
+    /// The part's bytes, owned.
+    pub fn keep(self) -> Kept {
+        match self.0 {
+            PartBytes::Borrowed(b) => Kept { buf: b.to_vec(), start: 0 },
+            PartBytes::Owned(v, start) => Kept { buf: std::mem::take(v), start },
+        }
+    }
+}
+
+/// The bytes of a kept [`Part`].
+#[derive(Debug, Default)]
+pub struct Kept {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Kept {
+    /// The buffer they lie in, to hand back with
+    /// [`Communicator::recycle`].
+    pub fn into_vec(self) -> Vec<u8> {
+        self.buf
+    }
+}
+
+impl std::ops::Deref for Kept {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
 /// A group of ranks that run collectives together.
 ///
 /// Object-safe, so tools can hold `&dyn Communicator` or
@@ -131,6 +203,26 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
         self.alltoallv_in_place(sizes, fill, &mut || while step() {}, take)
+    }
+
+    /// [`alltoallv_in_place_stepped`](Self::alltoallv_in_place_stepped)
+    /// whose `take` may keep a part beyond the call: it gets each as a
+    /// [`Part`], which [`Part::keep`] turns into an owned [`Kept`] — without
+    /// a copy where the backend received the part into a buffer of its own
+    /// (the socket backend's parts from other nodes), with one otherwise
+    /// (the default, shared-memory mailboxes). Kept buffers go back with
+    /// [`recycle`](Self::recycle) ([`Kept::into_vec`]).
+    ///
+    /// # Errors
+    /// As [`alltoallv_in_place_stepped`](Self::alltoallv_in_place_stepped).
+    fn alltoallv_in_place_keeping(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        step: &mut dyn FnMut() -> bool,
+        take: &mut dyn FnMut(usize, Part<'_>),
+    ) -> Result<()> {
+        self.alltoallv_in_place_stepped(sizes, fill, step, &mut |r, bytes| take(r, Part::borrowed(bytes)))
     }
 
     /// Splits into communicators of the ranks that pass the same `color`,

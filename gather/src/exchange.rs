@@ -754,8 +754,9 @@ pub(crate) fn gather_hierarchy(
     //    this rank's own unique rows are copied while the others travel.
     //    Each unique row goes straight to this rank's requests for it in
     //    `out`; a row from another node is also kept for the fan-out when
-    //    another local rank asked for it (this rank's own rows go to the
-    //    fan-out straight from the table).
+    //    another local rank asked for it — its whole part, where the backend
+    //    hands it over without a copy, else the row — and this rank's own
+    //    rows go to the fan-out straight from the table.
     let mut unique_rows = scratch(unique.len() * db);
     let mut for_others = vec![false; unique.len()];
     for (q, a) in answer.iter().enumerate() {
@@ -795,14 +796,27 @@ pub(crate) fn gather_hierarchy(
     let cells = std::cell::RefCell::new((&mut unique_rows, &mut *out));
     // Unique row `u` (`row`): to the fan-out's rows when another local rank
     // wants it, and to each of this rank's places for it.
-    let deliver = |kept: &mut [u8], out: &mut [u8], u: usize, row: &[u8]| {
-        if for_others[u] {
+    // Unique row `u` (`row`): to each of this rank's places for it, and to
+    // the fan-out's kept rows when another local rank wants it and its part
+    // is not kept whole (`to_kept`).
+    let deliver = |kept: &mut [u8], out: &mut [u8], u: usize, row: &[u8], to_kept: bool| {
+        if to_kept && for_others[u] {
             kept[u * db..][..db].copy_from_slice(row);
         }
         for &pos in &mine[mine_at[u]..mine_at[u + 1]] {
             out[pos * db..][..db].copy_from_slice(row);
         }
     };
+    // Parts from other nodes kept whole for the fan-out (where the backend
+    // lets them be kept without a copy), with each unique row's place in
+    // its part.
+    let mut frames: Vec<Option<wm_comm::Kept>> = (0..cross.size()).map(|_| None).collect();
+    let mut in_part = vec![0usize; unique.len()];
+    for c in 0..cross.size() {
+        for (k, &u) in uwanted(c).iter().enumerate() {
+            in_part[u] = k;
+        }
+    }
     let first = p.offset(comm.rank());
     let (mut to_out, mut out_at) = (Vec::new(), Vec::new());
     for &u in uwanted(cme) {
@@ -813,7 +827,7 @@ pub(crate) fn gather_hierarchy(
     }
     let (mut next, chunk) = (0, step_rows(mem, db, to_out.len()));
     let mut also = Some(also);
-    cross.alltoallv_in_place_stepped(
+    cross.alltoallv_in_place_keeping(
         &sizes,
         &mut |c, buf| {
             if c == cme {
@@ -858,23 +872,32 @@ pub(crate) fn gather_hierarchy(
             }
             false
         },
-        &mut |c, bytes| {
+        &mut |c, part| {
             if c == cme {
                 return;
             }
-            timed(on, &mut placing, || match read_reply(cross.as_ref(), c, bytes, uwanted(c).len(), db) {
+            let whole = part.keeps_without_copy() && uwanted(c).iter().any(|&u| for_others[u]);
+            let rows_arrived = timed(on, &mut placing, || match read_reply(cross.as_ref(), c, part.bytes(), uwanted(c).len(), db) {
                 Reply::Rows(body) => {
                     let mut cells = cells.borrow_mut();
                     let (kept, out) = &mut *cells;
                     for (row, &u) in body.chunks_exact(db).zip(uwanted(c)) {
-                        deliver(kept, out, u, row);
+                        deliver(kept, out, u, row, !whole);
                     }
+                    true
                 }
-                Reply::Verdict(v) => heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v))),
+                Reply::Verdict(v) => {
+                    heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v)));
+                    false
+                }
                 Reply::Failed(e) => {
                     problem.get_or_insert(e);
+                    false
                 }
-            })
+            });
+            if rows_arrived && whole {
+                frames[c] = Some(part.keep());
+            }
         },
     )?;
     clock.lap_split("cross rows", &[("owner copy", copying), ("own rows", own_time), ("place", placing)]);
@@ -905,6 +928,9 @@ pub(crate) fn gather_hierarchy(
                     if owner_node[u] == cme {
                         own.push(unique[u] as usize - first);
                         own_at.push(k);
+                    } else if let Some(f) = &frames[owner_node[u]] {
+                        // The part this row crossed in: kind byte, rows.
+                        slot.copy_from_slice(&f[1 + in_part[u] * db..][..db]);
                     } else {
                         slot.copy_from_slice(unique_row(u));
                     }
@@ -933,6 +959,7 @@ pub(crate) fn gather_hierarchy(
         problem.get_or_insert(e);
     }
     give_back(vec![unique_rows]);
+    cross.recycle(frames.into_iter().flatten().map(wm_comm::Kept::into_vec).collect());
     clock.lap("fan out");
     // This rank's own finding first, else the first verdict it heard: every
     // rank has heard of every finding made before the rows crossed nodes

@@ -406,15 +406,25 @@ impl Communicator for SocketComm {
         )
     }
 
-    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
-    // exchange's protocol keeps (see the SAFETY note at the call).
-    #[allow(unsafe_code)]
     fn alltoallv_in_place_stepped(
         &self,
         sizes: &[usize],
         fill: &mut dyn FnMut(usize, &mut [u8]),
         meanwhile: &mut dyn FnMut() -> bool,
         take: &mut dyn FnMut(usize, &[u8]),
+    ) -> Result<()> {
+        self.alltoallv_in_place_keeping(sizes, fill, meanwhile, &mut |r, part| take(r, part.bytes()))
+    }
+
+    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
+    // exchange's protocol keeps (see the SAFETY note at the call).
+    #[allow(unsafe_code)]
+    fn alltoallv_in_place_keeping(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        meanwhile: &mut dyn FnMut() -> bool,
+        take: &mut dyn FnMut(usize, crate::Part<'_>),
     ) -> Result<()> {
         crate::communicator::check_sizes(sizes, self.size())?;
         let i = &self.inner;
@@ -465,7 +475,7 @@ impl Communicator for SocketComm {
         let mut received = Vec::with_capacity(n);
         for r in 0..n {
             if r == me {
-                take(me, &own);
+                take(me, crate::Part::borrowed(&own));
                 continue;
             }
             let mut m = msgs.next().expect("transact returns one frame per wanted peer");
@@ -473,7 +483,9 @@ impl Communicator for SocketComm {
             let word = |k: usize| m.payload.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
             let bad = |what: String| i.ep.fail_peer(peer, op.name(), format!("it sent {what}"));
             match word(0) {
-                Some(INLINE) if m.fds.is_empty() => take(r, &m.payload[8..]),
+                // Its own buffer: `take` may keep it (then an empty one is
+                // left to recycle).
+                Some(INLINE) if m.fds.is_empty() => take(r, crate::Part::owned(&mut m.payload, 8)),
                 Some(w) if (w == IN_MAILBOX || w == IN_MAILBOX + 1) && m.payload.len() == 16 && m.fds.len() <= 1 => {
                     let Some(len) = word(1).and_then(|l| usize::try_from(l).ok()) else {
                         return Err(bad("a mailbox note without a length".into()));
@@ -489,7 +501,7 @@ impl Communicator for SocketComm {
                     // exchange on this communicator (`shm::Channels`);
                     // `take` runs before this call returns.
                     match unsafe { mailbox.bytes(len) } {
-                        Ok(bytes) => take(r, bytes),
+                        Ok(bytes) => take(r, crate::Part::borrowed(bytes)),
                         Err(e) => return Err(bad(e)),
                     }
                 }

@@ -67,7 +67,8 @@ fn bytes_for(rank: usize, peer: usize, n: usize) -> Vec<u8> {
 
 // ---------------------------------------------------------------- collectives
 
-/// `alltoallv_in_place` (and, every other round, its stepped form) over
+/// `alltoallv_in_place` (and, in other rounds, its stepped form and its
+/// keeping form, whose parts are checked after the call) over
 /// rounds: sizes of zero, small (inline on the
 /// socket), at the shared-memory threshold and growing (mailboxes replaced),
 /// each pair's size changing from round to round, with plain exchanges in
@@ -101,7 +102,28 @@ fn in_place(comm: &Comm) -> Result<()> {
                 wrong.get_or_insert(format!("round {round}: wrong {} bytes from rank {from}", got.len()));
             }
         };
-        if round % 2 == 0 {
+        if round % 4 == 3 {
+            // The keeping form: every part kept past the call, checked after
+            // it, and handed back.
+            let mut kept: Vec<Option<wm_comm::Kept>> = (0..n).map(|_| None).collect();
+            comm.alltoallv_in_place_keeping(
+                &sizes,
+                &mut fill,
+                &mut || {
+                    events.borrow_mut().push("meanwhile".to_owned());
+                    false
+                },
+                &mut |from, part| {
+                    take(from, part.bytes());
+                    kept[from] = Some(part.keep());
+                },
+            )?;
+            for (from, k) in kept.iter().enumerate() {
+                let k = k.as_ref().context("a part was not handed over")?;
+                ensure!(**k == bytes_for(from + round, me, size(from, me))[..], "round {round}: the part kept from rank {from} changed");
+            }
+            comm.recycle(kept.into_iter().flatten().map(wm_comm::Kept::into_vec).collect());
+        } else if round % 2 == 0 {
             comm.alltoallv_in_place(&sizes, &mut fill, &mut || events.borrow_mut().push("meanwhile".to_owned()), &mut take)?;
         } else {
             // Seven steps, all before the first take; the events keep one
