@@ -9,6 +9,16 @@ use wm_topology::NodeIdentity;
 
 use crate::{Error, Result};
 
+/// `meanwhile` as the one step of a stepped in-place exchange: the
+/// backends whose stepped form is their own implement the plain form
+/// through it.
+pub(crate) fn one_step(meanwhile: &mut dyn FnMut()) -> impl FnMut() -> bool + '_ {
+    move || {
+        meanwhile();
+        false
+    }
+}
+
 /// A part an in-place exchange hands over
 /// ([`Communicator::alltoallv_in_place_keeping`]): its bytes, and a way to
 /// keep them.

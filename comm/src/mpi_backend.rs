@@ -476,15 +476,7 @@ impl Communicator for MpiComm {
         meanwhile: &mut dyn FnMut(),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.alltoallv_in_place_stepped(
-            sizes,
-            fill,
-            &mut || {
-                meanwhile();
-                false
-            },
-            take,
-        )
+        self.alltoallv_in_place_stepped(sizes, fill, &mut crate::communicator::one_step(meanwhile), take)
     }
 
     /// As [`alltoallv_in_place`](Communicator::alltoallv_in_place): the

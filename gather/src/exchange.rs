@@ -811,10 +811,15 @@ pub(crate) fn gather_hierarchy(
     // lets them be kept without a copy), with each unique row's place in
     // its part.
     let mut frames: Vec<Option<wm_comm::Kept>> = (0..cross.size()).map(|_| None).collect();
-    let mut in_part = vec![0usize; unique.len()];
-    for c in 0..cross.size() {
-        for (k, &u) in uwanted(c).iter().enumerate() {
-            in_part[u] = k;
+    // (Only where some row is for another local rank: with a rank per
+    // node nothing is kept.)
+    let mut in_part = Vec::new();
+    if for_others.contains(&true) {
+        in_part.resize(unique.len(), 0);
+        for c in 0..cross.size() {
+            for (k, &u) in uwanted(c).iter().enumerate() {
+                in_part[u] = k;
+            }
         }
     }
     let first = p.offset(comm.rank());

@@ -454,21 +454,10 @@ pub fn scatter_from<T: Element, S: Element, I: Index>(t: &mut wholemem::WholeTen
 
 /// The collective gather of distributed and hierarchy memory, with this
 /// rank's checks already made (`checked`: their outcome, which every rank
-/// learns in the first exchange).
-pub(crate) fn gather_collective(
-    mem: &wholemem::WholeMemory,
-    layout: &RowLayout,
-    checked: Result<kernel::RowConv>,
-    ids: Ids<'_>,
-    out: &mut [u8],
-) -> Result<()> {
-    gather_collective_with(mem, layout, checked, ids, out, &mut || {})
-}
-
-/// [`gather_collective`], running `also` once while the rows travel
+/// learns in the first exchange), running `also` once while the rows travel
 /// (unless the call fails before they do): the caller's own work overlaps
 /// the exchange on the calling thread.
-pub(crate) fn gather_collective_with(
+pub(crate) fn gather_collective(
     mem: &wholemem::WholeMemory,
     layout: &RowLayout,
     checked: Result<kernel::RowConv>,

@@ -395,15 +395,7 @@ impl Communicator for SocketComm {
         meanwhile: &mut dyn FnMut(),
         take: &mut dyn FnMut(usize, &[u8]),
     ) -> Result<()> {
-        self.alltoallv_in_place_stepped(
-            sizes,
-            fill,
-            &mut || {
-                meanwhile();
-                false
-            },
-            take,
-        )
+        self.alltoallv_in_place_stepped(sizes, fill, &mut crate::communicator::one_step(meanwhile), take)
     }
 
     fn alltoallv_in_place_stepped(

@@ -294,7 +294,7 @@ impl NodeCache {
         let conv = match checked {
             Ok(c) => c,
             // Every rank learns it in the table's own exchange.
-            Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out),
+            Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
         };
 
         let mut clock = crate::profile::Clock::around();
@@ -363,7 +363,7 @@ impl NodeCache {
         // The hits, own rows and (alone) the decision, run while the
         // misses travel; run here after the exchange when it ended before
         // its rows did (it then failed, or had nothing to move).
-        let mut hits = Some(|| {
+        let mut hits = || {
             let t = std::time::Instant::now();
             let copied = match (data, hit_slots.is_empty()) {
                 (_, true) => Ok(()),
@@ -375,17 +375,17 @@ impl NodeCache {
             // only after the hits are copied.
             let decided = alone.then(|| decide_alone(tags, &accesses));
             (copied, decided, t.elapsed())
-        });
+        };
         let mut done = None;
-        let result = crate::gather_collective_with(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut || {
-            if let Some(mut h) = hits.take() {
-                done = Some(h());
+        let result = crate::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut || {
+            if done.is_none() {
+                done = Some(hits());
             }
         });
         clock.lap("cache misses");
         let (copied, decided, busy) = match done {
             Some(d) => d,
-            None => hits.take().map(|mut h| h()).expect("the hits run once, in the exchange or here"),
+            None => hits(),
         };
         clock.lap("cache rest");
         clock.add("cache hits", busy);
