@@ -202,9 +202,108 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
     Ok(())
 }
 
-/// The distinct ids of every rank's list, ascending, and for each list the
-/// index into them of each of its ids.
-fn dedup(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
+/// The distinct ids of every rank's list in the order they first appear —
+/// list `first` read first, then the others in order — and for each list
+/// the index into them of each of its ids. With `first` this rank's own
+/// requests in the order of its output, rows fetched in this order land in
+/// ascending places of the output (writes that stream rather than scatter).
+///
+/// By a hash table (one pass); where the ids defeat the hash — more probes
+/// than a few per id, as ids chosen against it would cause — by sorting.
+fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usize>>) {
+    let order: Vec<usize> = std::iter::once(first).chain((0..lists.len()).filter(|&l| l != first)).filter(|&l| l < lists.len()).collect();
+    dedup_hashed(lists, &order).unwrap_or_else(|| in_first_appearance(dedup_sorted(lists), &order))
+}
+
+/// `unique` and `answer` as [`dedup_sorted`] gives them, renumbered in the
+/// order of first appearance in `answer`'s lists taken in `order`.
+fn in_first_appearance((unique, mut answer): (Vec<u64>, Vec<Vec<usize>>), order: &[usize]) -> (Vec<u64>, Vec<Vec<usize>>) {
+    let mut number = vec![usize::MAX; unique.len()];
+    let mut renumbered = Vec::with_capacity(unique.len());
+    for &l in order {
+        for u in &mut answer[l] {
+            if number[*u] == usize::MAX {
+                number[*u] = renumbered.len();
+                renumbered.push(unique[*u]);
+            }
+            *u = number[*u];
+        }
+    }
+    (renumbered, answer)
+}
+
+/// The hash table's probes per id, on average over a call, past which
+/// [`dedup`] gives up on it.
+const PROBES_PER_ID: usize = 4;
+
+/// [`dedup`] by open addressing, lists read in `order`; `None` when the
+/// probes exceed [`PROBES_PER_ID`] per id, or an id or the count of ids
+/// does not fit in 32 bits.
+fn dedup_hashed(lists: &[Vec<u64>], order: &[usize]) -> Option<(Vec<u64>, Vec<Vec<usize>>)> {
+    let total: usize = lists.iter().map(Vec::len).sum();
+    if u32::try_from(total).is_err() {
+        return None;
+    }
+    // At most half full. A slot holds an id in its high half and the id's
+    // number in its low half, or is empty; one cache line per probe.
+    const EMPTY: u64 = u64::MAX;
+    let bits = (2 * total).max(16).next_power_of_two().trailing_zeros();
+    let (mask, shift) = ((1usize << bits) - 1, u64::BITS - bits);
+    let mut slots: Vec<u64> = KEYS.with(|k| k.borrow_mut().get(1 << bits));
+    slots.fill(EMPTY);
+    let seed = hash_seed();
+    let mut budget = PROBES_PER_ID * total + 64;
+    let mut unique = Vec::with_capacity(total);
+    let mut answer: Vec<Vec<usize>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
+    let mut fits = true;
+    'lists: for &l in order {
+        for &id in &lists[l] {
+            // Ids of 32 bits (the empty mark's high half included) are left
+            // to the sort.
+            if id >= u64::from(u32::MAX) {
+                fits = false;
+                break 'lists;
+            }
+            // Fibonacci hashing of the id mixed with this process's seed.
+            let mut slot = ((id ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as usize;
+            let u = loop {
+                let s = slots[slot];
+                if s == EMPTY {
+                    let u = unique.len();
+                    unique.push(id);
+                    slots[slot] = (id << 32) | u as u64;
+                    break u;
+                }
+                if s >> 32 == id {
+                    break (s & u64::from(u32::MAX)) as usize;
+                }
+                match budget.checked_sub(1) {
+                    Some(b) => budget = b,
+                    None => {
+                        fits = false;
+                        break 'lists;
+                    }
+                }
+                slot = (slot + 1) & mask;
+            };
+            answer[l].push(u);
+        }
+    }
+    KEYS.with(|k| k.borrow_mut().keep(slots));
+    fits.then_some((unique, answer))
+}
+
+/// A seed for [`dedup_hashed`], fixed for the process and unknown outside
+/// it (so nobody can pick ids that collide; those who try anyway only
+/// cost the fallback).
+fn hash_seed() -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64))
+}
+
+/// [`dedup`]'s fallback: the distinct ids ascending, by sorting.
+fn dedup_sorted(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
     let total: usize = lists.iter().map(Vec::len).sum();
     let largest = lists.iter().flatten().copied().max().unwrap_or(0);
     // Requests numbered across the lists, in order.
@@ -220,7 +319,9 @@ fn dedup(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
         for id in lists.iter().flatten() {
             keys.push((id << index_bits) | keys.len() as u64);
         }
-        sort_keys(&mut keys, bits(largest) + index_bits);
+        // The keys enter in request order, so sorting by the id bits alone
+        // (stably) leaves the requests of each id in order too.
+        sort_keys(&mut keys, index_bits, bits(largest) + index_bits);
         let low = (1u64 << index_bits) - 1;
         for &key in &keys {
             let id = key >> index_bits;
@@ -263,19 +364,22 @@ const RADIX_MIN: usize = 1 << 14;
 /// Bits of a key one radix pass sorts by.
 const RADIX_BITS: u32 = 11;
 
-/// Sorts `keys`, whose set bits all lie below bit `bits`: by least
-/// significant digit first, a counting pass per [`RADIX_BITS`] bits, when
-/// there are many (a request list of 65 536 ids sorts in a third of the
-/// time a comparison sort takes); by comparison otherwise.
-fn sort_keys(keys: &mut Vec<u64>, bits: u32) {
+/// Sorts `keys` by their bits `low..high` (none set at `high` or above),
+/// keeping the order of keys equal there — for keys that come in ascending
+/// order of their bits below `low`, the order of whole keys. Many keys go
+/// through a least-significant-digit radix sort, a counting pass per
+/// [`RADIX_BITS`] bits from `low` up (a request list of 65 536 ids in a
+/// fraction of a comparison sort's time, and the fewer passes the lower
+/// `high - low`); fewer are compared whole.
+fn sort_keys(keys: &mut Vec<u64>, low: u32, high: u32) {
     if keys.len() < RADIX_MIN {
         keys.sort_unstable();
         return;
     }
     let mut other = KEYS.with(|k| k.borrow_mut().get(keys.len()));
     let mask = (1u64 << RADIX_BITS) - 1;
-    let mut shift = 0;
-    while shift < bits {
+    let mut shift = low;
+    while shift < high {
         let mut counts = [0usize; 1 << RADIX_BITS];
         for &k in keys.iter() {
             counts[((k >> shift) & mask) as usize] += 1;
@@ -670,11 +774,14 @@ pub(crate) fn gather_hierarchy(
 
     // 2. De-duplicate what the node asked of this rank, remembering for each
     //    request which unique id answers it (so the fan-out needs no search).
-    let (unique, answer) = dedup(&from_local);
+    let (unique, answer) = dedup(&from_local, lme);
     clock.lap("dedup");
 
     // 3. Across nodes, unique ids only (the owner is this cross
     //    communicator's member on the owner's node), with the node's verdict.
+    //    Each node's ids keep the de-duplication's order (this rank's
+    //    requests first), so that its rows come back — and this rank's own
+    //    are copied — in the order of `out`.
     let owner_node: Vec<usize> = unique.iter().map(|&id| node_of[p.owner(id as usize)]).collect();
     let (uorder, ustarts) = bucket(&owner_node, cross.size());
     let uwanted = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
@@ -1118,10 +1225,18 @@ mod tests {
                 })
                 .collect();
             let mut radix = keys.clone();
-            sort_keys(&mut radix, bits);
-            let mut expect = keys;
+            sort_keys(&mut radix, 0, bits);
+            let mut expect = keys.clone();
             expect.sort_unstable();
             assert_eq!(radix, expect, "{n} keys of {bits} bits");
+            // By the high bits only, over keys numbered in order below them
+            // (as the de-duplication's): still the order of whole keys.
+            let low = 20;
+            let mut numbered: Vec<u64> = keys.iter().enumerate().map(|(i, k)| (k >> low << low) | i as u64).collect();
+            let mut expect = numbered.clone();
+            sort_keys(&mut numbered, low, bits.max(low));
+            expect.sort_unstable();
+            assert_eq!(numbered, expect, "{n} keys of {bits} bits, by bits {low}..");
         }
     }
 
@@ -1131,15 +1246,48 @@ mod tests {
         for big in [0, u64::MAX - 20] {
             let lists: Vec<Vec<u64>> =
                 vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]].into_iter().map(|l| l.into_iter().map(|x| x + big).collect()).collect();
-            let (unique, answer) = dedup(&lists);
+            let (unique, answer) = dedup_sorted(&lists);
             assert_eq!(unique, [1 + big, 3 + big, 7 + big, 9 + big]);
+            for first in 0..3 {
+                let (unique, answer) = dedup(&lists, first);
+                let expect = [[9, 3, 7, 1], [9, 3, 7, 1], [3, 7, 1, 9]][first];
+                assert_eq!(unique, expect.map(|x| x + big), "list {first} first");
+                for (l, a) in lists.iter().zip(&answer) {
+                    assert_eq!(l.len(), a.len());
+                    for (&id, &u) in l.iter().zip(a) {
+                        assert_eq!(unique[u], id);
+                    }
+                }
+            }
             for (l, a) in lists.iter().zip(&answer) {
-                assert_eq!(l.len(), a.len());
                 for (&id, &u) in l.iter().zip(a) {
                     assert_eq!(unique[u], id);
                 }
             }
         }
-        assert_eq!(dedup(&[vec![], vec![]]), (vec![], vec![vec![], vec![]]));
+        assert_eq!(dedup(&[vec![], vec![]], 1), (vec![], vec![vec![], vec![]]));
+    }
+
+    #[test]
+    fn the_hash_and_its_fallback_agree() {
+        // Three lists of 30 000 ids with many repeats; the sort's answer
+        // renumbered must be the hash table's exactly.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let lists: Vec<Vec<u64>> = (0..3)
+            .map(|_| {
+                (0..30_000)
+                    .map(|_| {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        x % 50_000
+                    })
+                    .collect()
+            })
+            .collect();
+        let order = [1, 0, 2];
+        let hashed = dedup_hashed(&lists, &order).expect("random ids stay within the probe budget");
+        assert_eq!(hashed, in_first_appearance(dedup_sorted(&lists), &order));
+        assert!(hashed.0.len() < 50_000);
     }
 }
