@@ -24,7 +24,10 @@
 # of the default 2 GiB table (4 194 304 x 128 f32), distributed and
 # hierarchy, 1 and 2 ranks per host, batches 8192 and 65 536, one JSON line
 # each (verified, with the same-run baseline and the ratio) — the figures
-# of docs/performance.md's "Two network namespaces".
+# of docs/performance.md's "Two network namespaces". To measure part of
+# it, WM_NETNS_PER_HOST, WM_NETNS_OPS, WM_NETNS_TYPES and WM_NETNS_BATCHES
+# each name the values to keep (e.g. WM_NETNS_TYPES=hierarchy
+# WM_NETNS_BATCHES=65536).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -133,14 +136,14 @@ show() {
 
 if [ "$mode" = bench ]; then
   echo "-- measuring on two hosts ($nsa at $addr_a, $nsb at $addr_b), real TCP between them"
-  for per_host in 1 2; do
+  for per_host in ${WM_NETNS_PER_HOST:-1 2}; do
     world=$((2 * per_host))
     # Two ranks per "host" share this machine's cores: every rank runs the
     # baseline too, and both are timed as steps (docs/performance.md).
     shared=""; [ "$per_host" = 2 ] && shared="--baseline-ranks all"
-    for op in gather scatter; do
-      for ty in distributed hierarchy; do
-        for batch in 8192 65536; do
+    for op in ${WM_NETNS_OPS:-gather scatter}; do
+      for ty in ${WM_NETNS_TYPES:-distributed hierarchy}; do
+        for batch in ${WM_NETNS_BATCHES:-8192 65536}; do
           log="$work/bench-$op-$ty-$per_host-$batch"
           for ((r = 0; r < world; r++)); do
             start "$r" 300 "$log" "$op" --json --type "$ty" --batch "$batch" $shared ${WM_NETNS_BENCH_ARGS:-}
