@@ -212,7 +212,7 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
 /// than a few per id, as ids chosen against it would cause — by sorting.
 fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usize>>) {
     let order: Vec<usize> = std::iter::once(first).chain((0..lists.len()).filter(|&l| l != first)).filter(|&l| l < lists.len()).collect();
-    dedup_hashed(lists, &order).unwrap_or_else(|| in_first_appearance(dedup_sorted(lists), &order))
+    dedup_hashed(lists, &order, PROBES_PER_ID).unwrap_or_else(|| in_first_appearance(dedup_sorted(lists), &order))
 }
 
 /// `unique` and `answer` as [`dedup_sorted`] gives them, renumbered in the
@@ -237,9 +237,9 @@ fn in_first_appearance((unique, mut answer): (Vec<u64>, Vec<Vec<usize>>), order:
 const PROBES_PER_ID: usize = 4;
 
 /// [`dedup`] by open addressing, lists read in `order`; `None` when the
-/// probes exceed [`PROBES_PER_ID`] per id, or an id or the count of ids
-/// does not fit in 32 bits.
-fn dedup_hashed(lists: &[Vec<u64>], order: &[usize]) -> Option<(Vec<u64>, Vec<Vec<usize>>)> {
+/// probes past the first exceed `probes_per_id` per id (and 64 more), or an
+/// id or the count of ids does not fit in 32 bits.
+fn dedup_hashed(lists: &[Vec<u64>], order: &[usize], probes_per_id: usize) -> Option<(Vec<u64>, Vec<Vec<usize>>)> {
     let total: usize = lists.iter().map(Vec::len).sum();
     if u32::try_from(total).is_err() {
         return None;
@@ -252,7 +252,7 @@ fn dedup_hashed(lists: &[Vec<u64>], order: &[usize]) -> Option<(Vec<u64>, Vec<Ve
     let mut slots: Vec<u64> = KEYS.with(|k| k.borrow_mut().get(1 << bits));
     slots.fill(EMPTY);
     let seed = hash_seed();
-    let mut budget = PROBES_PER_ID * total + 64;
+    let mut budget = probes_per_id.saturating_mul(total).saturating_add(64);
     let mut unique = Vec::with_capacity(total);
     let mut answer: Vec<Vec<usize>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
     let mut fits = true;
@@ -1270,24 +1270,24 @@ mod tests {
 
     #[test]
     fn the_hash_and_its_fallback_agree() {
-        // Three lists of 30 000 ids with many repeats; the sort's answer
-        // renumbered must be the hash table's exactly.
+        // Three lists of 30 000 ids drawn from 50 000 random 31-bit ids, so
+        // with many repeats; the sort's answer renumbered must be the hash
+        // table's exactly.
         let mut x = 0x2545_f491_4f6c_dd1du64;
-        let lists: Vec<Vec<u64>> = (0..3)
-            .map(|_| {
-                (0..30_000)
-                    .map(|_| {
-                        x ^= x << 13;
-                        x ^= x >> 7;
-                        x ^= x << 17;
-                        x % 50_000
-                    })
-                    .collect()
-            })
-            .collect();
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let pool: Vec<u64> = (0..50_000).map(|_| next() >> 33).collect();
+        let lists: Vec<Vec<u64>> = (0..3).map(|_| (0..30_000).map(|_| pool[(next() % 50_000) as usize]).collect()).collect();
         let order = [1, 0, 2];
-        let hashed = dedup_hashed(&lists, &order).expect("random ids stay within the probe budget");
+        let hashed = dedup_hashed(&lists, &order, PROBES_PER_ID).expect("random ids stay within the probe budget");
         assert_eq!(hashed, in_first_appearance(dedup_sorted(&lists), &order));
         assert!(hashed.0.len() < 50_000);
+        // A budget that runs out (as ids chosen to collide would make it)
+        // leaves the work to the sort.
+        assert_eq!(dedup_hashed(&lists, &order, 0), None);
     }
 }
