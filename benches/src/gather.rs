@@ -322,6 +322,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         }
     }
     let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &wm_gather::profile::take())?) } else { None };
+    let wire = if a.location == Location::Host && !a.device_out() { Wire::measure(world.as_ref(), a, buf_row)? } else { None };
     let bytes = (a.iters * a.batch * buf_row) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
     let (per_step, baseline) = if all_base {
@@ -362,6 +363,10 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             if let Some(p) = &phases {
                 j["profile"] = p.json();
             }
+            if let Some(w) = &wire {
+                j["wire_gbps_per_rank"] = serde_json::json!(w.per_rank);
+                j["wire_share"] = serde_json::json!(w.share(a.batch * buf_row, s.median));
+            }
             report::json_line(&j);
         } else {
             println!(
@@ -392,6 +397,14 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 huge_pages * 100.0,
                 baseline_huge * 100.0
             );
+            if let Some(w) = &wire {
+                println!(
+                    "  wire GB/s       {:.2}   per rank (median): {:.1} MiB a call from other nodes through the same exchange, no row copied",
+                    w.per_rank.median,
+                    w.cross_bytes as f64 / (1u64 << 20) as f64
+                );
+                println!("  wire share      {:.2}   of a call's time, the bare exchange's", w.share(a.batch * buf_row, s.median));
+            }
             report::print_verified(wrong_total);
             if let Some(p) = &phases {
                 p.print();
@@ -399,6 +412,54 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         }
     }
     Ok(if verified { 0 } else { 3 })
+}
+
+/// What the transport alone gives a call across nodes, measured in the same
+/// run: every rank exchanges with each rank of another node the bytes a
+/// call of uniform ids brings from it (`batch × row / ranks`), through the
+/// same in-place exchange as the gather, but with nothing copied in or out.
+/// Set beside the gather, it says how much of a call is the wire itself and
+/// how much is ours (ids, copies, placing), whatever the machine's network
+/// speed that day.
+struct Wire {
+    /// Bytes a rank receives from other nodes per exchange.
+    cross_bytes: usize,
+    /// Those bytes per second of an exchange, per rank, decimal GB/s.
+    per_rank: Spread,
+}
+
+impl Wire {
+    /// `None` on one node (nothing crosses).
+    fn measure(world: &dyn Communicator, a: &MoveArgs, out_row: usize) -> Result<Option<Self>> {
+        let placement = wm_topology::NodeLayout::of(world.nodes());
+        if placement.nodes < 2 {
+            return Ok(None);
+        }
+        let (me, n) = (world.rank(), world.size());
+        let part = a.batch * out_row / n;
+        let sizes: Vec<usize> = (0..n).map(|r| if placement.node[r] == placement.node[me] { 0 } else { part }).collect();
+        let cross_bytes: usize = sizes.iter().sum();
+        let mut seconds = 0.0f64;
+        for b in 0..a.warmup + a.iters {
+            world.barrier()?;
+            let t0 = Instant::now();
+            world.alltoallv_in_place(&sizes, &mut |_, _| {}, &mut || {}, &mut |_, _| {})?;
+            if b >= a.warmup {
+                seconds += t0.elapsed().as_secs_f64();
+            }
+        }
+        let mine = (cross_bytes * a.iters) as f64 / seconds.max(1e-12) / 1e9;
+        let all = world.allgather_pod(&[mine])?;
+        Ok(Some(Self { cross_bytes, per_rank: Spread::of(&all) }))
+    }
+
+    /// The bare exchange's time over a call's, for a call that moves
+    /// `call_bytes` at `gbps` per rank.
+    fn share(&self, call_bytes: usize, gbps: f64) -> f64 {
+        let wire = self.cross_bytes as f64 / self.per_rank.median.max(1e-12);
+        let call = call_bytes as f64 / gbps.max(1e-12);
+        wire / call
+    }
 }
 
 /// The device side of a gather benchmark: an output buffer on the GPU, and

@@ -95,3 +95,22 @@ fn under_another_launcher_the_line_is_unchanged() {
     let j = json_lines("WM_RANK=0 WM_WORLD_SIZE=1 wm-bench probe --json", &out);
     assert_eq!(j[0]["ranks"], 1);
 }
+
+#[test]
+fn across_nodes_the_wire_is_measured_beside_the_gather() {
+    for (node_size, ty) in [("1", "distributed"), ("1", "hierarchy"), ("2", "distributed")] {
+        let mut args = vec!["gather", "--json", "--type", ty, "--ranks", "2", "--node-size", node_size];
+        args.extend(SMALL);
+        let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+        let j = json_lines(&format!("wm-bench {args:?}"), &out);
+        let (wire, share) = (j[0]["wire_gbps_per_rank"]["median"].as_f64(), j[0]["wire_share"].as_f64());
+        if node_size == "1" {
+            // Two simulated nodes: every rank's part from the other crosses.
+            assert!(wire.is_some_and(|w| w > 0.0) && share.is_some_and(|s| s > 0.0), "{}", j[0]);
+            assert_eq!(j[0]["nodes"], 2, "{}", j[0]);
+        } else {
+            assert!(wire.is_none() && share.is_none(), "one node, nothing crosses: {}", j[0]);
+        }
+        assert_eq!(j[0]["verified"], true, "{}", j[0]);
+    }
+}

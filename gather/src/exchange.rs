@@ -1138,10 +1138,15 @@ pub(crate) fn scatter_distributed(
 
     // 2. The rows, converted to the table's type by their senders straight
     //    into the exchange; owners write each part as it is handed over, in
-    //    rank order.
-    let sizes: Vec<usize> = (0..n).map(|r| positions(r).len() * tb).collect();
-    let input = BufferRows(SendPtr(src.as_ptr().cast_mut()), sb);
+    //    rank order. A host table's own rows skip the exchange: they are
+    //    written from `src` a piece at a time while the others travel, and
+    //    the parts of lower ranks, written after them, leave those rows
+    //    alone — so the highest rank's rows still win, as in rank order.
     let device = mem.location() == wholemem::Location::Device;
+    let me = comm.rank();
+    let direct = !device;
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me && direct { 0 } else { positions(r).len() * tb }).collect();
+    let input = BufferRows(SendPtr(src.as_ptr().cast_mut()), sb);
     let (mut device_rows, mut device_data) = (Vec::new(), Vec::new());
     let table = if device {
         None
@@ -1151,18 +1156,55 @@ pub(crate) fn scatter_distributed(
             None
         })
     };
+    // This rank's own rows, a bit each, where a lower rank's part may
+    // name them too.
+    let own = &incoming[me];
+    let mut written = Vec::new();
+    if direct && table.is_some() && !own.is_empty() && (0..me).any(|r| !incoming[r].is_empty()) {
+        written = vec![0u64; count.div_ceil(64)];
+        for &row in own {
+            written[row / 64] |= 1 << (row % 64);
+        }
+    }
+    let is_own = |row: usize| written.get(row / 64).is_some_and(|w| w & (1 << (row % 64)) != 0);
     let mut misfit: Option<Error> = None;
-    let (on, mut packing, mut writing) = (clock.on(), Duration::ZERO, Duration::ZERO);
-    comm.alltoallv_in_place(
+    let (on, mut packing, mut writing, mut own_time) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let (mut next, chunk) = (0, step_rows(mem, tb, own.len()));
+    comm.alltoallv_in_place_stepped(
         &sizes,
         &mut |r, buf| {
+            if r == me && direct {
+                return;
+            }
             // SAFETY: every position is below ids.len(), and `src` holds
             // that many rows of `sb` bytes (checked); `buf` is sized for
             // them by `sizes`.
             timed(on, &mut packing, || unsafe { kernel::gather_rows(&input, positions(r), None, conv, buf, 1) });
         },
-        &mut || {},
+        &mut || {
+            let Some(table) = table.as_ref().filter(|_| direct && next < own.len()) else { return false };
+            let end = (next + chunk).min(own.len());
+            timed(on, &mut own_time, || {
+                for (k, (&i, &row)) in positions(me)[next..end].iter().zip(&own[next..end]).enumerate() {
+                    // Random rows of the table: ask for their lines early.
+                    if let Some(&ahead) = own.get(next + k + kernel::PREFETCH_DISTANCE) {
+                        kernel::prefetch(table.addr(ahead), tb);
+                    }
+                    // SAFETY: `i` is below ids.len() and `src` holds that
+                    // many rows of `sb` bytes (checked); `row` is below this
+                    // rank's row count (checked on receipt) and the layout
+                    // fits in a row (checked at the call's entry). Private
+                    // rows, kept from other users by `&mut WholeMemory`.
+                    unsafe { conv.row(input.addr(i), table.addr(row)) };
+                }
+            });
+            next = end;
+            next < own.len()
+        },
         &mut |r, bytes| {
+            if r == me && direct {
+                return;
+            }
             let t = on.then(std::time::Instant::now);
             let idx = &incoming[r];
             if Some(bytes.len()) != rows_bytes(idx.len(), tb) {
@@ -1173,7 +1215,12 @@ pub(crate) fn scatter_distributed(
                 device_rows.extend_from_slice(idx);
                 device_data.extend_from_slice(bytes);
             } else if let Some(table) = &table {
+                // A lower rank's rows give way to this rank's own.
+                let yields = r < me && !written.is_empty();
                 for (k, &row) in idx.iter().enumerate() {
+                    if yields && is_own(row) {
+                        continue;
+                    }
                     // SAFETY: `row` is below this rank's row count (checked
                     // on receipt) and the layout fits in a row (checked at
                     // the call's entry), so `tb` bytes at its address lie in
@@ -1189,7 +1236,7 @@ pub(crate) fn scatter_distributed(
             }
         },
     )?;
-    clock.lap_split("rows", &[("pack", packing), ("write", writing)]);
+    clock.lap_split("rows", &[("pack", packing), ("own rows", own_time), ("write", writing)]);
     let outcome = problem.or(misfit).map_or(Ok(()), Err);
     #[cfg(feature = "cuda")]
     let outcome = outcome.and_then(|()| {

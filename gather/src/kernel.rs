@@ -201,7 +201,7 @@ pub(crate) trait RowAddr: Sync {
 
 /// Rows ahead of the copy whose cache lines are requested early: random
 /// rows are latency-bound, and a few misses in flight hide most of it.
-const PREFETCH_DISTANCE: usize = 8;
+pub(crate) const PREFETCH_DISTANCE: usize = 8;
 
 /// Asks for the cache lines of `len` bytes at `p` (a hint; never faults).
 #[inline(always)]

@@ -35,3 +35,11 @@ fn columns_read_every_row_this_rank_maps_and_nothing_else() {
 fn concurrent_scatters_into_one_row_never_tear_it() {
     World::new(3).run_ok(RANK, &["concurrent-scatter"]);
 }
+
+#[test]
+fn across_ranks_the_highest_rank_wins_a_scatter() {
+    for n in 2..=4 {
+        World::new(n).run_ok(RANK, &["scatter-rank-order"]);
+    }
+    World::new(4).nodes_of(2).run_ok(RANK, &["scatter-rank-order"]);
+}

@@ -30,6 +30,7 @@ fn main() {
             "lose-peer" => lose_peer(&world, rest),
             "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
             "concurrent-scatter" => concurrent_scatter(&world),
+            "scatter-rank-order" => scatter_rank_order(&world),
             "column" => columns(&world),
             "huge-pages" => huge_pages(&world, rest),
             other => bail!("unknown scenario {other:?}"),
@@ -762,6 +763,59 @@ fn concurrent_scatter(world: &Comm) -> Result<()> {
             }
         }
         t.free()?;
+    }
+    Ok(())
+}
+
+/// Distributed and hierarchy scatters where every rank writes rows that
+/// others write too — its own, lower ranks', higher ranks' — with repeats:
+/// each row ends up as the highest writing rank's last occurrence, however
+/// the owner schedules its own rows against the parts that arrive.
+fn scatter_rank_order(world: &Comm) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let cols = 24usize;
+    for ty in [MemoryType::Distributed, MemoryType::Hierarchy] {
+        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+            wm_tests::skip(world.as_ref(), ty, Location::Host, &format!("host {ty}"), reason).map_err(anyhow::Error::msg)?;
+            continue;
+        }
+        for round in 0..4u64 {
+            let rows = 300 + 97 * round as usize;
+            let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, cols, None)?;
+            // Every rank's ids, drawn from seeds every rank knows: a third
+            // of the table, so most rows are written by several ranks.
+            let ids_of = |r: usize| -> Vec<i64> {
+                let mut g = Rng(0x5ca7_7e40 + 31 * round + r as u64);
+                (0..rows).map(|_| g.below(rows as u64 / 3 + 1) as i64 * 3 % rows as i64).collect()
+            };
+            let value = |r: usize, k: usize, c: usize| (r * 1_000_000 + k * 100 + c) as f32;
+            let ids = ids_of(me);
+            let src: Vec<f32> = (0..ids.len()).flat_map(|k| (0..cols).map(move |c| value(me, k, c))).collect();
+            world.barrier()?;
+            wm_gather::scatter_from(&mut t, &ids, &src)?;
+            world.barrier()?;
+            // The winner of each row: the last occurrence of the highest rank.
+            let mut winner: Vec<Option<(usize, usize)>> = vec![None; rows];
+            for r in 0..n {
+                for (k, &id) in ids_of(r).iter().enumerate() {
+                    winner[id as usize] = Some((r, k));
+                }
+            }
+            let all: Vec<i64> = (0..rows as i64).filter(|&id| winner[id as usize].is_some()).collect();
+            let mut out = vec![0f32; all.len() * cols];
+            wm_gather::gather_into(&t, &all, &mut out)?;
+            for (&id, row) in all.iter().zip(out.chunks(cols)) {
+                let (r, k) = winner[id as usize].expect("only written rows are read");
+                ensure!(
+                    (0..cols).all(|c| row[c] == value(r, k, c)),
+                    "host {ty} round {round}: row {id} holds {} (rank {}, occurrence {}), want rank {r}'s occurrence {k}",
+                    row[0],
+                    row[0] as usize / 1_000_000,
+                    row[0] as usize % 1_000_000 / 100
+                );
+            }
+            t.free()?;
+        }
     }
     Ok(())
 }
