@@ -1157,7 +1157,9 @@ pub(crate) fn scatter_distributed(
         })
     };
     // This rank's own rows, a bit each, where a lower rank's part may
-    // name them too.
+    // name them too: `count` is this rank's row count from the agreed
+    // partition (not from a peer), so the bitmap is an eighth of a byte per
+    // row the table already holds.
     let own = &incoming[me];
     let mut written = Vec::new();
     if direct && table.is_some() && !own.is_empty() && (0..me).any(|r| !incoming[r].is_empty()) {
