@@ -91,6 +91,88 @@ impl std::ops::Deref for Kept {
     }
 }
 
+/// Where the rows of the part one rank sends land, in
+/// [`Communicator::alltoallv_in_place_landing`]: a part of exactly
+/// `head + rows.len() * row_bytes` bytes is its head, then one row of
+/// `row_bytes` bytes for each entry of `rows`, which goes to row
+/// `rows[k]` of the output (`out[rows[k] * row_bytes..]`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Landing<'a> {
+    /// Bytes before the rows, handed to `take`.
+    pub head: usize,
+    /// Bytes per row.
+    pub row_bytes: usize,
+    /// The output row of each row of the part.
+    pub rows: &'a [usize],
+}
+
+impl Landing<'_> {
+    /// The length of a part that lands (`None` on overflow).
+    pub fn len(&self) -> Option<usize> {
+        self.rows.len().checked_mul(self.row_bytes)?.checked_add(self.head)
+    }
+
+    /// Whether a part lands nothing but its head.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty() || self.row_bytes == 0
+    }
+
+    /// The rows of a landed part, read back from `out` in the part's order:
+    /// for a part whose head says its body is not rows after all.
+    pub fn read_back(&self, out: &[u8]) -> Vec<u8> {
+        let mut v = Vec::with_capacity(self.rows.len() * self.row_bytes);
+        for &r in self.rows {
+            v.extend_from_slice(&out[r * self.row_bytes..][..self.row_bytes]);
+        }
+        v
+    }
+
+    /// Copies the rows of `bytes`, a part of this landing's length, to
+    /// their places in `out`; returns its head.
+    pub(crate) fn land<'b>(&self, bytes: &'b [u8], out: &mut [u8]) -> &'b [u8] {
+        let (head, body) = bytes.split_at(self.head);
+        if self.row_bytes > 0 {
+            for (&r, row) in self.rows.iter().zip(body.chunks_exact(self.row_bytes)) {
+                out[r * self.row_bytes..][..self.row_bytes].copy_from_slice(row);
+            }
+        }
+        head
+    }
+}
+
+/// How a part of [`Communicator::alltoallv_in_place_landing`] arrived.
+#[derive(Debug, Clone, Copy)]
+pub enum Arrival<'a> {
+    /// It had its [`Landing`]'s length: its rows are in their places in
+    /// the output, and this is its head.
+    Landed(&'a [u8]),
+    /// It had another length: all its bytes, nothing placed.
+    Bytes(&'a [u8]),
+}
+
+/// Checks that every landing's rows lie within an output of `out_len`
+/// bytes, naming the first that does not.
+pub(crate) fn check_landings(landings: &[Landing<'_>], ranks: usize, out_len: usize) -> Result<()> {
+    if landings.len() != ranks {
+        return Err(Error::InvalidArgument(format!(
+            "alltoallv_in_place_landing got {} landings for a communicator of {ranks} ranks",
+            landings.len()
+        )));
+    }
+    for (r, l) in landings.iter().enumerate() {
+        let Some(&bad) =
+            l.rows.iter().find(|&&row| row.checked_add(1).and_then(|e| e.checked_mul(l.row_bytes)).is_none_or(|e| e > out_len))
+        else {
+            continue;
+        };
+        return Err(Error::InvalidArgument(format!(
+            "the landing of rank {r}'s part names output row {bad} of {} bytes, beyond an output of {out_len} bytes",
+            l.row_bytes
+        )));
+    }
+    Ok(())
+}
+
 /// A group of ranks that run collectives together.
 ///
 /// Object-safe, so tools can hold `&dyn Communicator` or
@@ -233,6 +315,43 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         take: &mut dyn FnMut(usize, Part<'_>),
     ) -> Result<()> {
         self.alltoallv_in_place_stepped(sizes, fill, step, &mut |r, bytes| take(r, Part::borrowed(bytes)))
+    }
+
+    /// [`alltoallv_in_place_stepped`](Self::alltoallv_in_place_stepped)
+    /// whose parts go straight to their places in `out`: a part from rank
+    /// `r` of `landings[r]`'s length puts its rows there, and `take` gets
+    /// [`Arrival::Landed`] with its head; a part of another length is handed
+    /// over whole as [`Arrival::Bytes`]. `step` gets `out` between its
+    /// turns; it must leave the landing rows alone.
+    ///
+    /// The socket backend receives parts from other nodes straight into
+    /// their rows (one scattered read per 1 024 pieces, no buffer between);
+    /// other parts, and other backends, are copied there on arrival.
+    ///
+    /// # Errors
+    /// As [`alltoallv_in_place_stepped`](Self::alltoallv_in_place_stepped);
+    /// [`Error::InvalidArgument`] when a landing's count differs from the
+    /// size or names rows beyond `out`. After an error, landing rows of
+    /// `out` may hold anything.
+    fn alltoallv_in_place_landing(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        out: &mut [u8],
+        landings: &[Landing<'_>],
+        step: &mut dyn FnMut(&mut [u8]) -> bool,
+        take: &mut dyn FnMut(usize, Arrival<'_>),
+    ) -> Result<()> {
+        check_landings(landings, self.size(), out.len())?;
+        let out = std::cell::RefCell::new(out);
+        self.alltoallv_in_place_stepped(sizes, fill, &mut || step(&mut out.borrow_mut()), &mut |r, bytes| {
+            let l = &landings[r];
+            if Some(bytes.len()) == l.len() {
+                take(r, Arrival::Landed(l.land(bytes, &mut out.borrow_mut())));
+            } else {
+                take(r, Arrival::Bytes(bytes));
+            }
+        })
     }
 
     /// Splits into communicators of the ranks that pass the same `color`,

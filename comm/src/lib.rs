@@ -48,7 +48,7 @@ mod sys;
 use std::sync::Arc;
 
 pub use auth::JobKey;
-pub use communicator::{CommExt, Communicator, Kept, Part};
+pub use communicator::{Arrival, CommExt, Communicator, Kept, Landing, Part};
 pub use error::{Error, Result, rank_list};
 pub use pool::BufferPool;
 pub use ranks::{RankEnv, RankSource};

@@ -16,7 +16,7 @@
 use std::sync::Arc;
 
 use wholemem::WholeMemory;
-use wm_comm::Communicator;
+use wm_comm::{Arrival, Communicator, Landing};
 
 use std::time::Duration;
 
@@ -596,9 +596,10 @@ pub(crate) fn gather_distributed(
     // 2. Owners copy the rows asked of them straight into the exchange,
     //    each part behind a kind byte: rows follow, or the owner found a
     //    request malformed (its error follows, so every rank learns it with
-    //    the rows), or the copy failed. Each arriving part goes to its
-    //    places in `out`, and this rank's own rows are copied straight into
-    //    place while the others travel.
+    //    the rows), or the copy failed. Each part lands in its places in
+    //    `out` (straight from the socket, from other nodes), and this
+    //    rank's own rows are copied straight into place while the others
+    //    travel.
     drop_oversized(comm.as_ref(), &mut asked, me, db, &mut problem);
     let verdict = finding_bytes(&mut problem);
     let sizes = reply_sizes(n, me, db, verdict.as_deref(), |r| asked[r].len());
@@ -606,13 +607,16 @@ pub(crate) fn gather_distributed(
     let mut misfit: Option<Error> = None;
     let mut verdicts: Vec<Option<Vec<u8>>> = vec![None; n];
     let (on, mut copying, mut own, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
-    // Written first by `meanwhile` (own rows), then by `take` (the others').
-    let out = std::cell::RefCell::new(out);
     let mut own_failed: Option<Error> = None;
     let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
     let (mut next, chunk) = (0, step_rows(mem, db, local.len()));
     let mut also = Some(also);
-    comm.alltoallv_in_place_stepped(
+    // A reply of rows lands in the rows of `out` asked of its owner; a
+    // verdict of that very length lands there too, and is read back.
+    let landings: Vec<Landing<'_>> =
+        (0..n).map(|r| if r == me { Landing::default() } else { Landing { head: 1, row_bytes: db, rows: wanted(r) } }).collect();
+    let mut landed_verdict = vec![false; n];
+    comm.alltoallv_in_place_landing(
         &sizes,
         &mut |r, buf| {
             if r == me {
@@ -623,13 +627,15 @@ pub(crate) fn gather_distributed(
                 failed.get_or_insert(e);
             }
         },
+        out,
+        &landings,
         // This rank's own rows go straight to their places while the
         // others' travel, a piece per step; then the caller's work.
-        &mut || {
+        &mut |out| {
             if next < local.len() {
                 let end = (next + chunk).min(local.len());
                 timed(on, &mut own, || {
-                    if let Err(e) = read_local(mem, layout, conv, &local[next..end], Some(&wanted(me)[next..end]), &mut out.borrow_mut()) {
+                    if let Err(e) = read_local(mem, layout, conv, &local[next..end], Some(&wanted(me)[next..end]), out) {
                         own_failed.get_or_insert(e);
                     }
                 });
@@ -641,20 +647,41 @@ pub(crate) fn gather_distributed(
             }
             false
         },
-        &mut |r, bytes| {
+        // Parts that arrived through the socket landed as they came in;
+        // the others are copied to their places before this is called.
+        &mut |r, arrival| {
             if r == me {
                 // Its part is empty: own rows are not sent.
                 return;
             }
-            timed(on, &mut placing, || match read_reply(comm.as_ref(), r, bytes, wanted(r).len(), db) {
-                Reply::Rows(body) => place(&mut out.borrow_mut(), body, wanted(r), db),
-                Reply::Verdict(v) => verdicts[r] = Some(v.to_vec()),
-                Reply::Failed(e) => {
-                    misfit.get_or_insert(e);
-                }
+            timed(on, &mut placing, || match arrival {
+                Arrival::Landed([ROWS]) => {}
+                Arrival::Landed([FAILED]) => landed_verdict[r] = true,
+                Arrival::Landed(head) => match read_reply(comm.as_ref(), r, head, 0, db) {
+                    Reply::Failed(e) => {
+                        misfit.get_or_insert(e);
+                    }
+                    _ => {
+                        misfit.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("a reply of unknown kind {head:?}")));
+                    }
+                },
+                // Not the length of the rows asked for: a verdict, or a
+                // part no reply can be.
+                Arrival::Bytes(bytes) => match read_reply(comm.as_ref(), r, bytes, wanted(r).len(), db) {
+                    Reply::Verdict(v) => verdicts[r] = Some(v.to_vec()),
+                    Reply::Failed(e) => {
+                        misfit.get_or_insert(e);
+                    }
+                    Reply::Rows(_) => {
+                        misfit.get_or_insert_with(|| malformed(comm.as_ref(), r, "rows that did not land".into()));
+                    }
+                },
             })
         },
     )?;
+    for (r, _) in landed_verdict.iter().enumerate().filter(|(_, l)| **l) {
+        verdicts[r] = Some(landings[r].read_back(out));
+    }
     clock.lap_split("rows", &[("owner copy", copying), ("own rows", own), ("place", placing)]);
     // Every rank holds every owner's verdict on the requests it got: the
     // lowest owner's error is every rank's.

@@ -47,8 +47,74 @@ impl Conn {
 #[derive(Debug)]
 pub(crate) struct Msg {
     pub hdr: Header,
+    /// The payload; of a landed frame, only its head.
     pub payload: Vec<u8>,
     pub fds: Vec<OwnedFd>,
+    /// Whether the payload's rows were received straight into their
+    /// places ([`Sink`]); `payload` then holds the sink's head only.
+    pub landed: bool,
+}
+
+/// Where the payload of one awaited frame lands instead of a buffer of its
+/// own: its first `head` bytes in a small buffer (the frame's [`Msg`]),
+/// then rows of `row` bytes, row `k` at `out[rows[k] * row..]` of the
+/// operation's [`Land`]. Only a frame of exactly that length, with no
+/// descriptors, lands; any other is received as usual.
+#[derive(Debug)]
+pub(crate) struct Sink<'a> {
+    pub from: usize,
+    pub comm: u64,
+    pub op: Op,
+    pub seq: u64,
+    pub head: usize,
+    pub row: usize,
+    /// Each row's place, checked by the caller to lie within `out`.
+    pub rows: &'a [usize],
+}
+
+impl Sink<'_> {
+    /// The payload length that lands.
+    fn len(&self) -> Option<u64> {
+        let n = self.rows.len().checked_mul(self.row)?.checked_add(self.head)?;
+        u64::try_from(n).ok()
+    }
+
+    /// The pieces of `out` that the landed payload from byte `got` (past
+    /// the head) on fills, adjacent rows merged, at most `max` of them.
+    fn pieces(&self, got: usize, max: usize) -> Vec<(usize, usize)> {
+        let body = got.saturating_sub(self.head);
+        let (first, skip) = (body / self.row, body % self.row);
+        let mut pieces: Vec<(usize, usize)> = Vec::with_capacity(max.min(self.rows.len() - first));
+        for (k, &r) in self.rows.iter().enumerate().skip(first) {
+            let (off, len) = if k == first { (r * self.row + skip, self.row - skip) } else { (r * self.row, self.row) };
+            if let Some((o, l)) = pieces.last_mut()
+                && *o + *l == off
+            {
+                *l += len;
+            } else if pieces.len() == max {
+                break;
+            } else {
+                pieces.push((off, len));
+            }
+        }
+        pieces
+    }
+}
+
+/// The memory one operation's [`Sink`]s land in.
+pub(crate) struct Land<'a> {
+    pub out: &'a mut [u8],
+    pub sinks: &'a [Sink<'a>],
+}
+
+/// A frame being received.
+#[derive(Debug)]
+enum Body {
+    /// Into a buffer of its own: the payload and the bytes received.
+    Buffered { hdr: Header, buf: Vec<u8>, got: usize },
+    /// Into the operation's [`Land`], by `sinks[sink]`: its head, and the
+    /// payload bytes received.
+    Landing { hdr: Header, head: Vec<u8>, got: usize, sink: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +130,7 @@ struct Peer {
     state: PeerState,
     hdr: [u8; HEADER_LEN],
     hdr_got: usize,
-    body: Option<(Header, Vec<u8>, usize)>,
+    body: Option<Body>,
     stash: VecDeque<Msg>,
     fds: VecDeque<OwnedFd>,
 }
@@ -174,6 +240,21 @@ impl Endpoint {
         want: &[Wanted],
         step: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<Msg>> {
+        self.transact_landing(op, out, want, None, &mut |_| step())
+    }
+
+    /// [`Endpoint::transact_with`], where the wanted frames that match a
+    /// sink of `land` are received straight into `land.out` (their
+    /// [`Msg::landed`] is set), and `step` gets `land.out` (empty without
+    /// one) between the reads.
+    pub fn transact_landing(
+        &self,
+        op: &'static str,
+        out: &[Outgoing<'_>],
+        want: &[Wanted],
+        mut land: Option<Land<'_>>,
+        step: &mut dyn FnMut(&mut [u8]) -> bool,
+    ) -> Result<Vec<Msg>> {
         let mut st = self.lock();
         if let Some(b) = &st.broken {
             return Err(Error::PeerLost { rank: b.rank, op, detail: b.detail.clone() });
@@ -196,7 +277,9 @@ impl Endpoint {
             self.abandon(&mut st, self.world_rank, &detail);
             return Err(Error::InvalidArgument(detail));
         }
-        let res = self.run(&mut st, op, out, want, step);
+        let res = self.run(&mut st, op, out, want, &mut land, step);
+        // No frame may go on landing in `land.out` after this call.
+        self.unland(&mut st, land.as_ref());
         if let Err(e) = &res {
             if let Error::Mismatch { detail, .. } = e {
                 let ids: Vec<u64> = want.iter().map(|w| w.comm).collect();
@@ -213,7 +296,8 @@ impl Endpoint {
         op: &'static str,
         out: &[Outgoing<'_>],
         want: &[Wanted],
-        step: &mut dyn FnMut() -> bool,
+        land: &mut Option<Land<'_>>,
+        step: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> Result<Vec<Msg>> {
         // Whether the caller's work has steps left.
         let mut working = true;
@@ -246,12 +330,12 @@ impl Endpoint {
             // 2. Push what can be written.
             let mut progress = false;
             for (i, o) in out.iter().enumerate() {
-                progress |= self.write_some(st, o, &headers[i], &mut written[i], op)?;
+                progress |= self.write_some(st, o, &headers[i], &mut written[i], op, land)?;
             }
             // The kernel holds what fitted in the sockets: a step of the
             // caller's own work while it moves, then back to the sockets.
             if working {
-                working = step();
+                working = step(land.as_mut().map_or(&mut [][..], |l| &mut *l.out));
                 progress = true;
             }
             let sends_done = out.iter().zip(&written).all(|(o, &w)| w == HEADER_LEN + o.payload.len());
@@ -283,7 +367,7 @@ impl Endpoint {
             sys::poll(&mut pfds, wait_ms).map_err(|e| Error::io("poll on peer sockets", e))?;
             for (pfd, &rank) in pfds.iter().zip(&who) {
                 if pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
-                    progress |= self.read_peer(st, rank, op)?;
+                    progress |= self.read_peer(st, rank, op, land)?;
                 }
             }
             if progress {
@@ -296,6 +380,44 @@ impl Endpoint {
                 ranks.dedup();
                 return Err(Error::Timeout { op, ranks, secs: self.timeout.as_secs_f64() });
             }
+        }
+    }
+
+    /// Ends `land`'s use: a frame still landing (an operation that failed
+    /// midway) goes on into a buffer of its own, holding what landed so
+    /// far, so the stream stays in step; landed frames nobody took are
+    /// dropped (their rows are in memory this call no longer holds).
+    fn unland(&self, st: &mut State, land: Option<&Land<'_>>) {
+        let Some(land) = land else { return };
+        for rank in 0..st.peers.len() {
+            let peer = &mut st.peers[rank];
+            peer.stash.retain(|m| !m.landed);
+            // A frame of a later operation, already under way, stays.
+            if !matches!(peer.body, Some(Body::Landing { .. })) {
+                continue;
+            }
+            let Some(Body::Landing { hdr, head, got, sink }) = peer.body.take() else { continue };
+            let s = &land.sinks[sink];
+            // The sink's own length, which the caller's memory holds.
+            let mut buf = match zeroed(hdr.len as usize) {
+                Ok(b) => b,
+                Err(e) => {
+                    peer.conn = None;
+                    self.abandon(st, self.world_rank, &format!("cannot allocate {} bytes for a frame from rank {rank}: {e}", hdr.len));
+                    continue;
+                }
+            };
+            let h = got.min(s.head);
+            buf[..h].copy_from_slice(&head[..h]);
+            for (k, &r) in s.rows.iter().enumerate() {
+                let at = s.head + k * s.row;
+                if at >= got {
+                    break;
+                }
+                let n = s.row.min(got - at);
+                buf[at..at + n].copy_from_slice(&land.out[r * s.row..][..n]);
+            }
+            peer.body = Some(Body::Buffered { hdr, buf, got });
         }
     }
 
@@ -339,7 +461,15 @@ impl Endpoint {
         Ok(Some(m))
     }
 
-    fn write_some(&self, st: &mut State, o: &Outgoing<'_>, hdr: &[u8; HEADER_LEN], done: &mut usize, op: &'static str) -> Result<bool> {
+    fn write_some(
+        &self,
+        st: &mut State,
+        o: &Outgoing<'_>,
+        hdr: &[u8; HEADER_LEN],
+        done: &mut usize,
+        op: &'static str,
+        land: &mut Option<Land<'_>>,
+    ) -> Result<bool> {
         let total = HEADER_LEN + o.payload.len();
         let Some(conn) = &st.peers[o.to].conn else {
             return if *done == total { Ok(false) } else { Err(self.lost(o.to, op, "its connection is closed")) };
@@ -365,7 +495,7 @@ impl Endpoint {
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EPIPE | libc::ECONNRESET | libc::ENOTCONN)) => {
                     // The peer may have said why before it went: an abort it
                     // sent names the rank that was really lost.
-                    self.read_frames(st, o.to)?;
+                    self.read_frames(st, o.to, land)?;
                     return Err(self.lost(o.to, op, &format!("sending to it failed: {e}")));
                 }
                 // Out of descriptors or buffers here: nothing was sent, the
@@ -378,8 +508,8 @@ impl Endpoint {
     }
 
     /// Reads whatever `rank` has sent, completing frames into its stash.
-    fn read_peer(&self, st: &mut State, rank: usize, op: &'static str) -> Result<bool> {
-        match self.read_frames(st, rank) {
+    fn read_peer(&self, st: &mut State, rank: usize, op: &'static str, land: &mut Option<Land<'_>>) -> Result<bool> {
+        match self.read_frames(st, rank, land) {
             Ok(ReadOutcome::Progress(p)) => Ok(p),
             Ok(ReadOutcome::Closed) => {
                 let p = &mut st.peers[rank];
@@ -394,7 +524,7 @@ impl Endpoint {
         }
     }
 
-    fn read_frames(&self, st: &mut State, rank: usize) -> Result<ReadOutcome> {
+    fn read_frames(&self, st: &mut State, rank: usize, land: &mut Option<Land<'_>>) -> Result<ReadOutcome> {
         let mut progress = false;
         loop {
             let State { peers, spare, broken, .. } = &mut *st;
@@ -402,8 +532,16 @@ impl Endpoint {
             let Some(conn) = &peer.conn else { return Ok(ReadOutcome::Closed) };
             let fd = conn.fd();
             let unix = conn.is_unix();
-            let r = if let Some((_, buf, got)) = &mut peer.body {
+            let r = if let Some(Body::Buffered { buf, got, .. }) = &mut peer.body {
                 sys::recv(fd, &mut buf[*got..])
+            } else if let Some(Body::Landing { head, got, sink, .. }) = &mut peer.body {
+                // A landing body exists only while its operation runs
+                // (`unland`), so its `Land` is here.
+                let l = land.as_mut().expect("a frame lands only during its operation");
+                let s = &l.sinks[*sink];
+                let pieces = s.pieces(*got, sys::SCATTER_MAX);
+                let first = head.get_mut(*got..).unwrap_or_default();
+                sys::recv_scattered(fd, first, l.out, &pieces)
             } else if unix {
                 let mut fds = Vec::new();
                 let r = sys::recv_with_fds(fd, &mut peer.hdr[peer.hdr_got..], &mut fds);
@@ -423,46 +561,71 @@ impl Endpoint {
                 Err(e) => return Err(self.lost(rank, "receiving", &format!("its stream cannot be read any more: {e}"))),
             };
             progress = true;
-            let complete = if let Some((_, buf, got)) = &mut peer.body {
-                *got += n;
-                *got == buf.len()
-            } else {
-                peer.hdr_got += n;
-                if peer.hdr_got < HEADER_LEN {
-                    continue;
+            let complete = match &mut peer.body {
+                Some(Body::Buffered { buf, got, .. }) => {
+                    *got += n;
+                    *got == buf.len()
                 }
-                peer.hdr_got = 0;
-                let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
-                let hdr = Header::decode(&peer.hdr).map_err(|e| bad(format!("its stream is garbled: {e}")))?;
-                let limit = if matches!(hdr.kind, Kind::Data) { self.max_frame } else { REASON_MAX as u64 };
-                if hdr.len > limit {
-                    return Err(bad(format!(
-                        "it announced a {} frame of {} bytes; the limit is {limit} bytes ({})",
-                        hdr.op.name(),
-                        hdr.len,
-                        wm_topology::env::WM_MAX_FRAME_GIB.name
-                    )));
+                Some(Body::Landing { hdr, got, .. }) => {
+                    *got += n;
+                    *got as u64 == hdr.len
                 }
-                let nfds = usize::from(hdr.nfds);
-                let fds_allowed = matches!(hdr.kind, Kind::Data | Kind::Fds) && unix && nfds <= sys::MAX_FDS;
-                if peer.fds.len() != nfds || (nfds > 0 && !fds_allowed) {
-                    let detail = format!("it sent {} descriptors with a {:?} frame announcing {nfds}", peer.fds.len(), hdr.kind);
-                    // Close what came unannounced before reporting it.
-                    peer.fds.clear();
-                    return Err(bad(detail));
+                None => {
+                    peer.hdr_got += n;
+                    if peer.hdr_got < HEADER_LEN {
+                        continue;
+                    }
+                    peer.hdr_got = 0;
+                    let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
+                    let hdr = Header::decode(&peer.hdr).map_err(|e| bad(format!("its stream is garbled: {e}")))?;
+                    let limit = if matches!(hdr.kind, Kind::Data) { self.max_frame } else { REASON_MAX as u64 };
+                    if hdr.len > limit {
+                        return Err(bad(format!(
+                            "it announced a {} frame of {} bytes; the limit is {limit} bytes ({})",
+                            hdr.op.name(),
+                            hdr.len,
+                            wm_topology::env::WM_MAX_FRAME_GIB.name
+                        )));
+                    }
+                    let nfds = usize::from(hdr.nfds);
+                    let fds_allowed = matches!(hdr.kind, Kind::Data | Kind::Fds) && unix && nfds <= sys::MAX_FDS;
+                    if peer.fds.len() != nfds || (nfds > 0 && !fds_allowed) {
+                        let detail = format!("it sent {} descriptors with a {:?} frame announcing {nfds}", peer.fds.len(), hdr.kind);
+                        // Close what came unannounced before reporting it.
+                        peer.fds.clear();
+                        return Err(bad(detail));
+                    }
+                    // Bounded above by the limit, so this fits a usize.
+                    let len = hdr.len as usize;
+                    let sink = land.as_ref().and_then(|l| {
+                        l.sinks.iter().position(|s| {
+                            s.from == rank
+                                && (s.comm, s.op, s.seq) == (hdr.comm, hdr.op, hdr.seq)
+                                && hdr.kind == Kind::Data
+                                && nfds == 0
+                                && s.len() == Some(hdr.len)
+                        })
+                    });
+                    if let Some(sink) = sink {
+                        let head = land.as_ref().map_or(0, |l| l.sinks[sink].head);
+                        peer.body = Some(Body::Landing { hdr, head: vec![0; head], got: 0, sink });
+                    } else {
+                        let buf = if len >= SPARE_MIN { spare.take(len) } else { zeroed(len) };
+                        let buf = buf.map_err(|e| {
+                            let detail = format!("cannot allocate {len} bytes for a frame from rank {rank}: {e}");
+                            Error::Protocol { rank: self.world_rank, op: "receiving", detail }
+                        })?;
+                        peer.body = Some(Body::Buffered { hdr, buf, got: 0 });
+                    }
+                    len == 0
                 }
-                // Bounded above by the limit, so this fits a usize.
-                let len = hdr.len as usize;
-                let buf = if len >= SPARE_MIN { spare.take(len) } else { zeroed(len) };
-                let buf = buf.map_err(|e| {
-                    let detail = format!("cannot allocate {len} bytes for a frame from rank {rank}: {e}");
-                    Error::Protocol { rank: self.world_rank, op: "receiving", detail }
-                })?;
-                peer.body = Some((hdr, buf, 0));
-                len == 0
             };
             if complete {
-                let Some((hdr, payload, _)) = peer.body.take() else { continue };
+                let (hdr, payload, landed) = match peer.body.take() {
+                    Some(Body::Buffered { hdr, buf, .. }) => (hdr, buf, false),
+                    Some(Body::Landing { hdr, head, .. }) => (hdr, head, true),
+                    None => continue,
+                };
                 let fds: Vec<OwnedFd> = peer.fds.drain(..).collect();
                 match hdr.kind {
                     Kind::Bye => peer.state = PeerState::Finished,
@@ -482,7 +645,7 @@ impl Endpoint {
                         *broken = Some(Broken { rank: lost, detail: detail.clone() });
                         return Err(Error::PeerLost { rank: lost, op: "a collective", detail });
                     }
-                    Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds }),
+                    Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds, landed }),
                 }
             }
         }
@@ -669,6 +832,42 @@ mod tests {
         let e = barrier_from_peer(&ep).unwrap_err();
         assert_eq!(e.blamed_rank(), Some(0));
         assert!(e.to_string().contains("rank 1 reported that it lost rank 0: it timed out"), "{e}");
+    }
+
+    /// Rows land in their places; a frame of a later operation that was
+    /// under way when the landing call returned is still received whole.
+    #[test]
+    fn frames_land_in_their_rows_and_the_next_one_survives_the_call() {
+        let (ep, mut peer) = endpoint();
+        let frame = |seq: u64, payload: &[u8]| {
+            let h = Header { kind: Kind::Data, op: Op::AlltoallvInPlace, nfds: 0, comm: 7, seq, len: payload.len() as u64 };
+            [&h.encode()[..], payload].concat()
+        };
+        // Head "h", then rows 0..3 of two bytes, to output rows 2, 0, 1.
+        let first = frame(0, b"hAABBCC");
+        let second = frame(1, &[9u8; 100]);
+        peer.write_all(&[&first[..], &second[..40]].concat()).unwrap();
+        let rows = [2, 0, 1];
+        let sinks = [Sink { from: 1, comm: 7, op: Op::AlltoallvInPlace, seq: 0, head: 1, row: 2, rows: &rows }];
+        let mut out = [0u8; 6];
+        let want = |seq| [Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::AlltoallvInPlace, seq: Some(seq) }];
+        let got = ep.transact_landing("test", &[], &want(0), Some(Land { out: &mut out, sinks: &sinks }), &mut |_| false).unwrap();
+        assert!(got[0].landed);
+        assert_eq!(got[0].payload, b"h");
+        assert_eq!(&out, b"BBCCAA");
+        peer.write_all(&second[40..]).unwrap();
+        let got = ep.transact("test", &[], &want(1)).unwrap();
+        assert_eq!(got[0].payload, vec![9u8; 100]);
+    }
+
+    #[test]
+    fn pieces_merge_adjacent_rows_and_resume_midway() {
+        let rows = [4, 5, 6, 1, 9, 10];
+        let s = Sink { from: 1, comm: 7, op: Op::AlltoallvInPlace, seq: 0, head: 3, row: 10, rows: &rows };
+        assert_eq!(s.pieces(0, 8), vec![(40, 30), (10, 10), (90, 20)]);
+        // Three bytes into row 1 of the part.
+        assert_eq!(s.pieces(3 + 13, 8), vec![(53, 17), (10, 10), (90, 20)]);
+        assert_eq!(s.pieces(0, 2), vec![(40, 30), (10, 10)]);
     }
 
     proptest! {

@@ -21,12 +21,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 pub use bootstrap::{Exchange, Rendezvous};
-use endpoint::{Endpoint, Outgoing, Wanted};
+use endpoint::{Endpoint, Land, Outgoing, Sink, Wanted};
 use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
 
 use crate::auth::JobKey;
-use crate::communicator::Communicator;
+use crate::communicator::{Arrival, Communicator, Landing, Part};
 use crate::ranks::RankEnv;
 use crate::{Error, Result};
 
@@ -57,6 +57,14 @@ const INLINE: u64 = 0;
 /// The first word of an in-place exchange's payload, plus the mailbox index
 /// (0 or 1): the bytes are in that mailbox; their count is the second word.
 const IN_MAILBOX: u64 = 2;
+
+/// A part of the in-place exchange as it reaches `take`.
+enum Got<'a> {
+    /// Its bytes.
+    Part(Part<'a>),
+    /// It landed in the output; its head.
+    Landed(&'a [u8]),
+}
 
 /// A bootstrap timeout reports the configured limit.
 fn with_secs(e: Error, timeout: std::time::Duration) -> Error {
@@ -315,6 +323,127 @@ impl SocketComm {
         Ok(res)
     }
 
+    /// The in-place exchange: parts for other nodes whose `landings` match
+    /// are received straight into `out`; `take` gets every part, in rank
+    /// order, with `out`.
+    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
+    // exchange's protocol keeps (see the SAFETY note at the call).
+    #[allow(unsafe_code)]
+    fn in_place(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        out: &mut [u8],
+        landings: &[Landing<'_>],
+        meanwhile: &mut dyn FnMut(&mut [u8]) -> bool,
+        take: &mut dyn FnMut(usize, Got<'_>, &mut [u8]),
+    ) -> Result<()> {
+        crate::communicator::check_sizes(sizes, self.size())?;
+        let i = &self.inner;
+        let (n, me) = (i.members.len(), i.me);
+        let op = Op::AlltoallvInPlace;
+        // Held to the end: the descriptors of new mailboxes are borrowed
+        // from it while they travel, and `take` reads inboxes.
+        let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        // Per peer: the frame's payload (inline bytes, or where the mailbox
+        // bytes are) and the descriptor of a new mailbox.
+        let mut payloads: Vec<Vec<u8>> = (0..n).map(|_| Vec::new()).collect();
+        let mut new_boxes: Vec<Option<std::os::fd::RawFd>> = vec![None; n];
+        for r in (0..n).filter(|&r| r != me) {
+            let len = sizes[r];
+            if len >= shm::MAILBOX_MIN && self.same_node(r, me) {
+                // A mailbox that cannot be made (out of memory or
+                // descriptors) only costs speed: the bytes go inline.
+                if let Ok((index, mailbox, fresh)) = channels.next_outbox(r, len) {
+                    fill(r, mailbox.bytes_mut(len));
+                    payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
+                    new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
+                    continue;
+                }
+            }
+            let mut buf = i.ep.buffer(8 + len);
+            buf[..8].copy_from_slice(&INLINE.to_le_bytes());
+            fill(r, &mut buf[8..]);
+            payloads[r] = buf;
+        }
+        let mut own = vec![0u8; sizes[me]];
+        fill(me, &mut own);
+        let seq = i.seq.fetch_add(1, Ordering::Relaxed);
+        let fd_lists: Vec<Vec<std::os::fd::RawFd>> = new_boxes.iter().map(|f| f.iter().copied().collect()).collect();
+        let frames: Vec<Outgoing<'_>> = (0..n)
+            .filter(|&r| r != me)
+            .map(|r| Outgoing {
+                to: i.members[r],
+                hdr: Header { kind: Kind::Data, op, nfds: fd_lists[r].len() as u16, comm: i.id, seq, len: payloads[r].len() as u64 },
+                payload: &payloads[r],
+                fds: &fd_lists[r],
+            })
+            .collect();
+        let want: Vec<Wanted> =
+            (0..n).filter(|&r| r != me).map(|r| Wanted { from: i.members[r], kind: Kind::Data, comm: i.id, op, seq: Some(seq) }).collect();
+        // Parts from other nodes of their landing's length (behind the
+        // inline word) go straight to their rows; a mailbox note never
+        // comes from another node, so it cannot be taken for one.
+        let sinks: Vec<Sink<'_>> = landings
+            .iter()
+            .enumerate()
+            .filter(|&(r, l)| r != me && !self.same_node(r, me) && !l.is_empty())
+            .map(|(r, l)| Sink { from: i.members[r], comm: i.id, op, seq, head: 8 + l.head, row: l.row_bytes, rows: l.rows })
+            .collect();
+        let land = Land { out: &mut *out, sinks: &sinks };
+        let msgs = i.ep.transact_landing(op.name(), &frames, &want, Some(land), meanwhile)?;
+        drop(frames);
+        let mut msgs = msgs.into_iter();
+        let mut received = Vec::with_capacity(n);
+        for r in 0..n {
+            if r == me {
+                take(me, Got::Part(Part::borrowed(&own)), out);
+                continue;
+            }
+            let mut m = msgs.next().expect("transact returns one frame per wanted peer");
+            let peer = i.members[r];
+            let word = |k: usize| m.payload.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+            let bad = |what: String| i.ep.fail_peer(peer, op.name(), format!("it sent {what}"));
+            match word(0) {
+                Some(INLINE) if m.landed => take(r, Got::Landed(&m.payload[8..]), out),
+                _ if m.landed => return Err(bad("a part of an in-place exchange that is not inline".into())),
+                // Its own buffer: `take` may keep it (then an empty one is
+                // left to recycle).
+                Some(INLINE) if m.fds.is_empty() => take(r, Got::Part(Part::owned(&mut m.payload, 8)), out),
+                Some(w) if (w == IN_MAILBOX || w == IN_MAILBOX + 1) && m.payload.len() == 16 && m.fds.len() <= 1 => {
+                    let Some(len) = word(1).and_then(|l| usize::try_from(l).ok()) else {
+                        return Err(bad("a mailbox note without a length".into()));
+                    };
+                    let index = (w - IN_MAILBOX) as usize;
+                    let mailbox = match channels.inbox(r, index, m.fds.pop()) {
+                        Ok(mb) => mb,
+                        Err(e) => return Err(bad(format!("a mailbox this rank cannot use: {e}"))),
+                    };
+                    // SAFETY: the peer wrote these bytes before sending the
+                    // frame that announced them, and writes this mailbox
+                    // again only after this rank has begun a later in-place
+                    // exchange on this communicator (`shm::Channels`);
+                    // `take` runs before this call returns.
+                    match unsafe { mailbox.bytes(len) } {
+                        Ok(bytes) => take(r, Got::Part(Part::borrowed(bytes)), out),
+                        Err(e) => return Err(bad(e)),
+                    }
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "a frame of {} bytes and {} descriptors that is not an in-place exchange part",
+                        m.payload.len(),
+                        m.fds.len()
+                    )));
+                }
+            }
+            received.push(m.payload);
+        }
+        payloads.extend(received);
+        i.ep.recycle(payloads);
+        Ok(())
+    }
+
     fn all(&self) -> Vec<usize> {
         (0..self.inner.members.len()).collect()
     }
@@ -408,108 +537,38 @@ impl Communicator for SocketComm {
         self.alltoallv_in_place_keeping(sizes, fill, meanwhile, &mut |r, part| take(r, part.bytes()))
     }
 
-    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
-    // exchange's protocol keeps (see the SAFETY note at the call).
-    #[allow(unsafe_code)]
     fn alltoallv_in_place_keeping(
         &self,
         sizes: &[usize],
         fill: &mut dyn FnMut(usize, &mut [u8]),
         meanwhile: &mut dyn FnMut() -> bool,
-        take: &mut dyn FnMut(usize, crate::Part<'_>),
+        take: &mut dyn FnMut(usize, Part<'_>),
     ) -> Result<()> {
-        crate::communicator::check_sizes(sizes, self.size())?;
-        let i = &self.inner;
-        let (n, me) = (i.members.len(), i.me);
-        let op = Op::AlltoallvInPlace;
-        // Held to the end: the descriptors of new mailboxes are borrowed
-        // from it while they travel, and `take` reads inboxes.
-        let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        // Per peer: the frame's payload (inline bytes, or where the mailbox
-        // bytes are) and the descriptor of a new mailbox.
-        let mut payloads: Vec<Vec<u8>> = (0..n).map(|_| Vec::new()).collect();
-        let mut new_boxes: Vec<Option<std::os::fd::RawFd>> = vec![None; n];
-        for r in (0..n).filter(|&r| r != me) {
-            let len = sizes[r];
-            if len >= shm::MAILBOX_MIN && self.same_node(r, me) {
-                // A mailbox that cannot be made (out of memory or
-                // descriptors) only costs speed: the bytes go inline.
-                if let Ok((index, mailbox, fresh)) = channels.next_outbox(r, len) {
-                    fill(r, mailbox.bytes_mut(len));
-                    payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
-                    new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
-                    continue;
-                }
+        let mut take = |r: usize, got: Got<'_>, _: &mut [u8]| match got {
+            Got::Part(p) => take(r, p),
+            // Without landings nothing lands.
+            Got::Landed(head) => take(r, Part::borrowed(head)),
+        };
+        self.in_place(sizes, fill, &mut [], &[], &mut |_| meanwhile(), &mut take)
+    }
+
+    fn alltoallv_in_place_landing(
+        &self,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+        out: &mut [u8],
+        landings: &[Landing<'_>],
+        step: &mut dyn FnMut(&mut [u8]) -> bool,
+        take: &mut dyn FnMut(usize, Arrival<'_>),
+    ) -> Result<()> {
+        crate::communicator::check_landings(landings, self.size(), out.len())?;
+        self.in_place(sizes, fill, out, landings, step, &mut |r, got, out| match got {
+            Got::Landed(head) => take(r, Arrival::Landed(head)),
+            Got::Part(p) => {
+                let (l, bytes) = (&landings[r], p.bytes());
+                if Some(bytes.len()) == l.len() { take(r, Arrival::Landed(l.land(bytes, out))) } else { take(r, Arrival::Bytes(bytes)) }
             }
-            let mut buf = i.ep.buffer(8 + len);
-            buf[..8].copy_from_slice(&INLINE.to_le_bytes());
-            fill(r, &mut buf[8..]);
-            payloads[r] = buf;
-        }
-        let mut own = vec![0u8; sizes[me]];
-        fill(me, &mut own);
-        let seq = i.seq.fetch_add(1, Ordering::Relaxed);
-        let fd_lists: Vec<Vec<std::os::fd::RawFd>> = new_boxes.iter().map(|f| f.iter().copied().collect()).collect();
-        let out: Vec<Outgoing<'_>> = (0..n)
-            .filter(|&r| r != me)
-            .map(|r| Outgoing {
-                to: i.members[r],
-                hdr: Header { kind: Kind::Data, op, nfds: fd_lists[r].len() as u16, comm: i.id, seq, len: payloads[r].len() as u64 },
-                payload: &payloads[r],
-                fds: &fd_lists[r],
-            })
-            .collect();
-        let want: Vec<Wanted> =
-            (0..n).filter(|&r| r != me).map(|r| Wanted { from: i.members[r], kind: Kind::Data, comm: i.id, op, seq: Some(seq) }).collect();
-        let msgs = i.ep.transact_with(op.name(), &out, &want, meanwhile)?;
-        drop(out);
-        let mut msgs = msgs.into_iter();
-        let mut received = Vec::with_capacity(n);
-        for r in 0..n {
-            if r == me {
-                take(me, crate::Part::borrowed(&own));
-                continue;
-            }
-            let mut m = msgs.next().expect("transact returns one frame per wanted peer");
-            let peer = i.members[r];
-            let word = |k: usize| m.payload.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
-            let bad = |what: String| i.ep.fail_peer(peer, op.name(), format!("it sent {what}"));
-            match word(0) {
-                // Its own buffer: `take` may keep it (then an empty one is
-                // left to recycle).
-                Some(INLINE) if m.fds.is_empty() => take(r, crate::Part::owned(&mut m.payload, 8)),
-                Some(w) if (w == IN_MAILBOX || w == IN_MAILBOX + 1) && m.payload.len() == 16 && m.fds.len() <= 1 => {
-                    let Some(len) = word(1).and_then(|l| usize::try_from(l).ok()) else {
-                        return Err(bad("a mailbox note without a length".into()));
-                    };
-                    let index = (w - IN_MAILBOX) as usize;
-                    let mailbox = match channels.inbox(r, index, m.fds.pop()) {
-                        Ok(mb) => mb,
-                        Err(e) => return Err(bad(format!("a mailbox this rank cannot use: {e}"))),
-                    };
-                    // SAFETY: the peer wrote these bytes before sending the
-                    // frame that announced them, and writes this mailbox
-                    // again only after this rank has begun a later in-place
-                    // exchange on this communicator (`shm::Channels`);
-                    // `take` runs before this call returns.
-                    match unsafe { mailbox.bytes(len) } {
-                        Ok(bytes) => take(r, crate::Part::borrowed(bytes)),
-                        Err(e) => return Err(bad(e)),
-                    }
-                }
-                _ => {
-                    return Err(bad(format!(
-                        "a frame of {} bytes and {} descriptors that is not an in-place exchange part",
-                        m.payload.len(),
-                        m.fds.len()
-                    )));
-                }
-            }
-            received.push(m.payload);
-        }
-        payloads.extend(received);
-        i.ep.recycle(payloads);
-        Ok(())
+        })
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {

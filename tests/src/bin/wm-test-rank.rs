@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use wholemem::{AllocRequest, Location, MemoryType, Partition, WholeMemory, WholeTensor, query};
-use wm_comm::{CommExt, Communicator};
+use wm_comm::{Arrival, CommExt, Communicator, Landing};
 use wm_tests::Rng;
 
 type Comm = Arc<dyn Communicator>;
@@ -24,6 +24,7 @@ fn main() {
         let rest = &args[1.min(args.len())..];
         match scenario.as_str() {
             "collectives" => collectives(&world),
+            "landing" => landing(&world),
             "fill-read" => location(rest).and_then(|loc| fill_read(&world, loc)),
             "two-nodes" => two_nodes(&world),
             "bad-input" => bad_input(&world),
@@ -162,6 +163,113 @@ fn in_place(comm: &Comm) -> Result<()> {
     Ok(())
 }
 
+/// `alltoallv_in_place_landing` over rounds: parts of their landing's
+/// length land in their rows — row widths 1, 7 and 512, up to 3 000 rows a
+/// part (more than one scattered read), rows in order (adjacent rows
+/// merge) and shuffled — and are handed over as `Landed` with their head;
+/// parts of another length come whole as `Bytes` and touch nothing; rows
+/// `step` writes are left alone. Then a landing beyond the output is an
+/// error naming the row, and the communicator stays usable.
+fn landing(comm: &Comm) -> Result<()> {
+    let (me, n) = (comm.rank(), comm.size());
+    for round in 0..6 {
+        let row = [1, 7, 512][round % 3];
+        let count = |from: usize, to: usize| match (from + to + round) % 3 {
+            0 => 0,
+            1 => 5 + from,
+            _ => 1500 + 500 * from + to,
+        };
+        // A part of another length than its landing, now and then.
+        let short = |from: usize, to: usize| (from * 3 + to + round) % 5 == 4 && count(from, to) > 0;
+        let head = |from: usize, to: usize| [from as u8, to as u8, round as u8];
+        let cell = |from: usize, to: usize, k: usize, j: usize| (from * 131 + to * 31 + k * 7 + j * 3 + round) as u8;
+        // Each sender's rows of this rank's output, then ten rows for `step`.
+        let step_rows = 10;
+        let total = (0..n).map(|s| count(s, me)).sum::<usize>() + step_rows;
+        let mut perm: Vec<usize> = (0..total).collect();
+        let mut rng = Rng::new(&[me as u64, round as u64]);
+        for i in (1..total).rev() {
+            perm.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let mut places: Vec<Vec<usize>> = Vec::with_capacity(n);
+        let mut at = step_rows;
+        for s in 0..n {
+            let mut p = perm[at..at + count(s, me)].to_vec();
+            if round % 2 == 0 {
+                p.sort_unstable();
+            }
+            at += count(s, me);
+            places.push(p);
+        }
+        let landings: Vec<Landing<'_>> = places.iter().map(|p| Landing { head: 3, row_bytes: row, rows: p }).collect();
+        let sizes: Vec<usize> = (0..n).map(|to| 3 + (count(me, to) - usize::from(short(me, to))) * row).collect();
+        let mut out = vec![0xeeu8; total * row];
+        let mut wrong: Option<String> = None;
+        let mut stepped = false;
+        let mut arrived = Vec::new();
+        comm.alltoallv_in_place_landing(
+            &sizes,
+            &mut |to, buf| {
+                buf[..3].copy_from_slice(&head(me, to));
+                for (k, r) in buf[3..].chunks_exact_mut(row).enumerate() {
+                    for (j, b) in r.iter_mut().enumerate() {
+                        *b = cell(me, to, k, j);
+                    }
+                }
+            },
+            &mut out,
+            &landings,
+            &mut |out| {
+                for &p in &perm[..step_rows] {
+                    out[p * row..][..row].fill(0x5a);
+                }
+                stepped = true;
+                false
+            },
+            &mut |from, arrival| {
+                arrived.push(from);
+                let (landed, bytes) = match arrival {
+                    Arrival::Landed(b) => (true, b),
+                    Arrival::Bytes(b) => (false, b),
+                };
+                if landed == short(from, me) || bytes.get(..3) != Some(&head(from, me)[..]) {
+                    wrong.get_or_insert(format!(
+                        "round {round}: from rank {from}, landed {landed}, {} bytes {:?}",
+                        bytes.len(),
+                        &bytes[..bytes.len().min(3)]
+                    ));
+                }
+            },
+        )?;
+        if let Some(w) = wrong {
+            bail!("alltoallv_in_place_landing: {w}");
+        }
+        ensure!(stepped && arrived == (0..n).collect::<Vec<_>>(), "round {round}: step ran {stepped}, parts came from {arrived:?}");
+        for &p in &perm[..step_rows] {
+            ensure!(out[p * row..][..row].iter().all(|&b| b == 0x5a), "round {round}: a row step wrote was overwritten");
+        }
+        for (s, p) in places.iter().enumerate() {
+            for (k, &r) in p.iter().enumerate() {
+                let got = &out[r * row..][..row];
+                let ok = if short(s, me) {
+                    got.iter().all(|&b| b == 0xee)
+                } else {
+                    got.iter().enumerate().all(|(j, &b)| b == cell(s, me, k, j))
+                };
+                ensure!(ok, "round {round}: row {k} from rank {s} (output row {r}, short {}) holds {:?}", short(s, me), &got[..row.min(8)]);
+            }
+        }
+    }
+    let rows = [4usize];
+    let bad: Vec<Landing<'_>> = (0..n).map(|_| Landing { head: 0, row_bytes: 8, rows: &rows }).collect();
+    let err = comm
+        .alltoallv_in_place_landing(&vec![8; n], &mut |_, _| {}, &mut [0u8; 32], &bad, &mut |_| false, &mut |_, _| {})
+        .expect_err("a landing beyond the output");
+    ensure!(err.to_string().contains("output row 4"), "the error does not name the row: {err}");
+    comm.barrier()?;
+    Ok(())
+}
+
 fn collectives(world: &Comm) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     world.barrier()?;
@@ -199,6 +307,8 @@ fn collectives(world: &Comm) -> Result<()> {
     ensure!(typed.iter().enumerate().all(|(r, v)| v == &[r as u32; 3]), "alltoallv_pod: {typed:?}");
     in_place(world)?;
     in_place(&world.local())?;
+    landing(world)?;
+    landing(&world.local())?;
 
     // split: odd and even ranks, in reverse order.
     let sub = world.split((me % 2) as u32, (n - me) as u32)?;
