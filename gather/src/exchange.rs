@@ -891,7 +891,6 @@ pub(crate) fn gather_hierarchy(
     //    another local rank asked for it — its whole part, where the backend
     //    hands it over without a copy, else the row — and this rank's own
     //    rows go to the fan-out straight from the table.
-    let mut unique_rows = scratch(unique.len() * db);
     let mut for_others = vec![false; unique.len()];
     for (q, a) in answer.iter().enumerate() {
         if q != lme {
@@ -900,6 +899,12 @@ pub(crate) fn gather_hierarchy(
             }
         }
     }
+    // When no row from another node is for another local rank (one rank
+    // per node, say), every unique row has a place in `out` here: the
+    // parts land there straight from the exchange, each row at its first
+    // place, and nothing is kept for the fan-out.
+    let lands = !for_others.contains(&true);
+    let mut unique_rows = scratch(if lands { 0 } else { unique.len() * db });
     // This rank's requests by unique row: positions in `out` of unique row
     // `u` are `mine[mine_at[u]..mine_at[u + 1]]`.
     let mut mine_at = vec![0usize; unique.len() + 1];
@@ -927,9 +932,6 @@ pub(crate) fn gather_hierarchy(
     let mut heard: Vec<(Vec<u8>, Error)> = Vec::new();
     let (on, mut copying, mut own_time, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let (mut failed, mut own_failed): (Option<Error>, Option<Error>) = (None, None);
-    let cells = std::cell::RefCell::new((&mut unique_rows, &mut *out));
-    // Unique row `u` (`row`): to the fan-out's rows when another local rank
-    // wants it, and to each of this rank's places for it.
     // Unique row `u` (`row`): to each of this rank's places for it, and to
     // the fan-out's kept rows when another local rank wants it and its part
     // is not kept whole (`to_kept`).
@@ -966,52 +968,100 @@ pub(crate) fn gather_hierarchy(
     }
     let (mut next, chunk) = (0, step_rows(mem, db, to_out.len()));
     let mut also = Some(also);
-    cross.alltoallv_in_place_keeping(
-        &sizes,
-        &mut |c, buf| {
+    let mut fill = |c: usize, buf: &mut [u8]| {
+        if c == cme {
+            return;
+        }
+        let copy = |body: &mut [u8]| timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, body));
+        if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
+            failed.get_or_insert(e);
+        }
+    };
+    // Rows this rank asked for go straight to the first of their places in
+    // `out`, a piece per step, then on to their further places; then the
+    // caller's work.
+    let mut own_step = |out: &mut [u8]| {
+        if next < to_out.len() {
+            let end = (next + chunk).min(to_out.len());
+            timed(on, &mut own_time, || {
+                if let Err(e) = read_local(mem, layout, conv, &to_out[next..end], Some(&out_at[next..end]), out) {
+                    own_failed.get_or_insert(e);
+                }
+            });
+            next = if own_failed.is_some() { to_out.len() } else { end };
+            return true;
+        }
+        if let Some(a) = also.take() {
+            if own_failed.is_none() {
+                timed(on, &mut own_time, || {
+                    for &u in uwanted(cme) {
+                        let places = &mine[mine_at[u]..mine_at[u + 1]];
+                        let Some((&at, more)) = places.split_first() else { continue };
+                        for &pos in more {
+                            out.copy_within(at * db..(at + 1) * db, pos * db);
+                        }
+                    }
+                });
+            }
+            a();
+        }
+        false
+    };
+    if lands {
+        let firsts: Vec<Vec<usize>> =
+            (0..cross.size()).map(|c| if c == cme { Vec::new() } else { uwanted(c).iter().map(|&u| mine[mine_at[u]]).collect() }).collect();
+        let landings: Vec<Landing<'_>> = firsts.iter().map(|f| Landing { head: 1, row_bytes: db, rows: f }).collect();
+        let (mut landed, mut verdicts): (Vec<bool>, Vec<Option<Vec<u8>>>) = (vec![false; cross.size()], vec![None; cross.size()]);
+        let mut landed_verdict = vec![false; cross.size()];
+        cross.alltoallv_in_place_landing(&sizes, &mut fill, out, &landings, &mut own_step, &mut |c, arrival| {
             if c == cme {
                 return;
             }
-            let copy = |body: &mut [u8]| timed(on, &mut copying, || read_local(mem, layout, conv, &asked[c], None, body));
-            if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
-                failed.get_or_insert(e);
-            }
-        },
-        // Rows this rank asked for go straight to the first of their places
-        // in `out`, a piece per step, then on to their further places; then
-        // the caller's work.
-        &mut || {
-            if next < to_out.len() {
-                let end = (next + chunk).min(to_out.len());
-                timed(on, &mut own_time, || {
-                    let mut cells = cells.borrow_mut();
-                    let (_, out) = &mut *cells;
-                    if let Err(e) = read_local(mem, layout, conv, &to_out[next..end], Some(&out_at[next..end]), out) {
-                        own_failed.get_or_insert(e);
-                    }
-                });
-                next = if own_failed.is_some() { to_out.len() } else { end };
-                return true;
-            }
-            if let Some(a) = also.take() {
-                if own_failed.is_none() {
-                    timed(on, &mut own_time, || {
-                        let mut cells = cells.borrow_mut();
-                        let (_, out) = &mut *cells;
-                        for &u in uwanted(cme) {
-                            let places = &mine[mine_at[u]..mine_at[u + 1]];
-                            let Some((&at, more)) = places.split_first() else { continue };
-                            for &pos in more {
-                                out.copy_within(at * db..(at + 1) * db, pos * db);
-                            }
-                        }
-                    });
+            timed(on, &mut placing, || match arrival {
+                Arrival::Landed([ROWS]) => landed[c] = true,
+                Arrival::Landed([FAILED]) => landed_verdict[c] = true,
+                Arrival::Landed(head) => {
+                    let e = match read_reply(cross.as_ref(), c, head, 0, db) {
+                        Reply::Failed(e) => e,
+                        _ => malformed(cross.as_ref(), c, format!("a reply of unknown kind {head:?}")),
+                    };
+                    problem.get_or_insert(e);
                 }
-                a();
+                Arrival::Bytes(bytes) => match read_reply(cross.as_ref(), c, bytes, uwanted(c).len(), db) {
+                    Reply::Verdict(v) => verdicts[c] = Some(v.to_vec()),
+                    Reply::Failed(e) => {
+                        problem.get_or_insert(e);
+                    }
+                    Reply::Rows(_) => {
+                        problem.get_or_insert_with(|| malformed(cross.as_ref(), c, "rows that did not land".into()));
+                    }
+                },
+            });
+        })?;
+        // Rows that landed at their first place go on to the others, and
+        // verdicts of the rows' very length are read back; heard in rank
+        // order, as they arrive in the other branch.
+        timed(on, &mut placing, || {
+            for c in (0..cross.size()).filter(|&c| landed[c]) {
+                for &u in uwanted(c) {
+                    let places = &mine[mine_at[u]..mine_at[u + 1]];
+                    let Some((&at, more)) = places.split_first() else { continue };
+                    for &pos in more {
+                        out.copy_within(at * db..(at + 1) * db, pos * db);
+                    }
+                }
             }
-            false
-        },
-        &mut |c, part| {
+        });
+        for c in 0..cross.size() {
+            let v = if landed_verdict[c] { Some(landings[c].read_back(out)) } else { verdicts[c].take() };
+            if let Some(v) = v {
+                let e = verdict_error(cross.as_ref(), c, &v);
+                heard.push((v, e));
+            }
+        }
+    } else {
+        let cells = std::cell::RefCell::new((&mut unique_rows, &mut *out));
+        cross.alltoallv_in_place_keeping(&sizes, &mut fill, &mut || own_step(cells.borrow_mut().1), &mut |c, part| {
             if c == cme {
                 return;
             }
@@ -1037,8 +1087,8 @@ pub(crate) fn gather_hierarchy(
             if rows_arrived && whole {
                 frames[c] = Some(part.keep());
             }
-        },
-    )?;
+        })?;
+    }
     clock.lap_split("cross rows", &[("owner copy", copying), ("own rows", own_time), ("place", placing)]);
 
     // 5. Back within the node: each local rank gets its rows in the order it
