@@ -490,6 +490,40 @@ fn read_reply<'a>(comm: &dyn Communicator, from: usize, bytes: &'a [u8], rows: u
     }
 }
 
+/// What a part of a rows reply that may have landed
+/// ([`Communicator::alltoallv_in_place_landing`]) holds.
+enum Arrived {
+    /// The rows asked for, in their places.
+    Rows,
+    /// A verdict of the very length of the rows: its bytes are in their
+    /// places (`Landing::read_back`).
+    VerdictInRows,
+    /// A verdict.
+    Verdict(Vec<u8>),
+    /// A failed copy, or a part no reply can be: the error naming the sender.
+    Failed(Error),
+}
+
+/// Reads the part member `from` of `comm` replied with, `rows` rows of
+/// `db` bytes asked of it, landed behind its kind byte or whole.
+fn read_arrival(comm: &dyn Communicator, from: usize, arrival: Arrival<'_>, rows: usize, db: usize) -> Arrived {
+    match arrival {
+        Arrival::Landed([ROWS]) => Arrived::Rows,
+        Arrival::Landed([FAILED]) => Arrived::VerdictInRows,
+        Arrival::Landed(head) => Arrived::Failed(match read_reply(comm, from, head, 0, db) {
+            Reply::Failed(e) => e,
+            _ => malformed(comm, from, format!("a reply of unknown kind {head:?}")),
+        }),
+        // Not the length of the rows asked for: a verdict, or a part no
+        // reply can be (rows of that length would have landed).
+        Arrival::Bytes(bytes) => match read_reply(comm, from, bytes, rows, db) {
+            Reply::Verdict(v) => Arrived::Verdict(v.to_vec()),
+            Reply::Failed(e) => Arrived::Failed(e),
+            Reply::Rows(_) => Arrived::Failed(malformed(comm, from, "rows that did not land".into())),
+        },
+    }
+}
+
 /// The first exchange of a distributed gather or scatter, which also
 /// carries every rank's outcome of its checks (`checked`), so no separate
 /// agreement is needed before it.
@@ -654,28 +688,13 @@ pub(crate) fn gather_distributed(
                 // Its part is empty: own rows are not sent.
                 return;
             }
-            timed(on, &mut placing, || match arrival {
-                Arrival::Landed([ROWS]) => {}
-                Arrival::Landed([FAILED]) => landed_verdict[r] = true,
-                Arrival::Landed(head) => match read_reply(comm.as_ref(), r, head, 0, db) {
-                    Reply::Failed(e) => {
-                        misfit.get_or_insert(e);
-                    }
-                    _ => {
-                        misfit.get_or_insert_with(|| malformed(comm.as_ref(), r, format!("a reply of unknown kind {head:?}")));
-                    }
-                },
-                // Not the length of the rows asked for: a verdict, or a
-                // part no reply can be.
-                Arrival::Bytes(bytes) => match read_reply(comm.as_ref(), r, bytes, wanted(r).len(), db) {
-                    Reply::Verdict(v) => verdicts[r] = Some(v.to_vec()),
-                    Reply::Failed(e) => {
-                        misfit.get_or_insert(e);
-                    }
-                    Reply::Rows(_) => {
-                        misfit.get_or_insert_with(|| malformed(comm.as_ref(), r, "rows that did not land".into()));
-                    }
-                },
+            timed(on, &mut placing, || match read_arrival(comm.as_ref(), r, arrival, wanted(r).len(), db) {
+                Arrived::Rows => {}
+                Arrived::VerdictInRows => landed_verdict[r] = true,
+                Arrived::Verdict(v) => verdicts[r] = Some(v),
+                Arrived::Failed(e) => {
+                    misfit.get_or_insert(e);
+                }
             })
         },
     )?;
@@ -1017,25 +1036,13 @@ pub(crate) fn gather_hierarchy(
             if c == cme {
                 return;
             }
-            timed(on, &mut placing, || match arrival {
-                Arrival::Landed([ROWS]) => landed[c] = true,
-                Arrival::Landed([FAILED]) => landed_verdict[c] = true,
-                Arrival::Landed(head) => {
-                    let e = match read_reply(cross.as_ref(), c, head, 0, db) {
-                        Reply::Failed(e) => e,
-                        _ => malformed(cross.as_ref(), c, format!("a reply of unknown kind {head:?}")),
-                    };
+            timed(on, &mut placing, || match read_arrival(cross.as_ref(), c, arrival, uwanted(c).len(), db) {
+                Arrived::Rows => landed[c] = true,
+                Arrived::VerdictInRows => landed_verdict[c] = true,
+                Arrived::Verdict(v) => verdicts[c] = Some(v),
+                Arrived::Failed(e) => {
                     problem.get_or_insert(e);
                 }
-                Arrival::Bytes(bytes) => match read_reply(cross.as_ref(), c, bytes, uwanted(c).len(), db) {
-                    Reply::Verdict(v) => verdicts[c] = Some(v.to_vec()),
-                    Reply::Failed(e) => {
-                        problem.get_or_insert(e);
-                    }
-                    Reply::Rows(_) => {
-                        problem.get_or_insert_with(|| malformed(cross.as_ref(), c, "rows that did not land".into()));
-                    }
-                },
             });
         })?;
         // Rows that landed at their first place go on to the others, and

@@ -20,6 +20,9 @@ fn malformed_exchange_parts_are_errors_naming_the_sender_on_every_rank() {
     for impostor in ["1", "0"] {
         World::new(3).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["malformed", impostor]);
     }
+    // A rank per node: the parts come over TCP, where rows land straight
+    // in the output.
+    World::new(3).nodes_of(1).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["malformed", "1"]);
 }
 
 #[test]
