@@ -73,8 +73,12 @@ pub(crate) struct Sink<'a> {
 }
 
 impl Sink<'_> {
-    /// The payload length that lands.
+    /// The payload length that lands (none for rows of no bytes: such a
+    /// sink lands nothing).
     fn len(&self) -> Option<u64> {
+        if self.row == 0 {
+            return None;
+        }
         let n = self.rows.len().checked_mul(self.row)?.checked_add(self.head)?;
         u64::try_from(n).ok()
     }
@@ -536,8 +540,11 @@ impl Endpoint {
                 sys::recv(fd, &mut buf[*got..])
             } else if let Some(Body::Landing { head, got, sink, .. }) = &mut peer.body {
                 // A landing body exists only while its operation runs
-                // (`unland`), so its `Land` is here.
-                let l = land.as_mut().expect("a frame lands only during its operation");
+                // (`unland` ends it), unless that operation panicked midway.
+                let Some(l) = land.as_mut() else {
+                    let detail = format!("a frame from rank {rank} was left half received by an operation that panicked");
+                    return Err(Error::Protocol { rank: self.world_rank, op: "receiving", detail });
+                };
                 let s = &l.sinks[*sink];
                 let pieces = s.pieces(*got, sys::SCATTER_MAX);
                 let first = head.get_mut(*got..).unwrap_or_default();
