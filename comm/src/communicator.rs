@@ -119,6 +119,9 @@ impl Landing<'_> {
 
     /// The rows of a landed part, read back from `out` in the part's order:
     /// for a part whose head says its body is not rows after all.
+    ///
+    /// # Panics
+    /// When a row lies beyond `out` (the exchange checked that none does).
     pub fn read_back(&self, out: &[u8]) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.rows.len() * self.row_bytes);
         for &r in self.rows {
@@ -127,16 +130,20 @@ impl Landing<'_> {
         v
     }
 
-    /// Copies the rows of `bytes`, a part of this landing's length, to
-    /// their places in `out`; returns its head.
-    pub(crate) fn land<'b>(&self, bytes: &'b [u8], out: &mut [u8]) -> &'b [u8] {
+    /// A part that arrived whole in `bytes`: of this landing's length, its
+    /// rows are copied to their places in `out` and it has landed; of any
+    /// other, it comes as it is.
+    pub(crate) fn arrive<'b>(&self, bytes: &'b [u8], out: &mut [u8]) -> Arrival<'b> {
+        if Some(bytes.len()) != self.len() {
+            return Arrival::Bytes(bytes);
+        }
         let (head, body) = bytes.split_at(self.head);
         if self.row_bytes > 0 {
             for (&r, row) in self.rows.iter().zip(body.chunks_exact(self.row_bytes)) {
                 out[r * self.row_bytes..][..self.row_bytes].copy_from_slice(row);
             }
         }
-        head
+        Arrival::Landed(head)
     }
 }
 
@@ -345,12 +352,7 @@ pub trait Communicator: Send + Sync + fmt::Debug {
         check_landings(landings, self.size(), out.len())?;
         let out = std::cell::RefCell::new(out);
         self.alltoallv_in_place_stepped(sizes, fill, &mut || step(&mut out.borrow_mut()), &mut |r, bytes| {
-            let l = &landings[r];
-            if Some(bytes.len()) == l.len() {
-                take(r, Arrival::Landed(l.land(bytes, &mut out.borrow_mut())));
-            } else {
-                take(r, Arrival::Bytes(bytes));
-            }
+            take(r, landings[r].arrive(bytes, &mut out.borrow_mut()));
         })
     }
 

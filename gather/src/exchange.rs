@@ -987,6 +987,17 @@ pub(crate) fn gather_hierarchy(
     }
     let (mut next, chunk) = (0, step_rows(mem, db, to_out.len()));
     let mut also = Some(also);
+    // Copies each row of the part from cross rank `c`, in `out` at the
+    // first of its places, on to the others.
+    let spread = |out: &mut [u8], c: usize| {
+        for &u in uwanted(c) {
+            let places = &mine[mine_at[u]..mine_at[u + 1]];
+            let Some((&at, more)) = places.split_first() else { continue };
+            for &pos in more {
+                out.copy_within(at * db..(at + 1) * db, pos * db);
+            }
+        }
+    };
     let mut fill = |c: usize, buf: &mut [u8]| {
         if c == cme {
             return;
@@ -1012,15 +1023,7 @@ pub(crate) fn gather_hierarchy(
         }
         if let Some(a) = also.take() {
             if own_failed.is_none() {
-                timed(on, &mut own_time, || {
-                    for &u in uwanted(cme) {
-                        let places = &mine[mine_at[u]..mine_at[u + 1]];
-                        let Some((&at, more)) = places.split_first() else { continue };
-                        for &pos in more {
-                            out.copy_within(at * db..(at + 1) * db, pos * db);
-                        }
-                    }
-                });
+                timed(on, &mut own_time, || spread(out, cme));
             }
             a();
         }
@@ -1050,13 +1053,7 @@ pub(crate) fn gather_hierarchy(
         // order, as they arrive in the other branch.
         timed(on, &mut placing, || {
             for c in (0..cross.size()).filter(|&c| landed[c]) {
-                for &u in uwanted(c) {
-                    let places = &mine[mine_at[u]..mine_at[u + 1]];
-                    let Some((&at, more)) = places.split_first() else { continue };
-                    for &pos in more {
-                        out.copy_within(at * db..(at + 1) * db, pos * db);
-                    }
-                }
+                spread(out, c);
             }
         });
         for c in 0..cross.size() {

@@ -564,10 +564,7 @@ impl Communicator for SocketComm {
         crate::communicator::check_landings(landings, self.size(), out.len())?;
         self.in_place(sizes, fill, out, landings, step, &mut |r, got, out| match got {
             Got::Landed(head) => take(r, Arrival::Landed(head)),
-            Got::Part(p) => {
-                let (l, bytes) = (&landings[r], p.bytes());
-                if Some(bytes.len()) == l.len() { take(r, Arrival::Landed(l.land(bytes, out))) } else { take(r, Arrival::Bytes(bytes)) }
-            }
+            Got::Part(p) => take(r, landings[r].arrive(p.bytes(), out)),
         })
     }
 
