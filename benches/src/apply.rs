@@ -7,9 +7,10 @@
 //! times any rank named it in a timed or warm-up batch — an exact integer
 //! in f32 — which every rank checks for the ids of its last batch, so the
 //! figure is of updates that were all applied once. The baseline: rank 0
-//! alone applies its own batches, one row at a time (read, subtract,
-//! write), to a private table of the same shape, single-threaded. Bytes
-//! are those of the gradients a rank passes.
+//! alone (or with `--baseline-ranks all` every rank at once, both then
+//! timed as steps, as in `wm-bench gather`) applies its own batches, one
+//! row at a time (read, subtract, write), to a private table of the same
+//! shape, single-threaded. Bytes are those of the gradients a rank passes.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,7 +20,7 @@ use wholemem::{Location, WholeTensor};
 use wm_comm::{CommExt, Communicator};
 use wm_embedding::{Embedding, Optimizer};
 
-use crate::gather::{DEFAULT_TABLE_BYTES, MoveArgs, batch_ids};
+use crate::gather::{BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, IdType, MoveArgs, batch_ids, one_machine, step, wall_seconds};
 use crate::ranks::Started;
 use crate::report::{self, Speeds, Spread};
 
@@ -33,7 +34,15 @@ pub fn start(a: &MoveArgs) -> Result<i32> {
     ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
     ensure!(a.location == Location::Host, "wm-bench apply measures host tables (--location host)");
     ensure!(a.dtype == wholemem::DType::F32, "wm-bench apply measures f32 tables (--dtype f32), got {}", a.dtype);
-    ensure!(a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none(), "--cache-ratio, --embedding and --out-dtype apply to gather");
+    ensure!(
+        a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none() && a.out_location.is_none() && !a.profile,
+        "--cache-ratio, --embedding, --out-dtype, --out-location and --profile apply to gather and scatter, not to apply"
+    );
+    ensure!(a.ids == IdType::I64, "wm-bench apply passes i64 ids (apply_gradients takes i64), got --ids i32");
+    ensure!(
+        a.baseline_pages == BaselinePages::Default,
+        "wm-bench apply's baseline table has the pages plain code gets (--baseline-pages default), got --baseline-pages huge"
+    );
     match a.ranks.start()? {
         Started::Launched(code) => Ok(code),
         Started::Rank(world) => bench(&world, a),
@@ -52,21 +61,33 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     zero(emb.table_mut(), dim)?;
     world.barrier()?;
     let grads = vec![1f32; a.batch * dim];
+    let all_base = a.baseline_ranks == BaselineRanks::All;
+    if all_base {
+        one_machine(world.as_ref())?;
+    }
     // Written once, so its pages exist before the timing (as the table's
     // do).
-    let mut base = (me == 0).then(|| {
+    let mut base = (me == 0 || all_base).then(|| {
         let mut t = vec![1f32; rows * dim];
         t.fill(0.0);
         std::hint::black_box(t)
     });
     let (mut seconds, mut base_seconds) = (0.0f64, 0.0f64);
+    // With every rank running the baseline: both timed as steps, from when
+    // the last rank was ready to when the last rank was done.
+    let (mut step_seconds, mut step_base_seconds) = (0.0f64, 0.0f64);
     let mut last = Vec::new();
     for b in 0..a.warmup + a.iters {
         let ids = batch_ids(a, rows, me, b);
+        let ready = wall_seconds();
         world.barrier()?;
         let t0 = Instant::now();
         emb.apply_gradients(&ids, &grads, 1.0)?;
         let dt = t0.elapsed().as_secs_f64();
+        if all_base && b >= a.warmup {
+            step_seconds += step(world.as_ref(), ready, wall_seconds())?;
+        }
+        let ready = wall_seconds();
         world.barrier()?;
         if let Some(t) = &mut base {
             let t0 = Instant::now();
@@ -78,6 +99,9 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             if b >= a.warmup {
                 base_seconds += t0.elapsed().as_secs_f64();
             }
+        }
+        if all_base && b >= a.warmup {
+            step_base_seconds += step(world.as_ref(), ready, wall_seconds())?;
         }
         if b >= a.warmup {
             seconds += dt;
@@ -117,21 +141,38 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let wrong_total: f64 = stats.chunks(3).map(|s| s[2]).sum();
     let s = Spread::of(&per_rank);
     let total = bytes * n as f64 / slowest.max(1e-12) / 1e9;
-    let baseline = bytes / base_seconds.max(1e-12) / 1e9;
-    let ratio = s.median / baseline;
+    // With every rank running the baseline, the steps compare: what a rank
+    // moves per step of the benchmark against per step of the baseline.
+    let (per_step, baseline) = if all_base {
+        (Some(bytes / step_seconds.max(1e-12) / 1e9), bytes / step_base_seconds.max(1e-12) / 1e9)
+    } else {
+        (None, bytes / base_seconds.max(1e-12) / 1e9)
+    };
+    let ratio = per_step.unwrap_or(s.median) / baseline;
     if a.json {
-        report::json_line(&serde_json::json!({
+        let mut j = serde_json::json!({
             "op": "apply", "optimizer": "sgd", "type": a.ty.name(), "ranks": n, "nodes": nodes, "rows": rows, "dim": dim,
             "batch": a.batch, "iters": a.iters, "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline,
-            "ratio": ratio, "verified": wrong_total == 0.0,
-        }));
+            "baseline_ranks": if all_base { "all" } else { "one" }, "ratio": ratio, "verified": wrong_total == 0.0,
+        });
+        if let Some(g) = per_step {
+            j["step_gbps_per_rank"] = serde_json::json!(g);
+        }
+        report::json_line(&j);
     } else {
         println!(
             "apply_gradients (SGD) on host {} memory: {n} ranks on {nodes} node(s), {rows} rows x {dim} f32, batches of {} ids, {} timed",
             a.ty, a.batch, a.iters
         );
-        Speeds { per_rank: s, total, baseline, ratio }
-            .print("one process, one thread, private table, row by row", "per-rank median / baseline (gradient bytes)");
+        let (what, how) = if all_base {
+            ("every rank at once, one thread each, private tables, row by row, per rank of a step", "per rank of a step / baseline, in gradient bytes")
+        } else {
+            ("one process, one thread, private table, row by row", "per-rank median / baseline, in gradient bytes")
+        };
+        Speeds { per_rank: s, total, baseline, ratio }.print(what, how);
+        if let Some(g) = per_step {
+            println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
+        }
         report::print_verified(wrong_total);
     }
     Ok(if wrong_total == 0.0 { 0 } else { 3 })

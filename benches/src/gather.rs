@@ -219,14 +219,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     #[cfg(feature = "cuda")]
     let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
     if all_base {
-        // Step times compare the ranks' clocks: one machine's only (one
-        // kernel: network namespaces that pose as hosts are fine).
-        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-        let boots = world.allgatherv(&boot)?;
-        ensure!(
-            !boot.is_empty() && boots.iter().all(|b| b == &boots[0]),
-            "--baseline-ranks all times steps across ranks by their clocks: every rank must run on this one machine"
-        );
+        one_machine(world.as_ref())?;
     }
     world.barrier()?;
     let mut seconds = 0.0f64;
@@ -509,15 +502,28 @@ impl DeviceRun {
     }
 }
 
+/// Fails unless every rank runs on this one machine: step times
+/// (`--baseline-ranks all`) compare the ranks' clocks, so one kernel's only
+/// (network namespaces that pose as hosts are fine). Collective.
+pub(crate) fn one_machine(world: &dyn Communicator) -> Result<()> {
+    let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    let boots = world.allgatherv(&boot)?;
+    ensure!(
+        !boot.is_empty() && boots.iter().all(|b| b == &boots[0]),
+        "--baseline-ranks all times steps across ranks by their clocks: every rank must run on this one machine"
+    );
+    Ok(())
+}
+
 /// Seconds on this machine's real-time clock (steps compare ranks' clocks:
 /// ranks of one machine only).
-fn wall_seconds() -> f64 {
+pub(crate) fn wall_seconds() -> f64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
 }
 
 /// One step of every rank: from the last rank's `ready` to the last rank's
 /// `done`.
-fn step(world: &dyn Communicator, ready: f64, done: f64) -> Result<f64> {
+pub(crate) fn step(world: &dyn Communicator, ready: f64, done: f64) -> Result<f64> {
     let all = world.allgather_pod(&[ready, done])?;
     let last = |k: usize| all.chunks(2).map(|c| c[k]).fold(f64::MIN, f64::max);
     Ok((last(1) - last(0)).max(0.0))

@@ -114,3 +114,30 @@ fn across_nodes_the_wire_is_measured_beside_the_gather() {
         assert_eq!(j[0]["verified"], true, "{}", j[0]);
     }
 }
+
+#[test]
+fn apply_with_every_rank_on_the_baseline_times_steps() {
+    let mut args = vec!["apply", "--json", "--type", "distributed", "--ranks", "2", "--node-size", "1", "--baseline-ranks", "all"];
+    args.extend(SMALL);
+    let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+    let j = json_lines(&format!("wm-bench {args:?}"), &out);
+    assert_eq!((j.len(), j[0]["op"].as_str(), j[0]["baseline_ranks"].as_str()), (1, Some("apply"), Some("all")), "{j:?}");
+    let (step, base, ratio) = (j[0]["step_gbps_per_rank"].as_f64(), j[0]["baseline_gbps"].as_f64(), j[0]["ratio"].as_f64());
+    // The ratio compares the two steps.
+    let (Some(step), Some(base), Some(ratio)) = (step, base, ratio) else { panic!("no step, baseline or ratio: {}", j[0]) };
+    assert!(step > 0.0 && base > 0.0 && (ratio - step / base).abs() <= 1e-9 * ratio.max(1.0), "{}", j[0]);
+    assert_eq!(j[0]["verified"], true, "{}", j[0]);
+}
+
+#[test]
+fn apply_refuses_the_options_it_would_ignore() {
+    for (bad, named) in [(["--ids", "i32"], "--ids i32"), (["--baseline-pages", "huge"], "--baseline-pages huge")] {
+        let mut args = vec!["apply", "--json", "--ranks", "1"];
+        args.extend(bad);
+        args.extend(SMALL);
+        let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(named), "wm-bench {args:?}: {:?}\n{err}", out.status);
+        assert!(out.stdout.is_empty(), "wm-bench {args:?} printed {:?}", String::from_utf8_lossy(&out.stdout));
+    }
+}
