@@ -165,7 +165,10 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             a.ty, a.batch, a.iters
         );
         let (what, how) = if all_base {
-            ("every rank at once, one thread each, private tables, row by row, per rank of a step", "per rank of a step / baseline, in gradient bytes")
+            (
+                "every rank at once, one thread each, private tables, row by row, per rank of a step",
+                "per rank of a step / baseline, in gradient bytes",
+            )
         } else {
             ("one process, one thread, private table, row by row", "per-rank median / baseline, in gradient bytes")
         };
