@@ -27,7 +27,10 @@
 # of docs/performance.md's "Two network namespaces". To measure part of
 # it, WM_NETNS_PER_HOST, WM_NETNS_OPS, WM_NETNS_TYPES and WM_NETNS_BATCHES
 # each name the values to keep (e.g. WM_NETNS_TYPES=hierarchy
-# WM_NETNS_BATCHES=65536).
+# WM_NETNS_BATCHES=65536); WM_NETNS_BENCH_ARGS adds options to every
+# wm-bench (e.g. "--profile --iters 100"), and WM_NETNS_MTU sets the veth
+# pair's MTU (default: the Ethernet default of 1500 a host's link has
+# unless configured otherwise; 9000 for jumbo frames).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -85,6 +88,11 @@ ip -n "$nsb" addr add "$addr_b/24" dev "$tag-vb"
 for ns in "$nsa" "$nsb"; do
   ip -n "$ns" link set lo up
 done
+if [ -n "${WM_NETNS_MTU:-}" ]; then
+  [[ "$WM_NETNS_MTU" =~ ^[0-9]+$ ]] || { echo "netns: WM_NETNS_MTU must be a number of bytes, got '$WM_NETNS_MTU'" >&2; exit 1; }
+  ip -n "$nsa" link set "$tag-va" mtu "$WM_NETNS_MTU"
+  ip -n "$nsb" link set "$tag-vb" mtu "$WM_NETNS_MTU"
+fi
 ip -n "$nsa" link set "$tag-va" up
 ip -n "$nsb" link set "$tag-vb" up
 
