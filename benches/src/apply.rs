@@ -173,9 +173,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             ("one process, one thread, private table, row by row", "per-rank median / baseline, in gradient bytes")
         };
         Speeds { per_rank: s, total, baseline, ratio }.print(what, how);
-        if let Some(g) = per_step {
-            println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
-        }
+        report::print_step(per_step);
         report::print_verified(wrong_total);
     }
     Ok(if wrong_total == 0.0 { 0 } else { 3 })

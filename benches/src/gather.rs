@@ -382,9 +382,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             };
             Speeds { per_rank: s, total, baseline, ratio }
                 .print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
-            if let Some(g) = per_step {
-                println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
-            }
+            report::print_step(per_step);
             println!(
                 "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
                 huge_pages * 100.0,

@@ -52,6 +52,14 @@ impl Speeds {
     }
 }
 
+/// The step line of the text report, where every rank ran the baseline
+/// (`--baseline-ranks all`): `per_step` GB/s per rank of a step.
+pub fn print_step(per_step: Option<f64>) {
+    if let Some(g) = per_step {
+        println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
+    }
+}
+
 /// What a cached gather run reports (`wm-bench gather --cache-ratio`):
 /// the path under test beside the uncached gather of the same batches, and
 /// how well the cache did against the best static choice.
