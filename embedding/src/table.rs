@@ -97,27 +97,78 @@ fn recycle(bufs: impl IntoIterator<Item = Vec<f32>>) {
     });
 }
 
-/// Sums the gradient rows of equal ids: the unique ids ascending, and for
-/// each the sum of its rows in input order (starting from 0).
-pub(crate) fn sum_repeats(rows: &[u64], grads: &[f32], dim: usize) -> (Vec<u64>, Vec<f32>) {
-    debug_assert_eq!(grads.len(), rows.len() * dim);
-    // (id, position) pairs sort like a stable sort by id: repeats stay in
-    // input order.
-    let mut order: Vec<(u64, usize)> = rows.iter().copied().zip(0..).collect();
-    order.sort_unstable();
-    let mut ids = Vec::with_capacity(rows.len());
-    let mut sums: Vec<f32> = pooled(grads.len());
-    for &(id, i) in &order {
-        if ids.last() != Some(&id) {
-            ids.push(id);
-            sums.resize(sums.len() + dim, 0.0);
+/// A batch's ids grouped: the distinct ids ascending, and the positions
+/// of each one's gradient rows in input order — those of distinct id `k`
+/// are `order[starts[k]..starts[k + 1]]`. The gradients are summed where
+/// they are wanted ([`Repeats::put_sum`], [`Grads::Own`]), read once from
+/// the caller's buffer, with no copy of them in between.
+#[derive(Debug, Default)]
+pub(crate) struct Repeats {
+    ids: Vec<u64>,
+    order: Vec<usize>,
+    starts: Vec<usize>,
+}
+
+impl Repeats {
+    /// Groups `rows` (a row id per gradient row).
+    pub(crate) fn of(rows: &[u64]) -> Self {
+        // (id, position) pairs sort like a stable sort by id: repeats stay
+        // in input order.
+        let mut pairs: Vec<(u64, usize)> = rows.iter().copied().zip(0..).collect();
+        pairs.sort_unstable();
+        let mut ids = Vec::with_capacity(rows.len());
+        let mut starts = Vec::with_capacity(rows.len() + 1);
+        for (k, &(id, _)) in pairs.iter().enumerate() {
+            if ids.last() != Some(&id) {
+                ids.push(id);
+                starts.push(k);
+            }
         }
-        let start = sums.len() - dim;
-        for (a, g) in sums[start..].iter_mut().zip(&grads[i * dim..(i + 1) * dim]) {
-            *a += g;
+        starts.push(pairs.len());
+        Self { ids, order: pairs.into_iter().map(|(_, i)| i).collect(), starts }
+    }
+
+    /// The gradient rows (in `grads`, `dim` each) of distinct id `k`.
+    fn rows<'g>(&self, grads: &'g [f32], dim: usize, k: usize) -> impl Iterator<Item = &'g [f32]> + use<'g, '_> {
+        self.order[self.starts[k]..self.starts[k + 1]].iter().map(move |&i| &grads[i * dim..][..dim])
+    }
+
+    /// The sum of distinct id `k`'s rows, in input order, added into `acc`
+    /// as one value per column (repeats summed first, as a sender does).
+    fn add_sum(&self, grads: &[f32], k: usize, acc: &mut [f32]) {
+        let add = |acc: &mut [f32], row: &[f32]| acc.iter_mut().zip(row).for_each(|(a, g)| *a += g);
+        if self.starts[k + 1] - self.starts[k] == 1 {
+            add(acc, &grads[self.order[self.starts[k]] * acc.len()..][..acc.len()]);
+        } else {
+            let mut sum = Vec::with_capacity(acc.len());
+            self.push_sum(grads, acc.len(), k, &mut sum);
+            add(acc, &sum);
         }
     }
-    (ids, sums)
+
+    /// The sum of distinct id `k`'s rows, in input order, appended to
+    /// `sums` (the first row copied, the others added to it).
+    fn push_sum(&self, grads: &[f32], dim: usize, k: usize, sums: &mut Vec<f32>) {
+        let mut rows = self.rows(grads, dim, k);
+        let start = sums.len();
+        sums.extend_from_slice(rows.next().unwrap_or_default());
+        for row in rows {
+            sums[start..].iter_mut().zip(row).for_each(|(a, g)| *a += g);
+        }
+    }
+
+    /// The sum of distinct id `k`'s rows as little-endian bytes into
+    /// `slot` (`4 · dim` bytes): the row itself when it is not repeated,
+    /// else summed in `tmp` first.
+    fn put_sum(&self, grads: &[f32], dim: usize, k: usize, tmp: &mut Vec<f32>, slot: &mut [u8]) {
+        if self.starts[k + 1] - self.starts[k] == 1 {
+            put_f32s(slot, &grads[self.order[self.starts[k]] * dim..][..dim]);
+        } else {
+            tmp.clear();
+            self.push_sum(grads, dim, k, tmp);
+            put_f32s(slot, tmp);
+        }
+    }
 }
 
 impl<T: EmbeddingElement> Embedding<T> {
@@ -399,24 +450,30 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    rows (as its local row numbers) and their gradients — with this
         //    rank's learning rate and the outcome of its checks, so every
         //    rank learns every rank's without a round of its own. Sorted ids
-        //    group by owner.
+        //    group by owner. This rank's own rows and gradients stay here
+        //    (its part is only the head), and the peers' parts are kept as
+        //    they arrived: their gradients are read once, by the merge.
         let p = self.table.memory().partition().clone();
         let n = comm.size();
-        let (uids, usums) = if checked.is_ok() { sum_repeats(&rows_of(ids), grads, dim) } else { (Vec::new(), Vec::new()) };
+        let repeats = if checked.is_ok() { Repeats::of(&rows_of(ids)) } else { Repeats::default() };
+        let uids = &repeats.ids;
         let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
         let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
         let sizes: Vec<usize> = (0..n)
             .map(|r| match &failure {
                 Some(f) => 1 + f.len(),
+                None if r == comm.rank() => GRADS_HEADER,
                 None => GRADS_HEADER + (bounds[r + 1] - bounds[r]) * (8 + 4 * dim),
             })
             .collect();
         let count = p.count(comm.rank());
         let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
         let mut rates: Vec<Option<f32>> = vec![None; n];
-        let mut received: Vec<(Vec<u64>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); n];
+        // Per sender: its ids, its part, and where the gradients start in it.
+        let mut received: Vec<(Vec<u64>, wm_comm::Kept, usize)> = (0..n).map(|_| Default::default()).collect();
         let mut problem = None;
-        comm.alltoallv_in_place(
+        let mut tmp = Vec::new();
+        comm.alltoallv_in_place_keeping(
             &sizes,
             &mut |r, buf| match &failure {
                 Some(f) => {
@@ -424,7 +481,8 @@ impl<T: EmbeddingElement> Embedding<T> {
                     buf[1..].copy_from_slice(f);
                 }
                 None => {
-                    let (ids, sums) = (&uids[bounds[r]..bounds[r + 1]], &usums[bounds[r] * dim..bounds[r + 1] * dim]);
+                    let k = if r == comm.rank() { bounds[r] } else { bounds[r + 1] };
+                    let ids = &uids[bounds[r]..k];
                     buf[0] = GRADS_IDS;
                     buf[1..5].copy_from_slice(&lr.to_le_bytes());
                     buf[5..13].copy_from_slice(&(ids.len() as u64).to_le_bytes());
@@ -432,39 +490,25 @@ impl<T: EmbeddingElement> Embedding<T> {
                     for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
                         slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
                     }
-                    put_f32s(grad_bytes, sums);
-                }
-            },
-            &mut || {},
-            &mut |r, bytes| match bytes.split_first() {
-                Some((&GRADS_FAILED, outcome)) => outcomes[r] = Some(outcome.to_vec()),
-                Some((&GRADS_IDS, rest)) if rest.len() >= GRADS_HEADER - 1 => {
-                    let (rate, rest) = rest.split_at(4);
-                    rates[r] = Some(f32::from_le_bytes([rate[0], rate[1], rate[2], rate[3]]));
-                    let mut k = [0u8; 8];
-                    k.copy_from_slice(&rest[..8]);
-                    let k = usize::try_from(u64::from_le_bytes(k)).unwrap_or(usize::MAX);
-                    let split = k.checked_mul(8).filter(|&b| b <= rest.len() - 8);
-                    match split.map(|b| received_gradients(&rest[8..8 + b], &rest[8 + b..], count, dim)) {
-                        Some(Ok(got)) => received[r] = got,
-                        Some(Err(detail)) => {
-                            problem.get_or_insert_with(|| Error::Malformed {
-                                rank: comm.world_ranks()[r],
-                                detail: format!("{detail} (to rank {me})"),
-                            });
-                        }
-                        None => {
-                            problem.get_or_insert_with(|| Error::Malformed {
-                                rank: comm.world_ranks()[r],
-                                detail: format!("a part announcing {k} ids in {} bytes (to rank {me})", bytes.len()),
-                            });
-                        }
+                    for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
+                        repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
                     }
                 }
-                _ => {
+            },
+            &mut || false,
+            &mut |r, part| match read_part(part.bytes(), count, dim) {
+                PartRead::Failed(outcome) => outcomes[r] = Some(outcome),
+                PartRead::Gradients { rate, ids, at } => {
+                    rates[r] = Some(rate);
+                    if !ids.is_empty() {
+                        received[r] = (ids, part.keep(), at);
+                    }
+                }
+                PartRead::Malformed { rate, detail } => {
+                    rates[r] = rate;
                     problem.get_or_insert_with(|| Error::Malformed {
                         rank: comm.world_ranks()[r],
-                        detail: format!("a gradient part of {} bytes that is neither ids nor an outcome (to rank {me})", bytes.len()),
+                        detail: format!("{detail} (to rank {me})"),
                     });
                 }
             },
@@ -494,9 +538,23 @@ impl<T: EmbeddingElement> Embedding<T> {
         if loans.iter().any(|m| m.first() == Some(&1)) {
             self.cache.forget_device();
         }
-        let (local, sums) = merge_sums(&received, dim);
-        recycle(received.into_iter().map(|(_, g)| g).chain([usums]));
         let first = p.offset(comm.rank()) as i64;
+        let (lo, hi) = (bounds[comm.rank()], bounds[comm.rank() + 1]);
+        let own_rows: Vec<u64> = uids[lo..hi].iter().map(|&id| id - first as u64).collect();
+        let parts: Vec<(&[u64], Grads<'_>)> = received
+            .iter()
+            .enumerate()
+            .map(|(r, (ids, kept, at))| {
+                if r == comm.rank() {
+                    (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo })
+                } else {
+                    (&ids[..], Grads::Wire(kept.get(*at..).unwrap_or_default()))
+                }
+            })
+            .collect();
+        let (local, sums) = merge_sums(&parts, dim);
+        drop(parts);
+        comm.recycle(received.into_iter().map(|(_, kept, _)| kept.into_vec()).filter(|v| v.capacity() > 0).collect());
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
         // 3. Read, update and write back this rank's touched rows: its own
@@ -559,10 +617,49 @@ impl<T: EmbeddingElement> Embedding<T> {
     }
 }
 
-/// One peer's part of a gradient exchange: row ids (8 bytes each) below
-/// `count`, and `dim` f32 gradients (4 bytes each) per id; what is wrong
-/// with it otherwise.
-fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std::result::Result<(Vec<u64>, Vec<f32>), String> {
+/// What a part of `apply_gradients`' exchange says.
+#[derive(Debug, PartialEq)]
+enum PartRead {
+    /// The sender failed its checks: its outcome.
+    Failed(Vec<u8>),
+    /// The sender's learning rate, its ids (local row numbers here), and
+    /// where their gradients start in the part.
+    Gradients { rate: f32, ids: Vec<u64>, at: usize },
+    /// What is wrong with the part, and the sender's learning rate when
+    /// its head was whole (so that a bad part is reported as such, not as
+    /// a rank without a rate).
+    Malformed { rate: Option<f32>, detail: String },
+}
+
+/// Reads a part of `apply_gradients`' exchange (its layout at
+/// [`GRADS_IDS`]) for a rank owning `count` rows of `dim` values.
+fn read_part(bytes: &[u8], count: usize, dim: usize) -> PartRead {
+    let (rate, k) = match bytes.split_first() {
+        Some((&GRADS_FAILED, outcome)) => return PartRead::Failed(outcome.to_vec()),
+        Some((&GRADS_IDS, _)) if bytes.len() >= GRADS_HEADER => {
+            let word = |at: usize| u64::from_le_bytes([0, 1, 2, 3, 4, 5, 6, 7].map(|i| bytes[at + i]));
+            (f32::from_le_bytes([bytes[1], bytes[2], bytes[3], bytes[4]]), usize::try_from(word(5)).unwrap_or(usize::MAX))
+        }
+        _ => {
+            let detail = format!("a gradient part of {} bytes that is neither ids nor an outcome", bytes.len());
+            return PartRead::Malformed { rate: None, detail };
+        }
+    };
+    let rest = &bytes[GRADS_HEADER..];
+    let Some(split) = k.checked_mul(8).filter(|&b| b <= rest.len()) else {
+        return PartRead::Malformed { rate: Some(rate), detail: format!("a part announcing {k} ids in {} bytes", bytes.len()) };
+    };
+    match received_gradients(&rest[..split], rest.len() - split, count, dim) {
+        Ok(ids) => PartRead::Gradients { rate, ids, at: GRADS_HEADER + split },
+        Err(detail) => PartRead::Malformed { rate: Some(rate), detail },
+    }
+}
+
+/// The ids of one peer's part of a gradient exchange: row ids (8 bytes
+/// each) below `count`, ascending and distinct, followed by `grad_bytes`
+/// bytes that must be `dim` f32 gradients (4 bytes each) per id; what is
+/// wrong with them otherwise.
+fn received_gradients(ids: &[u8], grad_bytes: usize, count: usize, dim: usize) -> std::result::Result<Vec<u64>, String> {
     if ids.len() % 8 != 0 {
         return Err(format!("{} bytes of row ids, not a whole number of 8-byte ids", ids.len()));
     }
@@ -586,19 +683,51 @@ fn received_gradients(ids: &[u8], grads: &[u8], count: usize, dim: usize) -> std
             rows[i]
         ));
     }
-    if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grads.len()) {
-        return Err(format!("{} bytes of gradients for {} ids of dimension {dim}", grads.len(), rows.len()));
+    if rows.len().checked_mul(dim).and_then(|v| v.checked_mul(4)) != Some(grad_bytes) {
+        return Err(format!("{grad_bytes} bytes of gradients for {} ids of dimension {dim}", rows.len()));
     }
-    let mut out = pooled(grads.len() / 4);
-    out.resize(grads.len() / 4, 0.0);
-    get_f32s(grads, &mut out);
-    Ok((rows, out))
+    Ok(rows)
+}
+
+/// One sender's summed gradients, `dim` values per id, read where they
+/// lie: this rank's own (its row `k` is the sum of distinct id `first + k`
+/// of `repeats`, from the caller's `grads`), or a peer's as its part
+/// carries them (little-endian, any alignment).
+#[derive(Debug, Clone, Copy)]
+enum Grads<'a> {
+    Own { grads: &'a [f32], repeats: &'a Repeats, first: usize },
+    Wire(&'a [u8]),
+}
+
+impl Grads<'_> {
+    /// Row `k` added into `acc` (`dim` values).
+    fn add_row(self, k: usize, acc: &mut [f32]) {
+        let dim = acc.len();
+        match self {
+            Grads::Own { grads, repeats, first } => repeats.add_sum(grads, first + k, acc),
+            Grads::Wire(g) => {
+                acc.iter_mut()
+                    .zip(g[k * dim * 4..][..dim * 4].chunks_exact(4))
+                    .for_each(|(a, c)| *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+            }
+        }
+    }
+
+    /// Row `k` appended to `sums`.
+    fn push_row(self, k: usize, dim: usize, sums: &mut Vec<f32>) {
+        match self {
+            Grads::Own { grads, repeats, first } => repeats.push_sum(grads, dim, first + k, sums),
+            Grads::Wire(g) => {
+                sums.extend(g[k * dim * 4..][..dim * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            }
+        }
+    }
 }
 
 /// The senders' parts (`parts[r]`: ascending distinct ids, and their
 /// summed gradients, `dim` each) merged: each id once, ascending, its
 /// gradients summed in rank order.
-fn merge_sums(parts: &[(Vec<u64>, Vec<f32>)], dim: usize) -> (Vec<u64>, Vec<f32>) {
+fn merge_sums(parts: &[(&[u64], Grads<'_>)], dim: usize) -> (Vec<u64>, Vec<f32>) {
     use std::cmp::Reverse;
     let total: usize = parts.iter().map(|(i, _)| i.len()).sum();
     let (mut ids, mut sums): (Vec<u64>, Vec<f32>) = (Vec::with_capacity(total), pooled(total * dim));
@@ -606,15 +735,13 @@ fn merge_sums(parts: &[(Vec<u64>, Vec<f32>)], dim: usize) -> (Vec<u64>, Vec<f32>
     let mut next: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> =
         parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| Reverse((id, r, 0)))).collect();
     while let Some(Reverse((id, r, k))) = next.pop() {
-        let g = &parts[r].1[k * dim..(k + 1) * dim];
+        let g = parts[r].1;
         if ids.last() == Some(&id) {
             let start = sums.len() - dim;
-            for (a, b) in sums[start..].iter_mut().zip(g) {
-                *a += b;
-            }
+            g.add_row(k, &mut sums[start..]);
         } else {
             ids.push(id);
-            sums.extend_from_slice(g);
+            g.push_row(k, dim, &mut sums);
         }
         if let Some(&id) = parts[r].0.get(k + 1) {
             next.push(Reverse((id, r, k + 1)));
@@ -631,17 +758,6 @@ fn put_f32s(bytes: &mut [u8], values: &[f32]) {
     } else {
         for (slot, v) in bytes.chunks_exact_mut(4).zip(values) {
             slot.copy_from_slice(&v.to_le_bytes());
-        }
-    }
-}
-
-/// Little-endian `bytes` (4 per value, any alignment) into `values`.
-fn get_f32s(bytes: &[u8], values: &mut [f32]) {
-    if cfg!(target_endian = "little") {
-        bytemuck::cast_slice_mut::<f32, u8>(values).copy_from_slice(bytes);
-    } else {
-        for (v, c) in values.iter_mut().zip(bytes.chunks_exact(4)) {
-            *v = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         }
     }
 }
@@ -672,33 +788,182 @@ fn fill_own<U: Element>(t: &mut WholeTensor<U>, layout: &RowLayout, mut f: impl 
 
 #[cfg(test)]
 mod tests {
+    /// Gradients as a part carries them: little-endian, behind `skew`
+    /// bytes so that they are not aligned for f32.
+    fn wire(values: &[f32], skew: usize) -> Vec<u8> {
+        let mut b = vec![0xA5u8; skew];
+        b.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        b
+    }
+
+    /// Every distinct id's summed gradient, in the order of `repeats`' ids.
+    fn sums(repeats: &Repeats, grads: &[f32], dim: usize) -> Vec<f32> {
+        let mut s = Vec::new();
+        (0..repeats.ids.len()).for_each(|k| repeats.push_sum(grads, dim, k, &mut s));
+        s
+    }
+
     #[test]
     fn merged_parts_sum_each_id_once_in_rank_order() {
-        let parts = vec![
+        let parts: Vec<(Vec<u64>, Vec<f32>)> = vec![
             (vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]),
             (vec![], vec![]),
             (vec![0, 4, 9], vec![5.0, 6.0, 7.0, 8.0, 9.0, 10.0]),
             (vec![4], vec![0.5, 0.25]),
         ];
-        let (ids, sums) = merge_sums(&parts, 2);
-        assert_eq!(ids, [0, 1, 4, 9]);
-        assert_eq!(sums, [5.0, 6.0, 1.0, 2.0, 3.0 + 7.0 + 0.5, 4.0 + 8.0 + 0.25, 9.0, 10.0]);
+        let want_ids = [0u64, 1, 4, 9];
+        let want_sums = [5.0, 6.0, 1.0, 2.0, 3.0 + 7.0 + 0.5, 4.0 + 8.0 + 0.25, 9.0, 10.0];
+        // Every sender's gradients as this rank's own, then as parts off the
+        // wire (unaligned), then mixed: the same sums.
+        let wires: Vec<Vec<u8>> = parts.iter().enumerate().map(|(r, (_, g))| wire(g, r % 3 + 1)).collect();
+        let repeats: Vec<Repeats> = parts.iter().map(|(i, _)| Repeats::of(i)).collect();
+        for own in [usize::MAX, 0, 2] {
+            let views: Vec<(&[u64], Grads<'_>)> = parts
+                .iter()
+                .zip(&wires)
+                .zip(&repeats)
+                .enumerate()
+                .map(|(r, (((i, g), w), rep))| {
+                    let grads = if own == usize::MAX || r == own {
+                        Grads::Own { grads: g, repeats: rep, first: 0 }
+                    } else {
+                        Grads::Wire(&w[r % 3 + 1..])
+                    };
+                    (&i[..], grads)
+                })
+                .collect();
+            let (ids, sums) = merge_sums(&views, 2);
+            assert_eq!((&ids[..], &sums[..]), (&want_ids[..], &want_sums[..]), "own part {own}");
+        }
         // The same as summing the concatenation.
         let all_ids: Vec<u64> = parts.iter().flat_map(|p| p.0.clone()).collect();
         let all_grads: Vec<f32> = parts.iter().flat_map(|p| p.1.clone()).collect();
-        assert_eq!(sum_repeats(&all_ids, &all_grads, 2), (ids, sums));
+        let all = Repeats::of(&all_ids);
+        assert_eq!((&all.ids[..], &sums(&all, &all_grads, 2)[..]), (&want_ids[..], &want_sums[..]));
+        // A sender's own part from the middle of its distinct ids, repeats
+        // included: its rows are those ids' sums.
+        let own = Grads::Own { grads: &all_grads, repeats: &all, first: 2 };
+        assert_eq!(merge_sums(&[(&[4, 9], own)], 2), (vec![4, 9], want_sums[4..].to_vec()));
         assert_eq!(merge_sums(&[], 3), (vec![], vec![]));
+    }
+
+    #[test]
+    fn a_ranks_repeats_are_summed_before_the_ranks_before_it_are_added() {
+        // Rank 0 sent 1 for row 3; this rank (1) has row 3 twice, 1e8 and
+        // -1e8. Its own sum is 0, so the total is 1; adding its rows one by
+        // one to rank 0's would give (1 + 1e8) - 1e8 = 0 in f32.
+        let repeats = Repeats::of(&[3, 3]);
+        let grads = [1e8f32, -1e8];
+        let peer = wire(&[1.0], 0);
+        let parts: [(&[u64], Grads<'_>); 2] =
+            [(&[3], Grads::Wire(&peer)), (&[3], Grads::Own { grads: &grads, repeats: &repeats, first: 0 })];
+        assert_eq!(merge_sums(&parts, 1), (vec![3], vec![1.0]));
+    }
+
+    #[test]
+    fn merging_equals_summing_each_rank_then_the_ranks_in_order() {
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut below = |m: u64| {
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+            (seed >> 33) % m
+        };
+        for _ in 0..300 {
+            let (n, dim, rows) = (1 + below(4) as usize, 1 + below(5) as usize, 1 + below(40));
+            let batches: Vec<(Vec<u64>, Vec<f32>)> = (0..n)
+                .map(|_| {
+                    let c = below(30) as usize;
+                    ((0..c).map(|_| below(rows)).collect(), (0..c * dim).map(|_| below(100) as f32 * 0.05 - 2.4).collect())
+                })
+                .collect();
+            // Each rank's sums (input order), then the ranks' in rank order.
+            let mut want = std::collections::BTreeMap::<u64, Vec<f32>>::new();
+            for (ids, g) in &batches {
+                let mut mine = std::collections::BTreeMap::<u64, Vec<f32>>::new();
+                for (j, &id) in ids.iter().enumerate() {
+                    let row = &g[j * dim..][..dim];
+                    match mine.get_mut(&id) {
+                        Some(s) => s.iter_mut().zip(row).for_each(|(a, b)| *a += b),
+                        None => drop(mine.insert(id, row.to_vec())),
+                    }
+                }
+                for (id, s) in mine {
+                    match want.get_mut(&id) {
+                        Some(t) => t.iter_mut().zip(&s).for_each(|(a, b)| *a += b),
+                        None => drop(want.insert(id, s)),
+                    }
+                }
+            }
+            // As the exchange has them: one rank's own, the others' parts
+            // as their senders wrote them.
+            let repeats: Vec<Repeats> = batches.iter().map(|(i, _)| Repeats::of(i)).collect();
+            let mut tmp = Vec::new();
+            let wires: Vec<Vec<u8>> = repeats
+                .iter()
+                .zip(&batches)
+                .map(|(r, (_, g))| {
+                    let mut b = vec![0u8; r.ids.len() * dim * 4];
+                    b.chunks_exact_mut(4 * dim).enumerate().for_each(|(k, slot)| r.put_sum(g, dim, k, &mut tmp, slot));
+                    b
+                })
+                .collect();
+            let me = below(n as u64) as usize;
+            let views: Vec<(&[u64], Grads<'_>)> = (0..n)
+                .map(|r| {
+                    let grads =
+                        if r == me { Grads::Own { grads: &batches[r].1, repeats: &repeats[r], first: 0 } } else { Grads::Wire(&wires[r]) };
+                    (&repeats[r].ids[..], grads)
+                })
+                .collect();
+            let (ids, sums) = merge_sums(&views, dim);
+            assert_eq!(ids, want.keys().copied().collect::<Vec<_>>());
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&sums), bits(&want.values().flatten().copied().collect::<Vec<_>>()), "{n} ranks, own rank {me}");
+        }
     }
 
     #[test]
     fn received_gradients_must_be_ascending_and_distinct() {
         let ids = |v: &[u64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-        let grads = vec![0u8; 2 * 4];
-        assert!(received_gradients(&ids(&[1, 3]), &grads, 10, 1).is_ok());
-        let e = received_gradients(&ids(&[3, 3]), &grads, 10, 1).unwrap_err();
+        assert_eq!(received_gradients(&ids(&[1, 3]), 2 * 4, 10, 1), Ok(vec![1, 3]));
+        let e = received_gradients(&ids(&[3, 3]), 2 * 4, 10, 1).unwrap_err();
         assert!(e.contains("row id 3 at position 1 after row id 3"), "{e}");
-        let e = received_gradients(&ids(&[5, 2]), &grads, 10, 1).unwrap_err();
+        let e = received_gradients(&ids(&[5, 2]), 2 * 4, 10, 1).unwrap_err();
         assert!(e.contains("not ascending"), "{e}");
+    }
+
+    #[test]
+    fn a_part_is_read_with_its_rate_ids_and_where_its_gradients_start() {
+        let part = |kind: u8, rate: f32, k: u64, ids: &[u64], grads: &[f32]| {
+            let mut b = vec![kind];
+            b.extend(rate.to_le_bytes());
+            b.extend(k.to_le_bytes());
+            b.extend(ids.iter().flat_map(|x| x.to_le_bytes()));
+            b.extend(wire(grads, 0));
+            b
+        };
+        let good = part(GRADS_IDS, 0.5, 2, &[1, 4], &[1.0, 2.0, 3.0, 4.0]);
+        assert_eq!(read_part(&good, 5, 2), PartRead::Gradients { rate: 0.5, ids: vec![1, 4], at: GRADS_HEADER + 16 });
+        assert_eq!(read_part(&part(GRADS_IDS, 1.0, 0, &[], &[]), 5, 2), PartRead::Gradients { rate: 1.0, ids: vec![], at: GRADS_HEADER });
+        assert_eq!(read_part(&[GRADS_FAILED, 7, 8], 5, 2), PartRead::Failed(vec![7, 8]));
+        let bad = |bytes: &[u8]| match read_part(bytes, 5, 2) {
+            PartRead::Malformed { detail, .. } => detail,
+            other => panic!("{other:?} for a malformed part"),
+        };
+        assert!(bad(&good[..GRADS_HEADER - 1]).contains("neither ids nor an outcome"));
+        assert!(bad(&[9, 0, 0]).contains("neither ids nor an outcome"));
+        assert!(bad(&[]).contains("a gradient part of 0 bytes"));
+        // More ids announced than the part holds, even past usize.
+        assert!(bad(&part(GRADS_IDS, 1.0, 3, &[1, 4], &[])).contains("a part announcing 3 ids in 29 bytes"));
+        assert!(bad(&part(GRADS_IDS, 1.0, u64::MAX, &[], &[])).contains("announcing"));
+        assert!(bad(&good[..good.len() - 1]).contains("15 bytes of gradients for 2 ids"));
+        assert!(bad(&part(GRADS_IDS, 1.0, 2, &[4, 1], &[1.0, 2.0, 3.0, 4.0])).contains("not ascending"));
+        // A whole head keeps its rate, even when the rest is bad.
+        let rate = |bytes: &[u8]| match read_part(bytes, 5, 2) {
+            PartRead::Malformed { rate, .. } => rate,
+            other => panic!("{other:?} for a malformed part"),
+        };
+        assert_eq!(rate(&part(GRADS_IDS, 0.25, 2, &[1, 9], &[1.0, 2.0, 3.0, 4.0])), Some(0.25));
+        assert_eq!(rate(&good[..GRADS_HEADER - 1]), None);
     }
 
     use super::*;
@@ -707,21 +972,32 @@ mod tests {
     fn a_peers_gradient_part_is_checked() {
         let ids: Vec<u8> = [1u64, 4].iter().flat_map(|v| v.to_le_bytes()).collect();
         let grads: Vec<u8> = [0.5f32, 1.0, 2.0, -1.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        assert_eq!(received_gradients(&ids, &grads, 5, 2).unwrap(), (vec![1, 4], vec![0.5, 1.0, 2.0, -1.0]));
-        assert!(received_gradients(&ids[..12], &grads, 5, 2).unwrap_err().contains("12 bytes of row ids"));
-        assert!(received_gradients(&ids, &grads, 4, 2).unwrap_err().contains("row id 4 at position 1, past the 4 rows"));
-        assert!(received_gradients(&ids, &grads[..12], 5, 2).unwrap_err().contains("12 bytes of gradients for 2 ids"));
-        assert!(received_gradients(&[], &[], 0, 3).is_ok());
+        assert_eq!(received_gradients(&ids, grads.len(), 5, 2), Ok(vec![1, 4]));
+        assert!(received_gradients(&ids[..12], grads.len(), 5, 2).unwrap_err().contains("12 bytes of row ids"));
+        assert!(received_gradients(&ids, grads.len(), 4, 2).unwrap_err().contains("row id 4 at position 1, past the 4 rows"));
+        assert!(received_gradients(&ids, 12, 5, 2).unwrap_err().contains("12 bytes of gradients for 2 ids"));
+        assert!(received_gradients(&[], 0, 0, 3).is_ok());
     }
 
     #[test]
     fn repeats_are_summed_in_input_order_and_ids_come_out_sorted() {
         let rows = [5u64, 2, 5, 9, 2, 5];
         let grads: Vec<f32> = (0..12).map(|k| k as f32).collect(); // dim 2
-        let (ids, sums) = sum_repeats(&rows, &grads, 2);
-        assert_eq!(ids, [2, 5, 9]);
-        assert_eq!(sums, [2.0 + 8.0, 3.0 + 9.0, 0.0 + 4.0 + 10.0, 1.0 + 5.0 + 11.0, 6.0, 7.0]);
-        let (ids, sums) = sum_repeats(&[], &[], 3);
-        assert!(ids.is_empty() && sums.is_empty());
+        let repeats = Repeats::of(&rows);
+        assert_eq!(repeats.ids, [2, 5, 9]);
+        let want = [2.0 + 8.0, 3.0 + 9.0, 0.0 + 4.0 + 10.0, 1.0 + 5.0 + 11.0, 6.0, 7.0];
+        assert_eq!(sums(&repeats, &grads, 2), want);
+        // Added to what is there; and as a part's bytes, repeated or not.
+        let mut acc = [1.0f32, -1.0];
+        repeats.add_sum(&grads, 1, &mut acc);
+        assert_eq!(acc, [15.0, 16.0]);
+        let mut tmp = Vec::new();
+        for k in 0..3 {
+            let mut slot = [0u8; 8];
+            repeats.put_sum(&grads, 2, k, &mut tmp, &mut slot);
+            assert_eq!(slot[..], wire(&want[2 * k..2 * k + 2], 0)[..], "distinct id {k}");
+        }
+        let none = Repeats::of(&[]);
+        assert!(none.ids.is_empty() && sums(&none, &[], 3).is_empty());
     }
 }
