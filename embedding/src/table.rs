@@ -469,8 +469,8 @@ impl<T: EmbeddingElement> Embedding<T> {
         let count = p.count(comm.rank());
         let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
         let mut rates: Vec<Option<f32>> = vec![None; n];
-        // Per sender: its ids, its part, and where the gradients start in it.
-        let mut received: Vec<(Vec<u64>, wm_comm::Kept, usize)> = (0..n).map(|_| Default::default()).collect();
+        // Per sender: its ids and its gradients.
+        let mut received: Vec<(Vec<u64>, Received)> = (0..n).map(|_| (Vec::new(), Received::Copied(Vec::new()))).collect();
         let mut problem = None;
         let mut tmp = Vec::new();
         comm.alltoallv_in_place_keeping(
@@ -501,7 +501,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 PartRead::Gradients { rate, ids, at } => {
                     rates[r] = Some(rate);
                     if !ids.is_empty() {
-                        received[r] = (ids, part.keep(), at);
+                        received[r] = (ids, Received::of(part, at));
                     }
                 }
                 PartRead::Malformed { rate, detail } => {
@@ -544,17 +544,20 @@ impl<T: EmbeddingElement> Embedding<T> {
         let parts: Vec<(&[u64], Grads<'_>)> = received
             .iter()
             .enumerate()
-            .map(|(r, (ids, kept, at))| {
-                if r == comm.rank() {
-                    (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo })
-                } else {
-                    (&ids[..], Grads::Wire(kept.get(*at..).unwrap_or_default()))
-                }
+            .map(|(r, (ids, got))| {
+                if r == comm.rank() { (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo }) } else { (&ids[..], got.grads()) }
             })
             .collect();
         let (local, sums) = merge_sums(&parts, dim);
         drop(parts);
-        comm.recycle(received.into_iter().map(|(_, kept, _)| kept.into_vec()).filter(|v| v.capacity() > 0).collect());
+        let mut frames = Vec::new();
+        for (_, got) in received {
+            match got {
+                Received::Kept(kept, _) => frames.push(kept.into_vec()),
+                Received::Copied(v) => recycle([v]),
+            }
+        }
+        comm.recycle(frames);
         let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
 
         // 3. Read, update and write back this rank's touched rows: its own
@@ -689,14 +692,52 @@ fn received_gradients(ids: &[u8], grad_bytes: usize, count: usize, dim: usize) -
     Ok(rows)
 }
 
+/// A peer's gradients, as its part of the exchange brought them.
+#[derive(Debug)]
+enum Received {
+    /// The part itself, where the backend hands it over without a copy (a
+    /// frame from another node), with where the gradients start in it.
+    Kept(wm_comm::Kept, usize),
+    /// The gradients copied out of a part the backend keeps (a node
+    /// peer's shared mailbox), into a buffer of [`pooled`]'s.
+    Copied(Vec<f32>),
+}
+
+impl Received {
+    /// Keeps `part`'s gradients, which start at byte `at`.
+    fn of(part: wm_comm::Part<'_>, at: usize) -> Self {
+        if part.keeps_without_copy() {
+            return Received::Kept(part.keep(), at);
+        }
+        let bytes = part.bytes().get(at..).unwrap_or_default();
+        let mut v = pooled(bytes.len() / 4);
+        v.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        Received::Copied(v)
+    }
+
+    /// The gradients, to merge.
+    fn grads(&self) -> Grads<'_> {
+        match self {
+            Received::Kept(kept, at) => Grads::Wire(kept.get(*at..).unwrap_or_default()),
+            Received::Copied(v) => Grads::Copied(v),
+        }
+    }
+}
+
 /// One sender's summed gradients, `dim` values per id, read where they
 /// lie: this rank's own (its row `k` is the sum of distinct id `first + k`
 /// of `repeats`, from the caller's `grads`), or a peer's as its part
 /// carries them (little-endian, any alignment).
 #[derive(Debug, Clone, Copy)]
 enum Grads<'a> {
-    Own { grads: &'a [f32], repeats: &'a Repeats, first: usize },
+    Own {
+        grads: &'a [f32],
+        repeats: &'a Repeats,
+        first: usize,
+    },
     Wire(&'a [u8]),
+    /// A peer's, copied out of its part.
+    Copied(&'a [f32]),
 }
 
 impl Grads<'_> {
@@ -705,6 +746,7 @@ impl Grads<'_> {
         let dim = acc.len();
         match self {
             Grads::Own { grads, repeats, first } => repeats.add_sum(grads, first + k, acc),
+            Grads::Copied(g) => acc.iter_mut().zip(&g[k * dim..][..dim]).for_each(|(a, b)| *a += b),
             Grads::Wire(g) => {
                 acc.iter_mut()
                     .zip(g[k * dim * 4..][..dim * 4].chunks_exact(4))
@@ -717,6 +759,7 @@ impl Grads<'_> {
     fn push_row(self, k: usize, dim: usize, sums: &mut Vec<f32>) {
         match self {
             Grads::Own { grads, repeats, first } => repeats.push_sum(grads, dim, first + k, sums),
+            Grads::Copied(g) => sums.extend_from_slice(&g[k * dim..][..dim]),
             Grads::Wire(g) => {
                 sums.extend(g[k * dim * 4..][..dim * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             }
@@ -907,10 +950,16 @@ mod tests {
                 })
                 .collect();
             let me = below(n as u64) as usize;
+            // Kept frames for some peers, copies out of a mailbox for others.
+            let copies: Vec<Vec<f32>> =
+                wires.iter().map(|w| w.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).collect();
             let views: Vec<(&[u64], Grads<'_>)> = (0..n)
                 .map(|r| {
-                    let grads =
-                        if r == me { Grads::Own { grads: &batches[r].1, repeats: &repeats[r], first: 0 } } else { Grads::Wire(&wires[r]) };
+                    let grads = match r {
+                        _ if r == me => Grads::Own { grads: &batches[r].1, repeats: &repeats[r], first: 0 },
+                        _ if r % 2 == 0 => Grads::Wire(&wires[r]),
+                        _ => Grads::Copied(&copies[r]),
+                    };
                     (&repeats[r].ids[..], grads)
                 })
                 .collect();
@@ -964,6 +1013,16 @@ mod tests {
         };
         assert_eq!(rate(&part(GRADS_IDS, 0.25, 2, &[1, 9], &[1.0, 2.0, 3.0, 4.0])), Some(0.25));
         assert_eq!(rate(&good[..GRADS_HEADER - 1]), None);
+        // Kept as they came where that costs no copy, else copied out; the
+        // same gradients either way.
+        let at = GRADS_HEADER + 16;
+        let mut frame = [vec![0u8; 8], good.clone()].concat();
+        let kept = Received::of(wm_comm::Part::owned(&mut frame, 8), at);
+        let copied = Received::of(wm_comm::Part::borrowed(&good), at);
+        assert!(matches!(kept, Received::Kept(..)) && matches!(copied, Received::Copied(..)), "{kept:?} {copied:?}");
+        for got in [&kept, &copied] {
+            assert_eq!(merge_sums(&[(&[1, 4], got.grads())], 2), (vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]));
+        }
     }
 
     use super::*;
