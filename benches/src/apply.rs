@@ -35,8 +35,8 @@ pub fn start(a: &MoveArgs) -> Result<i32> {
     ensure!(a.location == Location::Host, "wm-bench apply measures host tables (--location host)");
     ensure!(a.dtype == wholemem::DType::F32, "wm-bench apply measures f32 tables (--dtype f32), got {}", a.dtype);
     ensure!(
-        a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none() && a.out_location.is_none() && !a.profile,
-        "--cache-ratio, --embedding, --out-dtype, --out-location and --profile apply to gather and scatter, not to apply"
+        a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none() && a.out_location.is_none(),
+        "--cache-ratio, --embedding, --out-dtype and --out-location apply to gather and scatter, not to apply"
     );
     ensure!(a.ids == IdType::I64, "wm-bench apply passes i64 ids (apply_gradients takes i64), got --ids i32");
     ensure!(
@@ -78,6 +78,9 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let (mut step_seconds, mut step_base_seconds) = (0.0f64, 0.0f64);
     let mut last = Vec::new();
     for b in 0..a.warmup + a.iters {
+        if a.profile && b == a.warmup {
+            wm_gather::profile::record();
+        }
         let ids = batch_ids(a, rows, me, b);
         let ready = wall_seconds();
         world.barrier()?;
@@ -110,6 +113,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             last = ids;
         }
     }
+    let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &wm_gather::profile::take())?) } else { None };
     // Every row named in any batch by any rank lost 1 per naming.
     let mut named = std::collections::HashMap::<i64, u32>::new();
     for r in 0..n {
@@ -158,6 +162,9 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         if let Some(g) = per_step {
             j["step_gbps_per_rank"] = serde_json::json!(g);
         }
+        if let Some(p) = &phases {
+            j["profile"] = p.json();
+        }
         report::json_line(&j);
     } else {
         println!(
@@ -174,6 +181,9 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         };
         Speeds { per_rank: s, total, baseline, ratio }.print(what, how);
         report::print_step(per_step);
+        if let Some(p) = &phases {
+            p.print();
+        }
         report::print_verified(wrong_total);
     }
     Ok(if wrong_total == 0.0 { 0 } else { 3 })

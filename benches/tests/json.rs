@@ -141,3 +141,25 @@ fn apply_refuses_the_options_it_would_ignore() {
         assert!(out.stdout.is_empty(), "wm-bench {args:?} printed {:?}", String::from_utf8_lossy(&out.stdout));
     }
 }
+
+#[test]
+fn apply_profile_splits_each_call_into_its_phases() {
+    let mut args = vec!["apply", "--json", "--profile", "--type", "distributed", "--ranks", "2", "--node-size", "1"];
+    args.extend(SMALL);
+    let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+    let j = json_lines(&format!("wm-bench {args:?}"), &out);
+    let p = &j[0]["profile"];
+    // Every timed call (`--iters 2`), none of the warm-up's.
+    assert_eq!(p["calls"], 2, "{}", j[0]);
+    let Some(phases) = p["ms_per_call"].as_object() else { panic!("no phases: {}", j[0]) };
+    let names: Vec<&str> = phases.keys().map(String::as_str).collect();
+    for want in ["checks", "sum ids", "exchange", "pack", "agree", "merge", "read rows", "update", "write rows", "finish"] {
+        assert!(names.contains(&want), "no phase {want:?} in {names:?}");
+    }
+    for (name, s) in phases {
+        let (min, med, max) = (s["min"].as_f64(), s["median"].as_f64(), s["max"].as_f64());
+        let (Some(min), Some(med), Some(max)) = (min, med, max) else { panic!("phase {name}: {s}") };
+        assert!(0.0 <= min && min <= med && med <= max, "phase {name}: {s}");
+    }
+    assert_eq!(j[0]["verified"], true, "{}", j[0]);
+}

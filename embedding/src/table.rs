@@ -2,9 +2,11 @@
 //! state in a second table partitioned exactly like the first.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;
+use wm_gather::profile::timed;
 use wm_gather::{DType, Element, Ids, Index, RowLayout};
 
 use crate::error::agree;
@@ -27,6 +29,11 @@ impl EmbeddingElement for half::bf16 {}
 /// Rows written per round when a rank fills its own rows, so filling a
 /// large table needs little extra memory.
 const FILL_ROWS: usize = 16 * 1024;
+
+/// Bytes of summed gradients (or of weights, or of state, whichever row is
+/// widest) `apply_gradients` updates per run of rows: a run's three buffers
+/// stay in a core's caches from the merge to the write.
+const UPDATE_RUN_BYTES: usize = 256 * 1024;
 
 /// A trainable table of `rows × dim` weights of `T`, partitioned by rows
 /// across the ranks of a communicator, with an optional optimizer.
@@ -126,6 +133,15 @@ impl Repeats {
         }
         starts.push(pairs.len());
         Self { ids, order: pairs.into_iter().map(|(_, i)| i).collect(), starts }
+    }
+
+    /// Asks for the first gradient row of distinct id `k` (if there is
+    /// one) ahead of reading it: the rows are read in id order, which is
+    /// random in `grads`.
+    fn prefetch(&self, grads: &[f32], dim: usize, k: usize) {
+        if let Some(&i) = self.starts.get(k).filter(|_| k < self.ids.len()).and_then(|&at| self.order.get(at)) {
+            wm_gather::prefetch_slice(&grads[i * dim..][..dim]);
+        }
     }
 
     /// The gradient rows (in `grads`, `dim` each) of distinct id `k`.
@@ -427,6 +443,8 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// finite and at least 0, or differs between ranks (naming both). Later:
     /// [`Error::Gather`], [`Error::Comm`].
     pub fn apply_gradients<I: Index>(&mut self, ids: &[I], grads: &[f32], lr: f32) -> Result<()> {
+        // Its phases, when `wm_gather::profile` records.
+        let mut clock = wm_gather::profile::Clock::start();
         let comm = self.comm().clone();
         let (rows, dim) = (self.rows(), self.dim());
         let ids = I::ids(ids);
@@ -445,6 +463,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             Ok(opt)
         };
         let checked = check();
+        clock.lap("checks");
 
         // 1. Sum repeats here, then send each owner, in one exchange, its
         //    rows (as its local row numbers) and their gradients — with this
@@ -457,6 +476,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         let n = comm.size();
         let repeats = if checked.is_ok() { Repeats::of(&rows_of(ids)) } else { Repeats::default() };
         let uids = &repeats.ids;
+        clock.lap("sum ids");
         let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
         let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
         let sizes: Vec<usize> = (0..n)
@@ -473,6 +493,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         let mut received: Vec<(Vec<u64>, Received)> = (0..n).map(|_| (Vec::new(), Received::Copied(Vec::new()))).collect();
         let mut problem = None;
         let mut tmp = Vec::new();
+        let (on, mut packing) = (clock.on(), Duration::ZERO);
         comm.alltoallv_in_place_keeping(
             &sizes,
             &mut |r, buf| match &failure {
@@ -490,9 +511,14 @@ impl<T: EmbeddingElement> Embedding<T> {
                     for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
                         slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
                     }
-                    for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
-                        repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
-                    }
+                    timed(on, &mut packing, || {
+                        for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
+                            if j + wm_gather::PREFETCH_DISTANCE < ids.len() {
+                                repeats.prefetch(grads, dim, bounds[r] + j + wm_gather::PREFETCH_DISTANCE);
+                            }
+                            repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
+                        }
+                    });
                 }
             },
             &mut || false,
@@ -513,6 +539,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 }
             },
         )?;
+        clock.lap_split("exchange", &[("pack", packing)]);
         // 2. Every rank holds every rank's outcome and rate: the same
         //    decision everywhere. Then what each rank sent is checked — rows
         //    this rank owns, one row of gradients per id — and every rank
@@ -538,6 +565,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         if loans.iter().any(|m| m.first() == Some(&1)) {
             self.cache.forget_device();
         }
+        clock.lap("agree");
         let first = p.offset(comm.rank()) as i64;
         let (lo, hi) = (bounds[comm.rank()], bounds[comm.rank() + 1]);
         let own_rows: Vec<u64> = uids[lo..hi].iter().map(|&id| id - first as u64).collect();
@@ -548,7 +576,58 @@ impl<T: EmbeddingElement> Embedding<T> {
                 if r == comm.rank() { (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo }) } else { (&ids[..], got.grads()) }
             })
             .collect();
-        let (local, sums) = merge_sums(&parts, dim);
+
+        // 3. Merge, read, update and write back this rank's touched rows, a
+        //    run of them at a time: its own rows, so no communication. On
+        //    the host a run's sums, weights and state stay in the CPU's
+        //    caches from the merge to the write; the device cache takes
+        //    every row at once. Should any of it fail (on every rank alike),
+        //    the next gather empties every node's cache, as after a loan of
+        //    the table.
+        let lent_before = self.cache.lend();
+        let width = opt.state_width(dim);
+        let device = self.cache.device_enabled();
+        let total: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
+        let run = if device { total } else { (UPDATE_RUN_BYTES / (4 * dim.max(width))).clamp(1, total.max(1)) };
+        let (mut local, mut own) = (Vec::with_capacity(run), Vec::with_capacity(run));
+        let (mut sums, mut w, mut s) = (pooled(run * dim), pooled(run * dim), pooled(run * width));
+        let (mut reading, mut updating, mut writing) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+        let mut merger = Merger::new(&parts, dim);
+        while merger.next(run, &mut local, &mut sums) {
+            own.clear();
+            own.extend(local.iter().map(|&r| first + r as i64));
+            w.resize(own.len() * dim, 0.0);
+            s.resize(own.len() * width, 0.0);
+            timed(on, &mut reading, || -> Result<()> {
+                if device {
+                    // Through this rank's device cache (its own rows only).
+                    return self.read_own_cached(&own, &mut w, &mut s);
+                }
+                wm_gather::gather_owned(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
+                if let Some(state) = &self.state {
+                    let layout = RowLayout::of(state)?;
+                    wm_gather::gather_owned(state.memory(), &layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut s), DType::F32)?;
+                }
+                Ok(())
+            })?;
+            timed(on, &mut updating, || {
+                for (i, g) in sums.chunks_exact(dim).enumerate() {
+                    opt.update_row(lr, &mut w[i * dim..(i + 1) * dim], &mut s[i * width..(i + 1) * width], g);
+                }
+            });
+            timed(on, &mut writing, || -> Result<()> {
+                if device {
+                    // Dirty on the GPU, then home before any other path reads them.
+                    return self.write_own_cached(&own, &w, &s);
+                }
+                wm_gather::scatter_owned(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
+                if let Some(state) = &mut self.state {
+                    let layout = RowLayout::of(state)?;
+                    wm_gather::scatter_owned(state.memory_mut(), &layout, Ids::I64(&own), bytemuck::cast_slice(&s), DType::F32)?;
+                }
+                Ok(())
+            })?;
+        }
         drop(parts);
         let mut frames = Vec::new();
         for (_, got) in received {
@@ -558,41 +637,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             }
         }
         comm.recycle(frames);
-        let own: Vec<i64> = local.iter().map(|&r| first + r as i64).collect();
-
-        // 3. Read, update and write back this rank's touched rows: its own
-        //    rows, so no communication. Should any of it fail (on every rank
-        //    alike), the next gather empties every node's cache, as after a
-        //    loan of the table.
-        let lent_before = self.cache.lend();
-        let mut w = pooled(own.len() * dim);
-        w.resize(own.len() * dim, 0.0);
-        let width = opt.state_width(dim);
-        let mut s = vec![0f32; own.len() * width];
-        let device = self.cache.device_enabled();
-        if device {
-            // Through this rank's device cache (its own rows only).
-            self.read_own_cached(&own, &mut w, &mut s)?;
-        } else {
-            wm_gather::gather_owned(self.table.memory(), &self.layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut w), DType::F32)?;
-            if let Some(state) = &self.state {
-                let layout = RowLayout::of(state)?;
-                wm_gather::gather_owned(state.memory(), &layout, Ids::I64(&own), bytemuck::cast_slice_mut(&mut s), DType::F32)?;
-            }
-        }
-        for (i, g) in sums.chunks_exact(dim).enumerate() {
-            opt.update_row(lr, &mut w[i * dim..(i + 1) * dim], &mut s[i * width..(i + 1) * width], g);
-        }
-        if device {
-            // Dirty on the GPU, then home before any other path reads them.
-            self.write_own_cached(&own, &w, &s)?;
-        } else {
-            wm_gather::scatter_owned(self.table.memory_mut(), &self.layout, Ids::I64(&own), bytemuck::cast_slice(&w), DType::F32)?;
-            if let Some(state) = &mut self.state {
-                let layout = RowLayout::of(state)?;
-                wm_gather::scatter_owned(state.memory_mut(), &layout, Ids::I64(&own), bytemuck::cast_slice(&s), DType::F32)?;
-            }
-        }
+        clock.lap_split("merge", &[("read rows", reading), ("update", updating), ("write rows", writing)]);
         if self.table.memory().memory_type().is_mapped() {
             comm.barrier()?;
         }
@@ -602,7 +647,8 @@ impl<T: EmbeddingElement> Embedding<T> {
         if !lent_before {
             self.cache.unlend();
         }
-        recycle([sums, w]);
+        recycle([sums, w, s]);
+        clock.lap("finish");
         Ok(())
     }
 
@@ -755,6 +801,14 @@ impl Grads<'_> {
         }
     }
 
+    /// Asks for row `k` ahead of reading it, where that helps (this rank's
+    /// own rows, read in id order from the caller's batch order).
+    fn prefetch(self, k: usize, dim: usize) {
+        if let Grads::Own { grads, repeats, first } = self {
+            repeats.prefetch(grads, dim, first + k);
+        }
+    }
+
     /// Row `k` appended to `sums`.
     fn push_row(self, k: usize, dim: usize, sums: &mut Vec<f32>) {
         match self {
@@ -768,29 +822,51 @@ impl Grads<'_> {
 }
 
 /// The senders' parts (`parts[r]`: ascending distinct ids, and their
-/// summed gradients, `dim` each) merged: each id once, ascending, its
-/// gradients summed in rank order.
-fn merge_sums(parts: &[(&[u64], Grads<'_>)], dim: usize) -> (Vec<u64>, Vec<f32>) {
-    use std::cmp::Reverse;
-    let total: usize = parts.iter().map(|(i, _)| i.len()).sum();
-    let (mut ids, mut sums): (Vec<u64>, Vec<f32>) = (Vec::with_capacity(total), pooled(total * dim));
-    // The next id of every sender, smallest first, ties in rank order.
-    let mut next: std::collections::BinaryHeap<Reverse<(u64, usize, usize)>> =
-        parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| Reverse((id, r, 0)))).collect();
-    while let Some(Reverse((id, r, k))) = next.pop() {
-        let g = parts[r].1;
-        if ids.last() == Some(&id) {
-            let start = sums.len() - dim;
-            g.add_row(k, &mut sums[start..]);
-        } else {
-            ids.push(id);
-            g.push_row(k, dim, &mut sums);
-        }
-        if let Some(&id) = parts[r].0.get(k + 1) {
-            next.push(Reverse((id, r, k + 1)));
-        }
+/// summed gradients, `dim` each) merged a run of ids at a time: each id
+/// once, ascending, its gradients summed in rank order.
+struct Merger<'p, 'a> {
+    parts: &'p [(&'a [u64], Grads<'a>)],
+    dim: usize,
+    /// The next id of every sender not yet merged, smallest first, ties in
+    /// rank order: (id, sender, its index in the sender's part).
+    next: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>>,
+}
+
+impl<'p, 'a> Merger<'p, 'a> {
+    fn new(parts: &'p [(&'a [u64], Grads<'a>)], dim: usize) -> Self {
+        let next = parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| std::cmp::Reverse((id, r, 0)))).collect();
+        Self { parts, dim, next }
     }
-    (ids, sums)
+
+    /// The next at most `max` ids (after those of earlier runs) into `ids`,
+    /// and their sums into `sums` (both emptied first); `false` when every
+    /// id has been merged.
+    fn next(&mut self, max: usize, ids: &mut Vec<u64>, sums: &mut Vec<f32>) -> bool {
+        let dim = self.dim;
+        ids.clear();
+        sums.clear();
+        while let Some(&std::cmp::Reverse((id, r, k))) = self.next.peek() {
+            let g = self.parts[r].1;
+            if k + wm_gather::PREFETCH_DISTANCE < self.parts[r].0.len() {
+                g.prefetch(k + wm_gather::PREFETCH_DISTANCE, dim);
+            }
+            if ids.last() == Some(&id) {
+                let start = sums.len() - dim;
+                g.add_row(k, &mut sums[start..]);
+            } else if ids.len() == max {
+                // A new id past the run: it starts the next one.
+                break;
+            } else {
+                ids.push(id);
+                g.push_row(k, dim, sums);
+            }
+            self.next.pop();
+            if let Some(&id) = self.parts[r].0.get(k + 1) {
+                self.next.push(std::cmp::Reverse((id, r, k + 1)));
+            }
+        }
+        !ids.is_empty()
+    }
 }
 
 /// `values` as little-endian bytes into `bytes` (4 per value): one copy on
@@ -831,6 +907,25 @@ fn fill_own<U: Element>(t: &mut WholeTensor<U>, layout: &RowLayout, mut f: impl 
 
 #[cfg(test)]
 mod tests {
+    /// Every sender's part merged in one run, and the same in runs of every
+    /// length from 1 to 4: the same ids and sums.
+    fn merge_sums(parts: &[(&[u64], Grads<'_>)], dim: usize) -> (Vec<u64>, Vec<f32>) {
+        let (mut all_ids, mut all_sums) = (Vec::new(), Vec::new());
+        Merger::new(parts, dim).next(usize::MAX, &mut all_ids, &mut all_sums);
+        for run in 1..=4 {
+            let (mut ids, mut sums, mut m) = (Vec::new(), Vec::new(), Merger::new(parts, dim));
+            let (mut got_ids, mut got_sums) = (Vec::new(), Vec::new());
+            while m.next(run, &mut ids, &mut sums) {
+                assert!(ids.len() <= run && sums.len() == ids.len() * dim, "a run of {run}: {ids:?}");
+                got_ids.extend_from_slice(&ids);
+                got_sums.extend_from_slice(&sums);
+            }
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!((&got_ids, bits(&got_sums)), (&all_ids, bits(&all_sums)), "runs of {run}");
+        }
+        (all_ids, all_sums)
+    }
+
     /// Gradients as a part carries them: little-endian, behind `skew`
     /// bytes so that they are not aligned for f32.
     fn wire(values: &[f32], skew: usize) -> Vec<u8> {

@@ -201,7 +201,7 @@ pub(crate) trait RowAddr: Sync {
 
 /// Rows ahead of the copy whose cache lines are requested early: random
 /// rows are latency-bound, and a few misses in flight hide most of it.
-pub(crate) const PREFETCH_DISTANCE: usize = 8;
+pub const PREFETCH_DISTANCE: usize = 8;
 
 /// Asks for the cache lines of `len` bytes at `p` (a hint; never faults).
 #[inline(always)]
@@ -219,9 +219,11 @@ pub(crate) fn prefetch(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
-/// Asks for the cache lines of `v` ahead of reading it (a hint).
+/// Asks for the cache lines of `v` (its first KiB) ahead of reading it: a
+/// hint, which never faults. Random rows are latency-bound; asking for the
+/// row [`PREFETCH_DISTANCE`] ahead of the one being read hides most of it.
 #[inline(always)]
-pub(crate) fn prefetch_slice<T>(v: &[T]) {
+pub fn prefetch_slice<T>(v: &[T]) {
     prefetch(v.as_ptr().cast(), std::mem::size_of_val(v));
 }
 

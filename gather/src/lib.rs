@@ -40,6 +40,7 @@ pub mod profile;
 pub mod rows;
 
 pub use column::{Column, Run};
+pub use kernel::{PREFETCH_DISTANCE, prefetch_slice};
 pub use wholemem::{ConversionError, DType, Element};
 
 /// What can go wrong moving rows.

@@ -20,7 +20,11 @@
 //! `cache misses` (that gather, from start to end), `cache hits` (the hits
 //! and own rows copied while the misses travel: inside `cache misses`),
 //! `cache rest` (those copies when the exchange ended before running them),
-//! `cache place` and `cache update`.
+//! `cache place` and `cache update`. `wm_embedding`'s `apply_gradients`
+//! records its own, with a [`Clock`] of its own: `checks`, `sum ids`,
+//! `exchange` (with `pack`, the senders' sums written into their parts,
+//! split out), `agree`, `merge`, `read rows`, `update`, `write rows` and
+//! `finish`.
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};
@@ -80,7 +84,7 @@ pub fn take() -> Profile {
 }
 
 /// Times the phases of one call: each [`Clock::lap`] ends a phase.
-pub(crate) struct Clock {
+pub struct Clock {
     last: Option<Instant>,
 }
 
@@ -144,7 +148,7 @@ impl Clock {
 
 /// Times a closure's body when `on`, adding to `total`.
 #[inline]
-pub(crate) fn timed<T>(on: bool, total: &mut Duration, f: impl FnOnce() -> T) -> T {
+pub fn timed<T>(on: bool, total: &mut Duration, f: impl FnOnce() -> T) -> T {
     if !on {
         return f();
     }
