@@ -119,20 +119,17 @@ pub(crate) struct Repeats {
 impl Repeats {
     /// Groups `rows` (a row id per gradient row).
     pub(crate) fn of(rows: &[u64]) -> Self {
-        // (id, position) pairs sort like a stable sort by id: repeats stay
-        // in input order.
-        let mut pairs: Vec<(u64, usize)> = rows.iter().copied().zip(0..).collect();
-        pairs.sort_unstable();
-        let mut ids = Vec::with_capacity(rows.len());
-        let mut starts = Vec::with_capacity(rows.len() + 1);
-        for (k, &(id, _)) in pairs.iter().enumerate() {
+        let (mut ids, mut order, mut starts) = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()), Vec::new());
+        starts.reserve(rows.len() + 1);
+        wm_gather::sort::for_each_by_id(rows.iter().copied(), |id, i| {
             if ids.last() != Some(&id) {
                 ids.push(id);
-                starts.push(k);
+                starts.push(order.len());
             }
-        }
-        starts.push(pairs.len());
-        Self { ids, order: pairs.into_iter().map(|(_, i)| i).collect(), starts }
+            order.push(i);
+        });
+        starts.push(order.len());
+        Self { ids, order, starts }
     }
 
     /// Asks for the first gradient row of distinct id `k` (if there is

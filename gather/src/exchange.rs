@@ -249,7 +249,7 @@ fn dedup_hashed(lists: &[Vec<u64>], order: &[usize], probes_per_id: usize) -> Op
     const EMPTY: u64 = u64::MAX;
     let bits = (2 * total).max(16).next_power_of_two().trailing_zeros();
     let (mask, shift) = ((1usize << bits) - 1, u64::BITS - bits);
-    let mut slots: Vec<u64> = KEYS.with(|k| k.borrow_mut().get(1 << bits));
+    let mut slots: Vec<u64> = crate::sort::KEYS.with(|k| k.borrow_mut().get(1 << bits));
     slots.fill(EMPTY);
     let seed = hash_seed();
     let mut budget = probes_per_id.saturating_mul(total).saturating_add(64);
@@ -289,7 +289,7 @@ fn dedup_hashed(lists: &[Vec<u64>], order: &[usize], probes_per_id: usize) -> Op
             answer[l].push(u);
         }
     }
-    KEYS.with(|k| k.borrow_mut().keep(slots));
+    crate::sort::KEYS.with(|k| k.borrow_mut().keep(slots));
     fits.then_some((unique, answer))
 }
 
@@ -305,42 +305,15 @@ fn hash_seed() -> u64 {
 /// [`dedup`]'s fallback: the distinct ids ascending, by sorting.
 fn dedup_sorted(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
     let total: usize = lists.iter().map(Vec::len).sum();
-    let largest = lists.iter().flatten().copied().max().unwrap_or(0);
-    // Requests numbered across the lists, in order.
-    let bits = |x: u64| u64::BITS - x.leading_zeros();
-    let index_bits = bits(total as u64);
     let mut flat = vec![0usize; total];
     let mut unique = Vec::with_capacity(total);
-    if index_bits < u64::BITS && bits(largest) + index_bits <= u64::BITS {
-        // One u64 per request, id above its number, so the sort compares
-        // plain integers (the common case: ids and batches well below 2^32).
-        let mut keys: Vec<u64> = KEYS.with(|k| k.borrow_mut().get(total));
-        keys.clear();
-        for id in lists.iter().flatten() {
-            keys.push((id << index_bits) | keys.len() as u64);
+    // Requests numbered across the lists, in order.
+    crate::sort::for_each_by_id(lists.iter().flatten().copied(), |id, g| {
+        if unique.last() != Some(&id) {
+            unique.push(id);
         }
-        // The keys enter in request order, so sorting by the id bits alone
-        // (stably) leaves the requests of each id in order too.
-        sort_keys(&mut keys, index_bits, bits(largest) + index_bits);
-        let low = (1u64 << index_bits) - 1;
-        for &key in &keys {
-            let id = key >> index_bits;
-            if unique.last() != Some(&id) {
-                unique.push(id);
-            }
-            flat[(key & low) as usize] = unique.len() - 1;
-        }
-        KEYS.with(|k| k.borrow_mut().keep(keys));
-    } else {
-        let mut pairs: Vec<(u64, usize)> = lists.iter().flatten().copied().zip(0..).collect();
-        pairs.sort_unstable();
-        for (id, g) in pairs {
-            if unique.last() != Some(&id) {
-                unique.push(id);
-            }
-            flat[g] = unique.len() - 1;
-        }
-    }
+        flat[g] = unique.len() - 1;
+    });
     let mut rest = &flat[..];
     let answer = lists
         .iter()
@@ -351,54 +324,6 @@ fn dedup_sorted(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
         })
         .collect();
     (unique, answer)
-}
-
-thread_local! {
-    /// Key buffers of the de-duplication (its keys and the radix sort's
-    /// second buffer), reused between calls.
-    static KEYS: std::cell::RefCell<wm_comm::BufferPool<u64>> = const { std::cell::RefCell::new(wm_comm::BufferPool::new(4096, 4)) };
-}
-
-/// Keys at least this many are radix-sorted; fewer, compared.
-const RADIX_MIN: usize = 1 << 14;
-/// Bits of a key one radix pass sorts by.
-const RADIX_BITS: u32 = 11;
-
-/// Sorts `keys` by their bits `low..high` (none set at `high` or above),
-/// keeping the order of keys equal there — for keys that come in ascending
-/// order of their bits below `low`, the order of whole keys. Many keys go
-/// through a least-significant-digit radix sort, a counting pass per
-/// [`RADIX_BITS`] bits from `low` up (a request list of 65 536 ids in a
-/// fraction of a comparison sort's time, and the fewer passes the lower
-/// `high - low`); fewer are compared whole.
-fn sort_keys(keys: &mut Vec<u64>, low: u32, high: u32) {
-    if keys.len() < RADIX_MIN {
-        keys.sort_unstable();
-        return;
-    }
-    let mut other = KEYS.with(|k| k.borrow_mut().get(keys.len()));
-    let mask = (1u64 << RADIX_BITS) - 1;
-    let mut shift = low;
-    while shift < high {
-        let mut counts = [0usize; 1 << RADIX_BITS];
-        for &k in keys.iter() {
-            counts[((k >> shift) & mask) as usize] += 1;
-        }
-        let mut at = 0;
-        for c in counts.iter_mut() {
-            let n = *c;
-            *c = at;
-            at += n;
-        }
-        for &k in keys.iter() {
-            let d = ((k >> shift) & mask) as usize;
-            other[counts[d]] = k;
-            counts[d] += 1;
-        }
-        std::mem::swap(keys, &mut other);
-        shift += RADIX_BITS;
-    }
-    KEYS.with(|k| k.borrow_mut().keep(other));
 }
 
 /// Copies row `k` of `rows` into output row `positions[k]`.
@@ -1340,35 +1265,6 @@ pub(crate) fn scatter_distributed(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn radix_and_comparison_sorts_agree() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for (n, bits) in [(10, 40), (RADIX_MIN, 40), (RADIX_MIN + 77, 33), (3 * RADIX_MIN, 64)] {
-            let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-            let keys: Vec<u64> = (0..n)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x & mask
-                })
-                .collect();
-            let mut radix = keys.clone();
-            sort_keys(&mut radix, 0, bits);
-            let mut expect = keys.clone();
-            expect.sort_unstable();
-            assert_eq!(radix, expect, "{n} keys of {bits} bits");
-            // By the high bits only, over keys numbered in order below them
-            // (as the de-duplication's): still the order of whole keys.
-            let low = 20;
-            let mut numbered: Vec<u64> = keys.iter().enumerate().map(|(i, k)| (k >> low << low) | i as u64).collect();
-            let mut expect = numbered.clone();
-            sort_keys(&mut numbered, low, bits.max(low));
-            expect.sort_unstable();
-            assert_eq!(numbered, expect, "{n} keys of {bits} bits, by bits {low}..");
-        }
-    }
 
     #[test]
     fn dedup_answers_every_request_with_its_unique_id() {

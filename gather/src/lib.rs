@@ -38,6 +38,7 @@ mod mapped;
 pub mod profile;
 #[allow(unsafe_code)]
 pub mod rows;
+pub mod sort;
 
 pub use column::{Column, Run};
 pub use kernel::{PREFETCH_DISTANCE, prefetch_slice};
