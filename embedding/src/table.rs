@@ -462,13 +462,14 @@ impl<T: EmbeddingElement> Embedding<T> {
         let checked = check();
         clock.lap("checks");
 
-        // 1. Sum repeats here, then send each owner, in one exchange, its
-        //    rows (as its local row numbers) and their gradients — with this
-        //    rank's learning rate and the outcome of its checks, so every
-        //    rank learns every rank's without a round of its own. Sorted ids
-        //    group by owner. This rank's own rows and gradients stay here
-        //    (its part is only the head), and the peers' parts are kept as
-        //    they arrived: their gradients are read once, by the merge.
+        // 1. Group repeats here, then send each owner, in one exchange, its
+        //    rows (as its local row numbers) and their summed gradients —
+        //    with this rank's learning rate and the outcome of its checks,
+        //    so every rank learns every rank's without a round of its own.
+        //    Sorted ids group by owner; each sum is made as its part is
+        //    written. This rank's own rows and gradients stay here (its part
+        //    is only the head), and the peers' parts are kept as they
+        //    arrived (or copied once out of a mailbox): the merge reads them.
         let p = self.table.memory().partition().clone();
         let n = comm.size();
         let repeats = if checked.is_ok() { Repeats::of(&rows_of(ids)) } else { Repeats::default() };
@@ -754,7 +755,7 @@ impl Received {
         }
         let bytes = part.bytes().get(at..).unwrap_or_default();
         let mut v = pooled(bytes.len() / 4);
-        v.extend(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+        v.extend(le_f32s(bytes));
         Received::Copied(v)
     }
 
@@ -790,11 +791,7 @@ impl Grads<'_> {
         match self {
             Grads::Own { grads, repeats, first } => repeats.add_sum(grads, first + k, acc),
             Grads::Copied(g) => acc.iter_mut().zip(&g[k * dim..][..dim]).for_each(|(a, b)| *a += b),
-            Grads::Wire(g) => {
-                acc.iter_mut()
-                    .zip(g[k * dim * 4..][..dim * 4].chunks_exact(4))
-                    .for_each(|(a, c)| *a += f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-            }
+            Grads::Wire(g) => acc.iter_mut().zip(le_f32s(&g[k * dim * 4..][..dim * 4])).for_each(|(a, b)| *a += b),
         }
     }
 
@@ -811,9 +808,7 @@ impl Grads<'_> {
         match self {
             Grads::Own { grads, repeats, first } => repeats.push_sum(grads, dim, first + k, sums),
             Grads::Copied(g) => sums.extend_from_slice(&g[k * dim..][..dim]),
-            Grads::Wire(g) => {
-                sums.extend(g[k * dim * 4..][..dim * 4].chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
-            }
+            Grads::Wire(g) => sums.extend(le_f32s(&g[k * dim * 4..][..dim * 4])),
         }
     }
 }
@@ -864,6 +859,11 @@ impl<'p, 'a> Merger<'p, 'a> {
         }
         !ids.is_empty()
     }
+}
+
+/// Little-endian `bytes` (4 per value, any alignment) as f32 values.
+fn le_f32s(bytes: &[u8]) -> impl Iterator<Item = f32> + '_ {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
 }
 
 /// `values` as little-endian bytes into `bytes` (4 per value): one copy on
@@ -1043,8 +1043,7 @@ mod tests {
                 .collect();
             let me = below(n as u64) as usize;
             // Kept frames for some peers, copies out of a mailbox for others.
-            let copies: Vec<Vec<f32>> =
-                wires.iter().map(|w| w.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).collect();
+            let copies: Vec<Vec<f32>> = wires.iter().map(|w| le_f32s(w).collect()).collect();
             let views: Vec<(&[u64], Grads<'_>)> = (0..n)
                 .map(|r| {
                     let grads = match r {
