@@ -813,21 +813,56 @@ impl Grads<'_> {
     }
 }
 
+/// Senders up to which [`Merger`] finds the next id by looking at every
+/// sender's (a few compares, no branches to mispredict); past it, by a
+/// heap.
+const MERGE_SCAN_MAX: usize = 16;
+
 /// The senders' parts (`parts[r]`: ascending distinct ids, and their
 /// summed gradients, `dim` each) merged a run of ids at a time: each id
 /// once, ascending, its gradients summed in rank order.
 struct Merger<'p, 'a> {
     parts: &'p [(&'a [u64], Grads<'a>)],
     dim: usize,
-    /// The next id of every sender not yet merged, smallest first, ties in
-    /// rank order: (id, sender, its index in the sender's part).
-    next: std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize, usize)>>,
+    /// Per sender, the index in its part of its next id.
+    at: Vec<usize>,
+    /// With many senders: the next id of every sender not yet merged,
+    /// smallest first, ties in rank order (id, sender).
+    heap: Option<std::collections::BinaryHeap<std::cmp::Reverse<(u64, usize)>>>,
 }
 
 impl<'p, 'a> Merger<'p, 'a> {
     fn new(parts: &'p [(&'a [u64], Grads<'a>)], dim: usize) -> Self {
-        let next = parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| std::cmp::Reverse((id, r, 0)))).collect();
-        Self { parts, dim, next }
+        let heap = (parts.len() > MERGE_SCAN_MAX)
+            .then(|| parts.iter().enumerate().filter_map(|(r, (i, _))| i.first().map(|&id| std::cmp::Reverse((id, r)))).collect());
+        Self { parts, dim, at: vec![0; parts.len()], heap }
+    }
+
+    /// The smallest next id of any sender, and the lowest sender with it.
+    fn peek(&self) -> Option<(u64, usize)> {
+        if let Some(h) = &self.heap {
+            return h.peek().map(|&std::cmp::Reverse(top)| top);
+        }
+        let mut best: Option<(u64, usize)> = None;
+        for (r, (ids, _)) in self.parts.iter().enumerate() {
+            if let Some(&id) = ids.get(self.at[r])
+                && best.is_none_or(|(b, _)| id < b)
+            {
+                best = Some((id, r));
+            }
+        }
+        best
+    }
+
+    /// Moves sender `r` on to its next id.
+    fn advance(&mut self, r: usize) {
+        self.at[r] += 1;
+        if let Some(h) = &mut self.heap {
+            h.pop();
+            if let Some(&id) = self.parts[r].0.get(self.at[r]) {
+                h.push(std::cmp::Reverse((id, r)));
+            }
+        }
     }
 
     /// The next at most `max` ids (after those of earlier runs) into `ids`,
@@ -837,8 +872,8 @@ impl<'p, 'a> Merger<'p, 'a> {
         let dim = self.dim;
         ids.clear();
         sums.clear();
-        while let Some(&std::cmp::Reverse((id, r, k))) = self.next.peek() {
-            let g = self.parts[r].1;
+        while let Some((id, r)) = self.peek() {
+            let (g, k) = (self.parts[r].1, self.at[r]);
             if k + wm_gather::PREFETCH_DISTANCE < self.parts[r].0.len() {
                 g.prefetch(k + wm_gather::PREFETCH_DISTANCE, dim);
             }
@@ -852,10 +887,7 @@ impl<'p, 'a> Merger<'p, 'a> {
                 ids.push(id);
                 g.push_row(k, dim, sums);
             }
-            self.next.pop();
-            if let Some(&id) = self.parts[r].0.get(k + 1) {
-                self.next.push(std::cmp::Reverse((id, r, k + 1)));
-            }
+            self.advance(r);
         }
         !ids.is_empty()
     }
@@ -1003,7 +1035,9 @@ mod tests {
             (seed >> 33) % m
         };
         for _ in 0..300 {
-            let (n, dim, rows) = (1 + below(4) as usize, 1 + below(5) as usize, 1 + below(40));
+            // Few senders (scanned) and many (a heap).
+            let n = if below(4) == 0 { MERGE_SCAN_MAX + 1 + below(8) as usize } else { 1 + below(4) as usize };
+            let (dim, rows) = (1 + below(5) as usize, 1 + below(40));
             let batches: Vec<(Vec<u64>, Vec<f32>)> = (0..n)
                 .map(|_| {
                     let c = below(30) as usize;
