@@ -153,7 +153,7 @@ fn apply_profile_splits_each_call_into_its_phases() {
     assert_eq!(p["calls"], 2, "{}", j[0]);
     let Some(phases) = p["ms_per_call"].as_object() else { panic!("no phases: {}", j[0]) };
     let names: Vec<&str> = phases.keys().map(String::as_str).collect();
-    for want in ["checks", "sum ids", "exchange", "pack", "agree", "merge", "read rows", "update", "write rows", "finish"] {
+    for want in ["checks", "group ids", "exchange", "pack", "agree", "merge", "read rows", "update", "write rows", "finish"] {
         assert!(names.contains(&want), "no phase {want:?} in {names:?}");
     }
     for (name, s) in phases {

@@ -474,7 +474,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         let n = comm.size();
         let repeats = if checked.is_ok() { Repeats::of(&rows_of(ids)) } else { Repeats::default() };
         let uids = &repeats.ids;
-        clock.lap("sum ids");
+        clock.lap("group ids");
         let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
         let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
         let sizes: Vec<usize> = (0..n)

@@ -21,7 +21,7 @@
 //! and own rows copied while the misses travel: inside `cache misses`),
 //! `cache rest` (those copies when the exchange ended before running them),
 //! `cache place` and `cache update`. `wm_embedding`'s `apply_gradients`
-//! records its own, with a [`Clock`] of its own: `checks`, `sum ids`,
+//! records its own, with a [`Clock`] of its own: `checks`, `group ids`,
 //! `exchange` (with `pack`, the senders' sums written into their parts,
 //! split out), `agree`, `merge`, `read rows`, `update`, `write rows` and
 //! `finish`.
