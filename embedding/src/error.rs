@@ -111,47 +111,30 @@ const NO_OPTIMIZER: u8 = 3;
 /// The errors that keep their type on the way to other ranks: the bad id,
 /// the gradient length, the missing optimizer.
 impl wholemem::agree::PeerError for Error {
-    fn peer_failed(rank: usize, detail: String) -> Self {
-        Self::PeerFailed { rank, detail }
-    }
-
-    fn malformed(rank: usize, detail: String) -> Self {
-        Self::Malformed { rank, detail }
-    }
-
-    fn as_malformed(&self) -> Option<(usize, &str)> {
-        match self {
-            Self::Malformed { rank, detail } => Some((*rank, detail)),
-            _ => None,
-        }
-    }
+    wholemem::peer_error_variants!();
 
     fn encode(&self) -> Option<Vec<u8>> {
-        let words = |kind: u8, w: [usize; 3]| {
-            let mut m = vec![kind];
-            w.iter().for_each(|&v| m.extend_from_slice(&(v as u64).to_le_bytes()));
-            m
-        };
+        use wholemem::agree::encode_words;
         match self {
-            Self::IndexOutOfRange { index, position, rows, .. } => Some(words(OUT_OF_RANGE, [*index as usize, *position, *rows])),
-            Self::GradientLength { ids, dim, len, .. } => Some(words(GRADIENT_LENGTH, [*ids, *dim, *len])),
-            Self::NoOptimizer => Some(vec![NO_OPTIMIZER]),
+            Self::IndexOutOfRange { index, position, rows, .. } => {
+                Some(encode_words(OUT_OF_RANGE, &[*index as u64, *position as u64, *rows as u64]))
+            }
+            Self::GradientLength { ids, dim, len, .. } => Some(encode_words(GRADIENT_LENGTH, &[*ids as u64, *dim as u64, *len as u64])),
+            Self::NoOptimizer => Some(encode_words(NO_OPTIMIZER, &[])),
             _ => None,
         }
     }
 
     fn decode(rank: usize, m: &[u8]) -> Option<Self> {
-        let (&kind, rest) = m.split_first()?;
-        let word = |i: usize| usize::try_from(u64::from_le_bytes(*rest.get(8 * i..)?.first_chunk::<8>()?)).ok();
-        match (kind, rest.len()) {
-            (OUT_OF_RANGE, 24) => {
-                let index = u64::from_le_bytes(*rest.first_chunk::<8>()?) as i64;
-                Some(Self::IndexOutOfRange { index, position: word(1)?, rank, rows: word(2)? })
-            }
-            (GRADIENT_LENGTH, 24) => Some(Self::GradientLength { rank, ids: word(0)?, dim: word(1)?, len: word(2)? }),
-            (NO_OPTIMIZER, 0) => Some(Self::NoOptimizer),
-            _ => None,
+        use wholemem::agree::decode_words;
+        let size = |w: u64| usize::try_from(w).ok();
+        if let Some([index, position, rows]) = decode_words(m, OUT_OF_RANGE) {
+            return Some(Self::IndexOutOfRange { index: index as i64, position: size(position)?, rank, rows: size(rows)? });
         }
+        if let Some([ids, dim, len]) = decode_words(m, GRADIENT_LENGTH) {
+            return Some(Self::GradientLength { rank, ids: size(ids)?, dim: size(dim)?, len: size(len)? });
+        }
+        decode_words::<0>(m, NO_OPTIMIZER).map(|[]| Self::NoOptimizer)
     }
 }
 

@@ -103,43 +103,22 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 const OUT_OF_RANGE: u8 = 1;
 
 impl wholemem::agree::PeerError for Error {
-    fn peer_failed(rank: usize, detail: String) -> Self {
-        Self::PeerFailed { rank, detail }
-    }
-
-    fn malformed(rank: usize, detail: String) -> Self {
-        Self::Malformed { rank, detail }
-    }
-
-    fn as_malformed(&self) -> Option<(usize, &str)> {
-        match self {
-            Self::Malformed { rank, detail } => Some((*rank, detail)),
-            _ => None,
-        }
-    }
+    wholemem::peer_error_variants!();
 
     /// An out-of-range id keeps its type: every rank names the id, its
     /// position and the rank that passed it.
     fn encode(&self) -> Option<Vec<u8>> {
         let Self::IndexOutOfRange { index, position, rows, .. } = self else { return None };
-        let mut m = vec![OUT_OF_RANGE];
-        for v in [*index as u64, *position as u64, *rows as u64] {
-            m.extend_from_slice(&v.to_le_bytes());
-        }
-        Some(m)
+        Some(wholemem::agree::encode_words(OUT_OF_RANGE, &[*index as u64, *position as u64, *rows as u64]))
     }
 
     fn decode(rank: usize, bytes: &[u8]) -> Option<Self> {
-        let (&tag, words) = bytes.split_first()?;
-        if tag != OUT_OF_RANGE || words.len() != 24 {
-            return None;
-        }
-        let word = |i: usize| Some(u64::from_le_bytes(*words.get(8 * i..)?.first_chunk::<8>()?));
+        let [index, position, rows] = wholemem::agree::decode_words(bytes, OUT_OF_RANGE)?;
         Some(Self::IndexOutOfRange {
-            index: word(0)? as i64,
-            position: usize::try_from(word(1)?).ok()?,
+            index: index as i64,
+            position: usize::try_from(position).ok()?,
             rank,
-            rows: usize::try_from(word(2)?).ok()?,
+            rows: usize::try_from(rows).ok()?,
         })
     }
 }

@@ -54,6 +54,54 @@ pub trait PeerError: Sized + std::fmt::Display + From<wm_comm::Error> {
     }
 }
 
+/// Writes [`PeerError`]'s three required methods for an error enum whose
+/// variants `PeerFailed { rank, detail }` and `Malformed { rank, detail }`
+/// (`rank: usize`, `detail: String`) are those errors, as the crates of
+/// this workspace have them. Use it inside the `impl PeerError` block;
+/// `encode` and `decode` stay the type's own.
+#[macro_export]
+macro_rules! peer_error_variants {
+    () => {
+        fn peer_failed(rank: usize, detail: String) -> Self {
+            Self::PeerFailed { rank, detail }
+        }
+
+        fn malformed(rank: usize, detail: String) -> Self {
+            Self::Malformed { rank, detail }
+        }
+
+        fn as_malformed(&self) -> Option<(usize, &str)> {
+            match self {
+                Self::Malformed { rank, detail } => Some((*rank, detail)),
+                _ => None,
+            }
+        }
+    };
+}
+
+/// A typed error as [`PeerError::encode`] sends it: a kind byte, then each
+/// word as 8 little-endian bytes.
+pub fn encode_words(kind: u8, words: &[u64]) -> Vec<u8> {
+    let mut m = Vec::with_capacity(1 + 8 * words.len());
+    m.push(kind);
+    words.iter().for_each(|w| m.extend_from_slice(&w.to_le_bytes()));
+    m
+}
+
+/// The `N` words of an [`encode_words`] encoding of `kind`; `None` for any
+/// other kind, or any other length.
+pub fn decode_words<const N: usize>(bytes: &[u8], kind: u8) -> Option<[u64; N]> {
+    let (&k, rest) = bytes.split_first()?;
+    if k != kind || rest.len() != 8 * N {
+        return None;
+    }
+    let mut words = [0u64; N];
+    for (w, b) in words.iter_mut().zip(rest.chunks_exact(8)) {
+        *w = u64::from_le_bytes(b.try_into().ok()?);
+    }
+    Some(words)
+}
+
 const OK: u8 = 0;
 const MESSAGE: u8 = 1;
 const MALFORMED: u8 = 2;
@@ -192,6 +240,18 @@ fn decide_sharing<T, E: PeerError, B: AsRef<[u8]>>(
 mod tests {
     use super::*;
     use crate::Error;
+
+    #[test]
+    fn typed_words_come_back_only_with_their_kind_and_length() {
+        let m = encode_words(7, &[u64::MAX, 0, 42]);
+        assert_eq!(m.len(), 25);
+        assert_eq!(decode_words::<3>(&m, 7), Some([u64::MAX, 0, 42]));
+        assert_eq!(decode_words::<3>(&m, 6), None, "another kind");
+        assert_eq!(decode_words::<2>(&m, 7), None, "another length");
+        assert_eq!(decode_words::<3>(&m[..24], 7), None, "cut short");
+        assert_eq!(decode_words::<0>(&[], 7), None, "no kind");
+        assert_eq!(decode_words::<0>(&encode_words(9, &[]), 9), Some([]));
+    }
 
     #[test]
     fn outcomes_travel_and_garbage_blames_its_sender() {

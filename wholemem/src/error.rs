@@ -215,20 +215,7 @@ impl Error {
 }
 
 impl crate::agree::PeerError for Error {
-    fn peer_failed(rank: usize, detail: String) -> Self {
-        Self::PeerFailed { rank, detail }
-    }
-
-    fn malformed(rank: usize, detail: String) -> Self {
-        Self::Malformed { rank, detail }
-    }
-
-    fn as_malformed(&self) -> Option<(usize, &str)> {
-        match self {
-            Self::Malformed { rank, detail } => Some((*rank, detail)),
-            _ => None,
-        }
-    }
+    crate::peer_error_variants!();
 }
 
 /// The result type of this crate.
