@@ -142,9 +142,12 @@ fn apply_refuses_the_options_it_would_ignore() {
     }
 }
 
-#[test]
-fn apply_profile_splits_each_call_into_its_phases() {
-    let mut args = vec!["apply", "--json", "--profile", "--type", "distributed", "--ranks", "2", "--node-size", "1"];
+/// Runs `wm-bench args... --profile` (small) and checks its `profile`: the
+/// timed calls only, each of the phases in `want` among its phases, every
+/// phase's min ≤ median ≤ max, and the run verified.
+fn profile_has_phases(args: &[&str], want: &[&str]) {
+    let mut args = args.to_vec();
+    args.extend(["--json", "--profile"]);
     args.extend(SMALL);
     let out = Command::new(WM_BENCH).args(&args).output().unwrap();
     let j = json_lines(&format!("wm-bench {args:?}"), &out);
@@ -153,8 +156,8 @@ fn apply_profile_splits_each_call_into_its_phases() {
     assert_eq!(p["calls"], 2, "{}", j[0]);
     let Some(phases) = p["ms_per_call"].as_object() else { panic!("no phases: {}", j[0]) };
     let names: Vec<&str> = phases.keys().map(String::as_str).collect();
-    for want in ["checks", "group ids", "exchange", "pack", "agree", "merge", "read rows", "update", "write rows", "finish"] {
-        assert!(names.contains(&want), "no phase {want:?} in {names:?}");
+    for want in want {
+        assert!(names.contains(want), "wm-bench {args:?}: no phase {want:?} in {names:?}");
     }
     for (name, s) in phases {
         let (min, med, max) = (s["min"].as_f64(), s["median"].as_f64(), s["max"].as_f64());
@@ -162,4 +165,20 @@ fn apply_profile_splits_each_call_into_its_phases() {
         assert!(0.0 <= min && min <= med && med <= max, "phase {name}: {s}");
     }
     assert_eq!(j[0]["verified"], true, "{}", j[0]);
+}
+
+#[test]
+fn apply_profile_splits_each_call_into_its_phases() {
+    profile_has_phases(
+        &["apply", "--type", "distributed", "--ranks", "2", "--node-size", "1"],
+        &["checks", "group ids", "exchange", "pack", "agree", "merge", "read rows", "update", "write rows", "finish"],
+    );
+}
+
+#[test]
+fn hierarchy_gather_profile_splits_the_fan_out_from_its_copies() {
+    profile_has_phases(
+        &["gather", "--type", "hierarchy", "--ranks", "4", "--node-size", "2"],
+        &["checks", "node ids", "dedup", "cross ids", "owner copy", "own rows", "cross rows", "fan out", "fan copy", "fan place", "agree"],
+    );
 }

@@ -1032,6 +1032,7 @@ pub(crate) fn gather_hierarchy(
     let out = std::cell::RefCell::new(out);
     let first = p.offset(comm.rank());
     let mut fan_failed: Option<Error> = None;
+    let (mut fan_copy, mut fan_place) = (Duration::ZERO, Duration::ZERO);
     local.alltoallv_in_place(
         &sizes,
         &mut |q, buf| {
@@ -1055,7 +1056,7 @@ pub(crate) fn gather_hierarchy(
                 }
                 read_local(mem, layout, conv, &own, Some(&own_at), body)
             };
-            if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
+            if let Some(e) = timed(on, &mut fan_copy, || fill_reply(buf, verdict.as_deref(), copy)) {
                 fan_failed.get_or_insert(e);
             }
         },
@@ -1065,7 +1066,7 @@ pub(crate) fn gather_hierarchy(
                 return;
             }
             match read_reply(local.as_ref(), q, bytes, wanted(q).len(), db) {
-                Reply::Rows(body) => place(&mut out.borrow_mut(), body, wanted(q), db),
+                Reply::Rows(body) => timed(on, &mut fan_place, || place(&mut out.borrow_mut(), body, wanted(q), db)),
                 Reply::Verdict(v) => heard.push((v.to_vec(), verdict_error(local.as_ref(), q, v))),
                 Reply::Failed(e) => {
                     problem.get_or_insert(e);
@@ -1078,7 +1079,7 @@ pub(crate) fn gather_hierarchy(
     }
     give_back(vec![unique_rows]);
     cross.recycle(frames.into_iter().flatten().map(wm_comm::Kept::into_vec).collect());
-    clock.lap("fan out");
+    clock.lap_split("fan out", &[("fan copy", fan_copy), ("fan place", fan_place)]);
     // This rank's own finding first, else the first verdict it heard: every
     // rank has heard of every finding made before the rows crossed nodes
     // (a malformed part found later fails the ranks its finder reaches).

@@ -13,7 +13,9 @@
 //! the owner copy and placing), `place` (rows into their places in the
 //! output, own rows included) and `agree` (every rank learning whether any
 //! part was malformed). A hierarchy call across nodes has `checks`, `node
-//! ids`, `dedup`, `cross ids`, `owner copy`, `cross rows`, `fan out` and
+//! ids`, `dedup`, `cross ids`, `owner copy`, `own rows`, `place`, `cross
+//! rows`, `fan out` (with `fan copy`, rows written into the parts for node
+//! peers, and `fan place`, theirs copied into the output, split out) and
 //! `agree`. Mapped tables have `checks` and `copy`. A gather through a node
 //! cache adds, around the table's gather of its misses (whose phases are
 //! listed as its own, and counted inside `cache misses`): `cache lookup`,
