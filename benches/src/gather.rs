@@ -226,6 +226,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     // With every rank running the baseline: both timed as steps, from when
     // the last rank was ready to when the last rank was done.
     let (mut step_seconds, mut step_base_seconds) = (0.0f64, 0.0f64);
+    // Each timed batch's call and baseline times (steps with every rank
+    // running the baseline), for the ratio batch by batch.
+    let (mut call_times, mut base_steps) = (Vec::with_capacity(a.iters), Vec::with_capacity(a.iters));
     let mut wrong = 0u64;
     let mut scattered: Vec<i64> = Vec::new();
     for b in 0..a.warmup + a.iters {
@@ -261,7 +264,11 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         if b >= a.warmup {
             seconds += dt;
             if all_base {
-                step_seconds += step(world.as_ref(), ready, wall_seconds())?;
+                let st = step(world.as_ref(), ready, wall_seconds())?;
+                step_seconds += st;
+                call_times.push(st);
+            } else {
+                call_times.push(dt);
             }
         }
         match op {
@@ -289,7 +296,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             base.batch(&ids, b >= a.warmup);
         }
         if all_base && b >= a.warmup {
-            step_base_seconds += step(world.as_ref(), ready, wall_seconds())?;
+            let st = step(world.as_ref(), ready, wall_seconds())?;
+            step_base_seconds += st;
+            base_steps.push(st);
         }
         if progress {
             eprint!("\r{} batch {}/{}", op.name(), b + 1, a.warmup + a.iters);
@@ -324,6 +333,15 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         (None, base.as_ref().map_or(0.0, Baseline::gbps))
     };
     let baseline_huge = base.as_ref().map_or(0.0, |b| wholemem::huge_page_bytes(&b.table) as f64 / b.table.len().max(1) as f64);
+    // Every rank's call times, batch after batch (rank-major).
+    let all_calls = world.allgather_pod(&call_times)?;
+    let batch_bytes = (a.batch * buf_row) as f64;
+    let base_batches: Vec<(f64, f64)> = if all_base {
+        base_steps.iter().map(|&t| (t, batch_bytes)).collect()
+    } else {
+        base.as_ref().map_or_else(Vec::new, |b| b.batches.clone())
+    };
+    let ratio_batches = ratio_by_batch(&all_calls, batch_bytes, &base_batches);
     drop(base);
     #[cfg(feature = "cuda")]
     drop(gpu);
@@ -345,7 +363,8 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 "out_location": if a.device_out() { "device" } else { "host" }, "ranks": n, "nodes": nodes,
                 "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
-                "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio, "verified": verified,
+                "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio,
+                "ratio_batches": ratio_batches, "verified": verified,
                 "huge_pages": huge_pages, "baseline_huge_pages": baseline_huge,
                 "baseline_ranks": if all_base { "all" } else { "one" },
             });
@@ -383,6 +402,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             Speeds { per_rank: s, total, baseline, ratio }
                 .print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
             report::print_step(per_step);
+            println!("  ratio by batch  {ratio_batches:.2}   median over the timed batches of each one's call beside its baseline");
             println!(
                 "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
                 huge_pages * 100.0,
@@ -500,6 +520,33 @@ impl DeviceRun {
     }
 }
 
+/// The ratio batch by batch: for each timed batch, the call's speed (by the
+/// median over the ranks of their times for it, or by the step) over the
+/// baseline's on it, and the median of those over the batches. Unlike the ratio of
+/// totals, a batch that stalled — in the call or in the baseline — moves it
+/// by one place, not by its length. `calls` holds every rank's times,
+/// rank-major, `base.len()` of them each; 0 without a baseline.
+fn ratio_by_batch(calls: &[f64], call_bytes: f64, base: &[(f64, f64)]) -> f64 {
+    let iters = base.len();
+    if iters == 0 || calls.len() % iters != 0 {
+        return 0.0;
+    }
+    let ranks = calls.len() / iters;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        let n = v.len();
+        if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
+    };
+    let ratios: Vec<f64> = (0..iters)
+        .map(|b| {
+            let call = median((0..ranks).map(|r| calls[r * iters + b]).collect());
+            let (secs, bytes) = base[b];
+            (call_bytes / call.max(1e-12)) / (bytes / secs.max(1e-12))
+        })
+        .collect();
+    median(ratios)
+}
+
 /// Fails unless every rank runs on this one machine: step times
 /// (`--baseline-ranks all`) compare the ranks' clocks, so one kernel's only
 /// (network namespaces that pose as hosts are fine). Collective.
@@ -538,6 +585,8 @@ pub(crate) struct Baseline {
     out: DType,
     seconds: f64,
     bytes: f64,
+    /// Each timed batch's seconds and bytes.
+    batches: Vec<(f64, f64)>,
 }
 
 impl Baseline {
@@ -560,7 +609,7 @@ impl Baseline {
             }
         }
         let buf = vec![0u8; batch * dim * out.size()];
-        Self { op, table, buf, dim, dtype, out, seconds: 0.0, bytes: 0.0 }
+        Self { op, table, buf, dim, dtype, out, seconds: 0.0, bytes: 0.0, batches: Vec::new() }
     }
 
     /// Bytes of huge pages of the private table, as a fraction.
@@ -597,6 +646,7 @@ impl Baseline {
         if timed {
             self.seconds += dt;
             self.bytes += (ids.len() * buf_row) as f64;
+            self.batches.push((dt, (ids.len() * buf_row) as f64));
         }
     }
 
@@ -608,11 +658,43 @@ impl Baseline {
         if timed {
             self.seconds += dt;
             self.bytes += bytes as f64;
+            self.batches.push((dt, bytes as f64));
         }
         Ok(())
     }
 
     pub(crate) fn gbps(&self) -> f64 {
         self.bytes / self.seconds.max(1e-12) / 1e9
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ratio_by_batch;
+
+    #[test]
+    fn a_stalled_batch_moves_the_batch_ratio_by_one_place_only() {
+        // Two ranks, four batches of 1 MB; the baseline takes 1 ms a batch.
+        let base = vec![(1e-3, 1e6); 4];
+        // Calls of 2 ms (rank 0) and 4 ms (rank 1): their median, 3 ms.
+        let calls = [[2e-3; 4], [4e-3; 4]].concat();
+        assert!((ratio_by_batch(&calls, 1e6, &base) - 1.0 / 3.0).abs() < 1e-9);
+        // One batch stalls for a second on both ranks: the ratio of totals
+        // would fall to about 0.003; batch by batch it stays.
+        let mut stalled = calls.clone();
+        stalled[2] = 1.0;
+        stalled[4 + 2] = 1.0;
+        assert!((ratio_by_batch(&stalled, 1e6, &base) - 1.0 / 3.0).abs() < 1e-9);
+        // A stall in the baseline likewise.
+        let mut slow_base = base.clone();
+        slow_base[1].0 = 1.0;
+        assert!((ratio_by_batch(&calls, 1e6, &slow_base) - 1.0 / 3.0).abs() < 1e-9);
+        // Bytes count: a baseline that moved twice the bytes in the same
+        // time is twice as fast.
+        let double = vec![(1e-3, 2e6); 4];
+        assert!((ratio_by_batch(&calls, 1e6, &double) - 1.0 / 6.0).abs() < 1e-9);
+        // No baseline (ranks other than 0), or times that do not fit it: 0.
+        assert_eq!(ratio_by_batch(&calls, 1e6, &[]), 0.0);
+        assert_eq!(ratio_by_batch(&calls[..7], 1e6, &base), 0.0);
     }
 }

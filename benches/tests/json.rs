@@ -116,6 +116,22 @@ fn across_nodes_the_wire_is_measured_beside_the_gather() {
 }
 
 #[test]
+fn gather_and_scatter_report_the_ratio_batch_by_batch() {
+    for (op, base) in [("gather", "one"), ("scatter", "one"), ("gather", "all")] {
+        let mut args = vec![op, "--json", "--type", "distributed", "--ranks", "2", "--baseline-ranks", base];
+        args.extend(SMALL);
+        let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+        let j = json_lines(&format!("wm-bench {args:?}"), &out);
+        let (ratio, by_batch) = (j[0]["ratio"].as_f64(), j[0]["ratio_batches"].as_f64());
+        let (Some(ratio), Some(by_batch)) = (ratio, by_batch) else { panic!("no ratio or ratio_batches: {}", j[0]) };
+        // Both compare the same calls with the same baseline batches: both
+        // positive and finite (how far apart depends on the machine's stalls).
+        assert!(ratio.is_finite() && ratio > 0.0 && by_batch.is_finite() && by_batch > 0.0, "{}", j[0]);
+        assert_eq!(j[0]["verified"], true, "{}", j[0]);
+    }
+}
+
+#[test]
 fn apply_with_every_rank_on_the_baseline_times_steps() {
     let mut args = vec!["apply", "--json", "--type", "distributed", "--ranks", "2", "--node-size", "1", "--baseline-ranks", "all"];
     args.extend(SMALL);
