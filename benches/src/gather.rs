@@ -522,10 +522,10 @@ impl DeviceRun {
 
 /// The ratio batch by batch: for each timed batch, the call's speed (by the
 /// median over the ranks of their times for it, or by the step) over the
-/// baseline's on it, and the median of those over the batches. Unlike the ratio of
-/// totals, a batch that stalled — in the call or in the baseline — moves it
-/// by one place, not by its length. `calls` holds every rank's times,
-/// rank-major, `base.len()` of them each; 0 without a baseline.
+/// baseline's on it, and the median of those over the batches. Unlike the
+/// ratio of totals, a batch that stalled — in the call or in the baseline —
+/// moves it by one place, not by its length. `calls` holds every rank's
+/// times, rank-major, `base.len()` of them each; 0 without a baseline.
 fn ratio_by_batch(calls: &[f64], call_bytes: f64, base: &[(f64, f64)]) -> f64 {
     let iters = base.len();
     if iters == 0 || calls.len() % iters != 0 {
