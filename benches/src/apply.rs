@@ -20,7 +20,9 @@ use wholemem::{Location, WholeTensor};
 use wm_comm::{CommExt, Communicator};
 use wm_embedding::{Embedding, Optimizer};
 
-use crate::gather::{BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, IdType, MoveArgs, batch_ids, one_machine, step, wall_seconds};
+use crate::gather::{
+    BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, IdType, MoveArgs, batch_ids, one_machine, ratio_by_batch, step, wall_seconds,
+};
 use crate::ranks::Started;
 use crate::report::{self, Speeds, Spread};
 
@@ -76,6 +78,10 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     // With every rank running the baseline: both timed as steps, from when
     // the last rank was ready to when the last rank was done.
     let (mut step_seconds, mut step_base_seconds) = (0.0f64, 0.0f64);
+    // Each timed batch's call and baseline times (steps with every rank on
+    // the baseline), for the ratio batch by batch.
+    let batch_bytes = (a.batch * dim * 4) as f64;
+    let (mut call_times, mut base_times) = (Vec::with_capacity(a.iters), Vec::with_capacity(a.iters));
     let mut last = Vec::new();
     for b in 0..a.warmup + a.iters {
         if a.profile && b == a.warmup {
@@ -88,7 +94,11 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         emb.apply_gradients(&ids, &grads, 1.0)?;
         let dt = t0.elapsed().as_secs_f64();
         if all_base && b >= a.warmup {
-            step_seconds += step(world.as_ref(), ready, wall_seconds())?;
+            let st = step(world.as_ref(), ready, wall_seconds())?;
+            step_seconds += st;
+            call_times.push(st);
+        } else if b >= a.warmup {
+            call_times.push(dt);
         }
         let ready = wall_seconds();
         world.barrier()?;
@@ -100,11 +110,17 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
                 }
             }
             if b >= a.warmup {
-                base_seconds += t0.elapsed().as_secs_f64();
+                let t = t0.elapsed().as_secs_f64();
+                base_seconds += t;
+                if !all_base {
+                    base_times.push((t, batch_bytes));
+                }
             }
         }
         if all_base && b >= a.warmup {
-            step_base_seconds += step(world.as_ref(), ready, wall_seconds())?;
+            let st = step(world.as_ref(), ready, wall_seconds())?;
+            step_base_seconds += st;
+            base_times.push((st, batch_bytes));
         }
         if b >= a.warmup {
             seconds += dt;
@@ -135,6 +151,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         .count();
     let bytes = (a.iters * a.batch * dim * 4) as f64;
     let stats = world.allgather_pod(&[bytes / seconds.max(1e-12) / 1e9, seconds, wrong as f64])?;
+    let all_calls = world.allgather_pod(&call_times)?;
     let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
     emb.free()?;
     if me != 0 {
@@ -153,11 +170,13 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         (None, bytes / base_seconds.max(1e-12) / 1e9)
     };
     let ratio = per_step.unwrap_or(s.median) / baseline;
+    let ratio_batches = ratio_by_batch(&all_calls, batch_bytes, &base_times);
     if a.json {
         let mut j = serde_json::json!({
             "op": "apply", "optimizer": "sgd", "type": a.ty.name(), "ranks": n, "nodes": nodes, "rows": rows, "dim": dim,
             "batch": a.batch, "iters": a.iters, "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline,
-            "baseline_ranks": if all_base { "all" } else { "one" }, "ratio": ratio, "verified": wrong_total == 0.0,
+            "baseline_ranks": if all_base { "all" } else { "one" }, "ratio": ratio,
+            "ratio_batches": ratio_batches, "verified": wrong_total == 0.0,
         });
         if let Some(g) = per_step {
             j["step_gbps_per_rank"] = serde_json::json!(g);
@@ -181,6 +200,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         };
         Speeds { per_rank: s, total, baseline, ratio }.print(what, how);
         report::print_step(per_step);
+        report::print_ratio_by_batch(ratio_batches);
         if let Some(p) = &phases {
             p.print();
         }

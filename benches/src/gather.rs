@@ -402,7 +402,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             Speeds { per_rank: s, total, baseline, ratio }
                 .print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
             report::print_step(per_step);
-            println!("  ratio by batch  {ratio_batches:.2}   median over the timed batches of each one's call beside its baseline");
+            report::print_ratio_by_batch(ratio_batches);
             println!(
                 "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
                 huge_pages * 100.0,
@@ -526,7 +526,7 @@ impl DeviceRun {
 /// ratio of totals, a batch that stalled — in the call or in the baseline —
 /// moves it by one place, not by its length. `calls` holds every rank's
 /// times, rank-major, `base.len()` of them each; 0 without a baseline.
-fn ratio_by_batch(calls: &[f64], call_bytes: f64, base: &[(f64, f64)]) -> f64 {
+pub(crate) fn ratio_by_batch(calls: &[f64], call_bytes: f64, base: &[(f64, f64)]) -> f64 {
     let iters = base.len();
     if iters == 0 || calls.len() % iters != 0 {
         return 0.0;

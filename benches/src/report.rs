@@ -60,6 +60,11 @@ pub fn print_step(per_step: Option<f64>) {
     }
 }
 
+/// The ratio batch by batch (`ratio_batches`), beside the ratio of totals.
+pub fn print_ratio_by_batch(r: f64) {
+    println!("  ratio by batch  {r:.2}   median over the timed batches of each one's call beside its baseline");
+}
+
 /// What a cached gather run reports (`wm-bench gather --cache-ratio`):
 /// the path under test beside the uncached gather of the same batches, and
 /// how well the cache did against the best static choice.

@@ -142,6 +142,7 @@ fn apply_with_every_rank_on_the_baseline_times_steps() {
     // The ratio compares the two steps.
     let (Some(step), Some(base), Some(ratio)) = (step, base, ratio) else { panic!("no step, baseline or ratio: {}", j[0]) };
     assert!(step > 0.0 && base > 0.0 && (ratio - step / base).abs() <= 1e-9 * ratio.max(1.0), "{}", j[0]);
+    assert!(j[0]["ratio_batches"].as_f64().is_some_and(|r| r.is_finite() && r > 0.0), "{}", j[0]);
     assert_eq!(j[0]["verified"], true, "{}", j[0]);
 }
 
