@@ -81,7 +81,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     // Each timed batch's call and baseline times (steps with every rank on
     // the baseline), for the ratio batch by batch.
     let batch_bytes = (a.batch * dim * 4) as f64;
-    let (mut call_times, mut base_times) = (Vec::with_capacity(a.iters), Vec::with_capacity(a.iters));
+    let (mut call_times, mut base_times) = (Vec::new(), Vec::new());
     let mut last = Vec::new();
     for b in 0..a.warmup + a.iters {
         if a.profile && b == a.warmup {

@@ -228,7 +228,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let (mut step_seconds, mut step_base_seconds) = (0.0f64, 0.0f64);
     // Each timed batch's call and baseline times (steps with every rank
     // running the baseline), for the ratio batch by batch.
-    let (mut call_times, mut base_steps) = (Vec::with_capacity(a.iters), Vec::with_capacity(a.iters));
+    let (mut call_times, mut base_steps) = (Vec::new(), Vec::new());
     let mut wrong = 0u64;
     let mut scattered: Vec<i64> = Vec::new();
     for b in 0..a.warmup + a.iters {
@@ -583,8 +583,6 @@ pub(crate) struct Baseline {
     dim: usize,
     dtype: DType,
     out: DType,
-    seconds: f64,
-    bytes: f64,
     /// Each timed batch's seconds and bytes.
     batches: Vec<(f64, f64)>,
 }
@@ -609,7 +607,7 @@ impl Baseline {
             }
         }
         let buf = vec![0u8; batch * dim * out.size()];
-        Self { op, table, buf, dim, dtype, out, seconds: 0.0, bytes: 0.0, batches: Vec::new() }
+        Self { op, table, buf, dim, dtype, out, batches: Vec::new() }
     }
 
     /// Bytes of huge pages of the private table, as a fraction.
@@ -644,8 +642,6 @@ impl Baseline {
         let dt = t0.elapsed().as_secs_f64();
         std::hint::black_box(&self.buf);
         if timed {
-            self.seconds += dt;
-            self.bytes += (ids.len() * buf_row) as f64;
             self.batches.push((dt, (ids.len() * buf_row) as f64));
         }
     }
@@ -656,15 +652,14 @@ impl Baseline {
     fn device_batch(&mut self, gpu: &mut DeviceRun, mem: &WholeMemory, timed: bool) -> Result<()> {
         let (dt, bytes) = gpu.copy(mem)?;
         if timed {
-            self.seconds += dt;
-            self.bytes += bytes as f64;
             self.batches.push((dt, bytes as f64));
         }
         Ok(())
     }
 
     pub(crate) fn gbps(&self) -> f64 {
-        self.bytes / self.seconds.max(1e-12) / 1e9
+        let (seconds, bytes) = self.batches.iter().fold((0.0, 0.0), |(s, b), &(ds, db)| (s + ds, b + db));
+        bytes / f64::max(seconds, 1e-12) / 1e9
     }
 }
 
