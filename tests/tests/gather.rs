@@ -21,6 +21,9 @@ fn gather_and_scatter_every_type_on_1_to_4_ranks() {
 fn distributed_and_hierarchy_across_simulated_nodes() {
     World::new(4).nodes_of(2).run_ok(RANK, &["gather"]);
     World::new(6).nodes_of(2).run_ok(RANK, &["gather"]);
+    // Three ranks per node: rows that two local ranks ask for and the rank
+    // that routes them does not are kept there for the fan-out.
+    World::new(6).nodes_of(3).run_ok(RANK, &["gather"]);
     // A rank per node: every row from another node lands in the output
     // straight from the socket, the hierarchy's too.
     World::new(3).nodes_of(1).run_ok(RANK, &["gather"]);
