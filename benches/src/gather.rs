@@ -379,6 +379,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 j["wire_gbps_per_rank"] = serde_json::json!(w.per_rank);
                 j["wire_share"] = serde_json::json!(w.share(a.batch * buf_row, s.median));
             }
+            if let Some(cc) = wm_comm::tcp::in_use() {
+                j["tcp_congestion"] = serde_json::json!(cc);
+            }
             report::json_line(&j);
         } else {
             println!(
@@ -415,6 +418,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                     w.cross_bytes as f64 / (1u64 << 20) as f64
                 );
                 println!("  wire share      {:.2}   of a call's time, the bare exchange's", w.share(a.batch * buf_row, s.median));
+            }
+            if let Some(cc) = wm_comm::tcp::in_use() {
+                println!("  TCP             {cc} congestion control between nodes (WM_TCP_CONGESTION)");
             }
             report::print_verified(wrong_total);
             if let Some(p) = &phases {

@@ -41,6 +41,7 @@ pub mod nccl;
 pub mod pool;
 pub mod ranks;
 pub mod socket;
+pub mod tcp;
 // Socket calls std does not offer: SCM_RIGHTS, poll, SO_PEERCRED, getifaddrs.
 #[allow(unsafe_code)]
 mod sys;

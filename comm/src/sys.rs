@@ -172,6 +172,117 @@ pub(crate) fn peer_cred(fd: RawFd) -> io::Result<(i32, u32)> {
     Ok((cred.pid, cred.uid))
 }
 
+/// Asks for congestion control `name` on TCP socket `fd`
+/// (`TCP_CONGESTION`): `ENOENT` when the kernel has no such algorithm,
+/// `EPERM` when this process may not choose it.
+pub(crate) fn set_tcp_congestion(fd: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: `name` is readable for its length; `fd` is open.
+    let r = unsafe { libc::setsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, name.as_ptr().cast(), name.len() as libc::socklen_t) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A fresh, unconnected TCP socket of `family` (`AF_INET`, `AF_INET6`),
+/// closed on drop.
+pub(crate) fn tcp_socket(family: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: socket has no memory preconditions.
+    let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a descriptor this process just opened and owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Connects the fresh TCP socket `fd` to `addr` within `timeout`, and
+/// leaves it blocking: what `TcpStream::connect_timeout` does, on a socket
+/// the caller could set options on first.
+pub(crate) fn tcp_connect(fd: RawFd, addr: std::net::SocketAddr, timeout: std::time::Duration) -> io::Result<()> {
+    // SAFETY: all-zero sockaddr_storage is a valid value to fill in.
+    let mut storage: libc::sockaddr_storage = unsafe { mem::zeroed() };
+    let len = match addr {
+        std::net::SocketAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any address.
+            let sin = unsafe { &mut *(&raw mut storage).cast::<libc::sockaddr_in>() };
+            sin.sin_family = libc::AF_INET as libc::sa_family_t;
+            sin.sin_port = a.port().to_be();
+            sin.sin_addr = libc::in_addr { s_addr: u32::from_ne_bytes(a.ip().octets()) };
+            mem::size_of::<libc::sockaddr_in>()
+        }
+        std::net::SocketAddr::V6(a) => {
+            // SAFETY: as above.
+            let sin6 = unsafe { &mut *(&raw mut storage).cast::<libc::sockaddr_in6>() };
+            sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            sin6.sin6_port = a.port().to_be();
+            sin6.sin6_addr = libc::in6_addr { s6_addr: a.ip().octets() };
+            sin6.sin6_flowinfo = a.flowinfo();
+            sin6.sin6_scope_id = a.scope_id();
+            mem::size_of::<libc::sockaddr_in6>()
+        }
+    };
+    set_nonblocking(fd, true)?;
+    // SAFETY: `storage` holds a valid address of `len` bytes; `fd` is open.
+    let r = unsafe { libc::connect(fd, (&raw const storage).cast(), len as libc::socklen_t) };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(e);
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(io::Error::new(io::ErrorKind::TimedOut, format!("connecting to {addr} timed out")));
+            }
+            let mut p = [libc::pollfd { fd, events: libc::POLLOUT, revents: 0 }];
+            if poll(&mut p, left.as_millis().clamp(1, i32::MAX as u128) as i32)? > 0 {
+                break;
+            }
+        }
+        let mut err: libc::c_int = 0;
+        let mut elen = mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `err` is writable for `elen` bytes; `fd` is open.
+        if unsafe { libc::getsockopt(fd, libc::SOL_SOCKET, libc::SO_ERROR, (&raw mut err).cast(), &mut elen) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if err != 0 {
+            return Err(io::Error::from_raw_os_error(err));
+        }
+    }
+    set_nonblocking(fd, false)
+}
+
+fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL only reads the descriptor's flags; `fd` is open.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let flags = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: F_SETFL only sets the descriptor's flags; `fd` is open.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, flags) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// The congestion control TCP socket `fd` uses.
+pub(crate) fn tcp_congestion(fd: RawFd) -> io::Result<String> {
+    // The kernel's names are at most 15 bytes and a NUL (TCP_CA_NAME_MAX).
+    let mut buf = [0u8; 16];
+    let mut len = buf.len() as libc::socklen_t;
+    // SAFETY: `buf` is writable for `len` bytes; `fd` is open.
+    let r = unsafe { libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_CONGESTION, buf.as_mut_ptr().cast(), &mut len) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let got = &buf[..(len as usize).min(buf.len())];
+    let end = got.iter().position(|&b| b == 0).unwrap_or(got.len());
+    Ok(String::from_utf8_lossy(&got[..end]).into_owned())
+}
+
 /// The first IPv4 address of the network interface `name`, if it has one.
 pub(crate) fn interface_ipv4(name: &str) -> io::Result<Option<std::net::Ipv4Addr>> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();

@@ -141,8 +141,9 @@ pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Ide
             Conn::Unix(s)
         }
         Addr::Tcp(a) => {
-            let s = TcpStream::connect_timeout(a, id.timeout.min(Duration::from_secs(30)))
-                .map_err(|e| lost(table, owner, at, "connecting", &e))?;
+            wm_comm::tcp::choice()?;
+            let s =
+                wm_comm::tcp::connect(*a, id.timeout.min(Duration::from_secs(30))).map_err(|e| lost(table, owner, at, "connecting", &e))?;
             let _ = s.set_nodelay(true);
             Conn::Tcp(s)
         }

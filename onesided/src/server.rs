@@ -104,6 +104,9 @@ impl Server {
         let addr = UnixAddr::from_abstract_name(unix_name.as_bytes()).map_err(|e| Error::io("an abstract socket name", e))?;
         let unix = UnixListener::bind_addr(&addr).map_err(|e| Error::io("binding a read server's Unix socket", e))?;
         let tcp = TcpListener::bind((s.ip, 0)).map_err(|e| Error::io(format!("binding a read server on {}", s.ip), e))?;
+        // The rows it sends go at the job's congestion control's pace, from
+        // each connection's first byte (before anyone knows the address).
+        wm_comm::tcp::listen(&tcp)?;
         let tcp_addr = tcp.local_addr().map_err(|e| Error::io("a read server's address", e))?;
         let shared = Arc::new(Shared {
             table: s.table,

@@ -175,6 +175,13 @@ pub const WM_MALLOC_TUNE: EnvVar = EnvVar {
     doc: "`0` leaves glibc's malloc as it is; by default `wm_comm::init` keeps freed memory of up to 256 MiB in the heap and serves blocks below 32 MiB from it, so the buffers each gather and scatter allocates do not fault in fresh pages every call",
 };
 
+/// The congestion control of the job's TCP connections.
+pub const WM_TCP_CONGESTION: EnvVar = EnvVar {
+    name: "WM_TCP_CONGESTION",
+    default: "the host's, unless it is BBR: then cubic, else reno",
+    doc: "the congestion control of the TCP connections between ranks and to read servers (`cubic`, `reno`, `dctcp`, …); `system` keeps the host's; a name the host does not offer or will not let this process choose is an error at start",
+};
+
 /// Every variable, for documentation and `--help` output.
 pub const ALL: &[EnvVar] = &[
     WM_RANK,
@@ -199,6 +206,7 @@ pub const ALL: &[EnvVar] = &[
     WM_KERNEL_CACHE,
     WM_UNTAGGED,
     WM_MALLOC_TUNE,
+    WM_TCP_CONGESTION,
     WM_TEST_BIN_DIR,
 ];
 

@@ -10,7 +10,6 @@
 //! dropped and reported, never fatal.
 
 use std::io;
-use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
@@ -128,6 +127,7 @@ pub(crate) fn mesh(
             if let Ok((s, _)) = l.tcp.accept() {
                 got = true;
                 let _ = s.set_nodelay(true);
+                crate::tcp::record(&s);
                 admit(Conn::Tcp(s), &judge, &tx, &in_flight, deadline);
             }
             if !got {
@@ -225,7 +225,7 @@ fn connect(me: &RankInfo, peer: &RankInfo, key: &JobKey, deadline: Instant) -> i
         Ok(Conn::Unix(s))
     } else {
         let addr = peer.tcp_addr.parse().map_err(io::Error::other)?;
-        let mut s = TcpStream::connect_timeout(&addr, left(deadline).min(Duration::from_secs(5)))?;
+        let mut s = crate::tcp::connect(addr, left(deadline).min(Duration::from_secs(5)))?;
         s.set_nodelay(true)?;
         auth::call(&mut s, key, &claim, deadline).map_err(refused)?;
         Ok(Conn::Tcp(s))

@@ -34,6 +34,7 @@ fn main() {
             "scatter-rank-order" => scatter_rank_order(&world),
             "column" => columns(&world),
             "huge-pages" => huge_pages(&world, rest),
+            "tcp-congestion" => tcp_congestion(&world, rest),
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -1037,4 +1038,16 @@ fn columns(world: &Comm) -> Result<()> {
         t.free()?;
     }
     Ok(())
+}
+
+// ------------------------------------------------------------ TCP congestion
+
+/// The congestion control this rank's TCP connections report is `rest[0]`
+/// (`none`: it has none, all its peers are on its node), and collectives
+/// work over them.
+fn tcp_congestion(world: &Comm, rest: &[String]) -> Result<()> {
+    let want = rest.first().context("tcp-congestion needs the expected algorithm, or none")?;
+    let got = wm_comm::tcp::in_use();
+    ensure!(got.unwrap_or("none") == want, "rank {}: TCP connections use {got:?}, expected {want}", world.rank());
+    collectives(world)
 }
