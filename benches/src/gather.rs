@@ -379,7 +379,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 j["wire_gbps_per_rank"] = serde_json::json!(w.per_rank);
                 j["wire_share"] = serde_json::json!(w.share(a.batch * buf_row, s.median));
             }
-            if let Some(cc) = wm_comm::tcp::in_use() {
+            // Under MPI the rows between nodes travel through MPI's own
+            // connections, whose congestion control is the host's.
+            if let Some(cc) = wm_comm::tcp::in_use().filter(|_| world.backend() == "socket") {
                 j["tcp_congestion"] = serde_json::json!(cc);
             }
             report::json_line(&j);
@@ -419,7 +421,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 );
                 println!("  wire share      {:.2}   of a call's time, the bare exchange's", w.share(a.batch * buf_row, s.median));
             }
-            if let Some(cc) = wm_comm::tcp::in_use() {
+            if let Some(cc) = wm_comm::tcp::in_use().filter(|_| world.backend() == "socket") {
                 println!("  TCP             {cc} congestion control between nodes (WM_TCP_CONGESTION)");
             }
             report::print_verified(wrong_total);

@@ -7,9 +7,9 @@
 //! as fast as the receiver takes it. BBR paces every connection at the
 //! bandwidth it has measured, and a connection whose receiver was busy
 //! copying rows measures little: between two network namespaces on the
-//! development machine, BBR (that host's default) halved the bare
-//! exchange of a two-ranks-per-node gather (0.75–0.85 GB/s per rank against
-//! 1.6–1.8 with Cubic or Reno, `docs/performance.md`, tenth pass).
+//! development machine, BBR (that host's default) held the bare exchange
+//! of a two-ranks-per-node gather to 0.74–0.83 GB/s per rank, against
+//! 1.30–1.50 with Cubic (`docs/performance.md`, tenth pass).
 //!
 //! So by default the job keeps the host's choice unless it is BBR, and then
 //! asks for Cubic, else Reno — where this process may choose them
@@ -80,21 +80,24 @@ impl Congestion {
     /// Decides, on a fresh socket, the algorithm to ask for on every
     /// connection: `None` leaves the host's.
     fn resolve(&self) -> Result<Option<String>> {
-        let fresh = sys::tcp_socket(libc::AF_INET).map_err(|e| Error::io("opening a TCP socket to check the congestion control", e))?;
-        let fd = fresh.as_raw_fd();
         match self {
             Self::System => Ok(None),
-            Self::Default => {
-                let host = sys::tcp_congestion(fd).map_err(|e| Error::io("reading the host's congestion control", e))?;
+            // Best effort: a host whose choice cannot even be read keeps it.
+            Self::Default => Ok(sys::tcp_socket(libc::AF_INET).ok().and_then(|fresh| {
+                let fd = fresh.as_raw_fd();
+                let host = sys::tcp_congestion(fd).ok()?;
                 if !host.starts_with("bbr") {
-                    return Ok(None);
+                    return None;
                 }
-                Ok(INSTEAD_OF_PACING.iter().find(|name| sys::set_tcp_congestion(fd, name).is_ok()).map(|name| (*name).to_owned()))
+                INSTEAD_OF_PACING.iter().find(|name| sys::set_tcp_congestion(fd, name).is_ok()).map(|name| (*name).to_owned())
+            })),
+            Self::Named(name) => {
+                let fresh =
+                    sys::tcp_socket(libc::AF_INET).map_err(|e| Error::io("opening a TCP socket to check the congestion control", e))?;
+                sys::set_tcp_congestion(fresh.as_raw_fd(), name)
+                    .map_err(|e| Error::Bootstrap(format!("{}={name:?}: {}", WM_TCP_CONGESTION.name, refusal(&e))))?;
+                Ok(Some(name.clone()))
             }
-            Self::Named(name) => match sys::set_tcp_congestion(fd, name) {
-                Ok(()) => Ok(Some(name.clone())),
-                Err(e) => Err(Error::Bootstrap(format!("{}={name:?}: {}", WM_TCP_CONGESTION.name, refusal(&e)))),
-            },
         }
     }
 }
