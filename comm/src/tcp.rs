@@ -190,9 +190,9 @@ pub fn record(s: &TcpStream) {
     }
 }
 
-/// The congestion control of this process's TCP connections between
-/// ranks, read back from the first one [`record`]ed; `None` before any
-/// (a job on one node has none).
+/// The congestion control of this process's TCP connections — the mesh
+/// between ranks, a one-sided reader's — read back from the first one
+/// [`record`]ed; `None` before any (a job on one node has none).
 pub fn in_use() -> Option<&'static str> {
     IN_USE.get().map(String::as_str)
 }
