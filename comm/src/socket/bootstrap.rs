@@ -200,9 +200,6 @@ pub(crate) struct Listeners {
 impl Listeners {
     /// Opens both listeners, the TCP one on `ip`.
     pub fn open(rank: usize, world: usize, node: &NodeIdentity, ip: Chosen) -> Result<Self> {
-        // A congestion control the host refuses is an error here, before
-        // any rank waits for this one.
-        crate::tcp::choice()?;
         let nonce = crate::auth::random_u64()?;
         let unix_name = format!("{UNIX_PREFIX}{}.{:016x}", std::process::id(), crate::auth::random_u64()?);
         let addr = UnixAddr::from_abstract_name(unix_name.as_bytes()).map_err(|e| Error::io("abstract socket name", e))?;
@@ -217,7 +214,8 @@ impl Listeners {
             }
             Err(e) => return Err(Error::io(format!("binding the TCP listener on {}", ip.addr), e)),
         };
-        // Connections are born with the job's congestion control.
+        // Connections are born with the job's congestion control; one the
+        // host refuses is an error here, before any rank waits for this one.
         crate::tcp::listen(&tcp)?;
         unix.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
         tcp.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
