@@ -238,19 +238,25 @@ fn another_user_is_refused_on_node_local_sockets() {
     let r1_pid = r1.id();
     wait_for("rank 1's listener", || unix_listener_of(r1_pid).is_some());
     let name = unix_listener_of(r1_pid).unwrap();
-    // Connects as uid 65534 and reports what the rank sent: nothing, it
-    // must close at once.
+    // Connects as uid 65534, says so on stdout, and reports what the rank
+    // sent: nothing, it must close at once.
     let script = format!(
-        "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.settimeout(90)\ns.connect('\\0{name}')\nd=s.recv(1)\nsys.exit(0 if d==b'' else 3)\n"
+        "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.settimeout(90)\ns.connect('\\0{name}')\nprint('connected',flush=True)\nd=s.recv(1)\nsys.exit(0 if d==b'' else 3)\n"
     );
-    let stranger = Command::new("python3").arg("-c").arg(script).uid(65534).gid(65534).spawn().expect("python3 runs");
-    thread::sleep(Duration::from_millis(300));
+    let mut stranger =
+        Command::new("python3").arg("-c").arg(script).uid(65534).gid(65534).stdout(Stdio::piped()).spawn().expect("python3 runs");
+    // Rank 2 starts only once the stranger is in rank 1's queue: started
+    // earlier, on a loaded machine the job can finish and close the
+    // listener before the interpreter has even connected.
+    let mut said = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stranger.stdout.take().unwrap()), &mut said).unwrap();
+    assert_eq!(said.trim(), "connected", "the other user's process could not connect to rank 1's listener @{name}");
     let r2 = rank(2, 3, "127.0.0.1:0", &env, &["collectives"]);
     let outs = [finish(r0, "rank 0"), finish(r1, "rank 1"), finish(r2, "rank 2")];
     for (r, o) in outs.iter().enumerate() {
         assert!(o.status.success(), "rank {r} failed: {}", text(o));
     }
-    let st = stranger.wait_with_output().unwrap().status;
+    let st = stranger.wait().unwrap();
     assert!(st.success(), "the other user's process was answered (status {st:?})");
     let log1 = text(&outs[1]);
     assert!(log1.contains("runs as uid 65534"), "rank 1 did not report the other user: {log1}");
