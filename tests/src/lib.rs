@@ -135,6 +135,12 @@ pub fn random_key() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// Whether this process runs as root (read from `/proc`: no unsafe call).
+pub fn running_as_root() -> bool {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status.lines().find(|l| l.starts_with("Uid:")).and_then(|l| l.split_whitespace().nth(2)) == Some("0")
+}
+
 /// Every rank's output, prefixed with its rank.
 pub fn transcript(r: &Report) -> String {
     let mut s = String::new();

@@ -225,7 +225,7 @@ fn strangers_and_wrong_keys_are_refused_and_the_job_completes() {
 #[test]
 fn another_user_is_refused_on_node_local_sockets() {
     use std::os::unix::process::CommandExt;
-    if running_as_root().is_none() {
+    if !wm_tests::running_as_root() {
         println!("SKIP another_user_is_refused_on_node_local_sockets: needs root to run a process as another user");
         return;
     }
@@ -260,13 +260,6 @@ fn another_user_is_refused_on_node_local_sockets() {
     assert!(st.success(), "the other user's process was answered (status {st:?})");
     let log1 = text(&outs[1]);
     assert!(log1.contains("runs as uid 65534"), "rank 1 did not report the other user: {log1}");
-}
-
-/// Whether this process runs as root (read from /proc: no unsafe call).
-fn running_as_root() -> Option<()> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let uid = status.lines().find(|l| l.starts_with("Uid:"))?.split_whitespace().nth(2)?.to_owned();
-    (uid == "0").then_some(())
 }
 
 #[test]

@@ -76,7 +76,7 @@ pub const WM_JOB_KEY_FILE: EnvVar = EnvVar {
 pub const WM_RENDEZVOUS_PORT_FILE: EnvVar = EnvVar {
     name: "WM_RENDEZVOUS_PORT_FILE",
     default: "unset (a `host:0` rendezvous needs it)",
-    doc: "with `WM_RENDEZVOUS=host:0`, rank 0 listens on a port the kernel picks and writes it to this file; the other ranks read it there (wm-run --tcp uses this)",
+    doc: "with `WM_RENDEZVOUS=host:0`, rank 0 listens on a port the kernel picks and writes it to this file; the other ranks read it there, again before each attempt, so a file an earlier job left behind only delays them (wm-run --tcp uses this)",
 };
 /// The largest frame a rank accepts from a peer.
 pub const WM_MAX_FRAME_GIB: EnvVar = EnvVar {

@@ -48,6 +48,10 @@ pub(crate) fn run(
     key: &JobKey,
     deadline: Instant,
 ) -> Result<(Listeners, Vec<RankInfo>)> {
+    // A congestion control the host refuses fails this rank here, before
+    // it publishes a port or waits for rank 0 (the listeners would fail
+    // on it later, after others had waited).
+    crate::tcp::choice()?;
     match how {
         Rendezvous::Tcp(addr) if rank == 0 => tcp_serve(world, node, addr, key, deadline),
         Rendezvous::Tcp(addr) => tcp_join(rank, world, node, addr, key, deadline),
@@ -259,15 +263,23 @@ fn tcp_join(
     key: &JobKey,
     deadline: Instant,
 ) -> Result<(Listeners, Vec<RankInfo>)> {
-    let addr = match addr.rsplit_once(':') {
-        Some((host, "0")) => format!("{host}:{}", published_port(deadline)?),
-        _ => addr.to_owned(),
-    };
+    // With port 0 the port file is read again before each attempt: a file
+    // an earlier job left behind gives a dead port until rank 0 publishes
+    // this job's over it.
+    let picked = addr.strip_suffix(":0");
+    let mut at;
     // The nonce goes into the claim before the record exists, so it is
     // drawn here and the record made to match.
     let mut last;
+    // Whether the last attempt reached a process there: then a refused
+    // handshake points at the key; otherwise at rank 0 itself.
+    let mut reached;
     let (mut s, l) = loop {
-        let attempt = addr.to_socket_addrs().and_then(|mut a| {
+        at = match picked {
+            Some(host) => format!("{host}:{}", published_port(deadline)?),
+            None => addr.to_owned(),
+        };
+        let attempt = at.to_socket_addrs().and_then(|mut a| {
             let a = a.next().ok_or_else(|| io::Error::other("the name has no address"))?;
             TcpStream::connect_timeout(&a, left(deadline).min(Duration::from_secs(5)))
         });
@@ -281,16 +293,18 @@ fn tcp_join(
                     Claim { purpose: Purpose::Rendezvous, rank: rank as u64, world: world as u64, from_nonce: l.info.nonce, to_nonce: 0 };
                 match auth::call(&mut s, key, &claim, deadline) {
                     Ok(()) => break (s, l),
-                    Err(e) => last = format!("the process there did not complete the handshake: {e}"),
+                    Err(e) => (last, reached) = (format!("the process there did not complete the handshake: {e}"), true),
                 }
             }
-            Err(e) => last = e.to_string(),
+            Err(e) => (last, reached) = (e.to_string(), false),
         }
         if Instant::now() >= deadline {
-            return Err(Error::Bootstrap(format!(
-                "rank {rank} could not join rank 0 at {addr}: {last} (is {} the same on every rank?)",
-                wm_topology::env::WM_JOB_KEY.name
-            )));
+            let hint = if reached {
+                format!("is {} the same on every rank?", wm_topology::env::WM_JOB_KEY.name)
+            } else {
+                "is rank 0 running, and listening at that address? It may have failed at its start".to_owned()
+            };
+            return Err(Error::Bootstrap(format!("rank {rank} could not join rank 0 at {at}: {last} ({hint})")));
         }
         std::thread::sleep(Duration::from_millis(50));
     };
