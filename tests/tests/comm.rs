@@ -179,21 +179,31 @@ fn a_congestion_control_the_host_refuses_is_an_error_at_start_naming_it() {
     }
 }
 
-/// A port file an earlier job left behind names a port nobody listens on
-/// any more; a rank that starts before this job's rank 0 reads it, and must
-/// still join once rank 0 publishes its own port over it.
+/// A port file an earlier job left behind names a port that is no longer
+/// the job's: here a listener of the test's own, which answers rank 1's
+/// connection and hangs up, as whatever took the port over might. Rank 1
+/// starts first and must still join once this job's rank 0 publishes its
+/// own port over the file.
 #[test]
 fn a_port_file_left_by_an_earlier_job_does_not_keep_a_rank_out() {
     let job = ByHand::new();
-    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    std::fs::write(job.port_file(), format!("{dead}\n")).unwrap();
+    let squatter = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let old = squatter.local_addr().unwrap().port();
+    std::fs::write(job.port_file(), format!("{old}\n")).unwrap();
     let r1 = job.rank(1, &[], &["collectives"]);
-    // Rank 1 is connecting to the dead port by now (it retries every 50 ms).
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Rank 0 starts only once rank 1 has read the old port and called
+    // there; the call is accepted and dropped at once.
+    squatter.set_nonblocking(true).unwrap();
+    let start = std::time::Instant::now();
+    while squatter.accept().is_err() {
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "rank 1 never called at the old port {old}");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    drop(squatter);
     let r0 = job.rank(0, &[], &["collectives"]);
     for (r, c) in [(0, r0), (1, r1)] {
         let o = c.wait_with_output().unwrap();
-        assert!(o.status.success(), "rank {r} (the port file first held the dead port {dead}): {}", said(&o));
+        assert!(o.status.success(), "rank {r} (the port file first held the old port {old}): {}", said(&o));
     }
     assert!(wm_tests::shm_leftovers().is_empty(), "left in /dev/shm: {:?}", wm_tests::shm_leftovers());
 }
