@@ -214,8 +214,10 @@ impl Listeners {
             }
             Err(e) => return Err(Error::io(format!("binding the TCP listener on {}", ip.addr), e)),
         };
-        // Connections are born with the job's congestion control; one the
-        // host refuses is an error here, before any rank waits for this one.
+        // Connections are born with the job's congestion control. One the
+        // host refuses has already failed a rank that meets at a rendezvous
+        // (`rendezvous::run` checks first); under MPI it fails here, before
+        // the records are exchanged.
         crate::tcp::listen(&tcp)?;
         unix.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
         tcp.set_nonblocking(true).map_err(|e| Error::io("listener", e))?;
