@@ -357,6 +357,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         // With every rank running the baseline, the steps compare: what
         // a rank gets when the machine's cores are shared the same way.
         let ratio = per_step.unwrap_or(s.median) / baseline;
+        // Under MPI the rows between nodes travel through MPI's own
+        // connections, whose congestion control is the host's.
+        let tcp_congestion = wm_comm::tcp::in_use().filter(|_| world.backend() == "socket");
         if a.json {
             let j = serde_json::json!({
                 "op": op.name(), "type": a.ty.name(), "location": a.location.name(),
@@ -379,9 +382,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 j["wire_gbps_per_rank"] = serde_json::json!(w.per_rank);
                 j["wire_share"] = serde_json::json!(w.share(a.batch * buf_row, s.median));
             }
-            // Under MPI the rows between nodes travel through MPI's own
-            // connections, whose congestion control is the host's.
-            if let Some(cc) = wm_comm::tcp::in_use().filter(|_| world.backend() == "socket") {
+            if let Some(cc) = tcp_congestion {
                 j["tcp_congestion"] = serde_json::json!(cc);
             }
             report::json_line(&j);
@@ -421,7 +422,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 );
                 println!("  wire share      {:.2}   of a call's time, the bare exchange's", w.share(a.batch * buf_row, s.median));
             }
-            if let Some(cc) = wm_comm::tcp::in_use().filter(|_| world.backend() == "socket") {
+            if let Some(cc) = tcp_congestion {
                 println!("  TCP             {cc} congestion control between nodes (WM_TCP_CONGESTION)");
             }
             report::print_verified(wrong_total);

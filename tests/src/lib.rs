@@ -135,6 +135,42 @@ pub fn random_key() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// A rank of `program` to start by hand rather than through the launcher
+/// (so a test can act between ranks starting), as a command to adjust and
+/// spawn: rank `rank` of `world` meeting at `rendezvous`, a 60-second
+/// timeout, no job key, node id or congestion control from the test's own
+/// environment, then `env`; stdout and stderr piped.
+pub fn rank_by_hand(
+    program: impl AsRef<std::ffi::OsStr>,
+    rank: usize,
+    world: usize,
+    rendezvous: &str,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Command {
+    use std::process::Stdio;
+    let mut c = std::process::Command::new(program);
+    c.args(args)
+        .env("WM_RANK", rank.to_string())
+        .env("WM_WORLD_SIZE", world.to_string())
+        .env("WM_RENDEZVOUS", rendezvous)
+        .env("WM_TIMEOUT_S", "60")
+        .env_remove("WM_JOB_KEY")
+        .env_remove("WM_JOB_KEY_FILE")
+        .env_remove("WM_NODE_ID")
+        .env_remove("WM_TCP_CONGESTION")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// What a process printed, stdout then stderr.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
 /// Whether this process runs as root (read from `/proc`: no unsafe call).
 pub fn running_as_root() -> bool {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();

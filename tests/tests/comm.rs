@@ -99,30 +99,16 @@ impl ByHand {
     /// Starts rank `rank` of 2.
     fn rank(&self, rank: usize, env: &[(&str, &str)], args: &[&str]) -> std::process::Child {
         use std::os::unix::process::CommandExt;
-        let mut c = std::process::Command::new(&self.program);
-        c.args(args)
-            .env("WM_RANK", rank.to_string())
-            .env("WM_WORLD_SIZE", "2")
-            .env("WM_NODE_ID", format!("by-hand-node-{rank}"))
-            .env("WM_RENDEZVOUS", "127.0.0.1:0")
+        let mut c = wm_tests::rank_by_hand(&self.program, rank, 2, "127.0.0.1:0", &[], args);
+        c.env("WM_NODE_ID", format!("by-hand-node-{rank}"))
             .env("WM_RENDEZVOUS_PORT_FILE", self.port_file())
             .env("WM_JOB_KEY", &self.key)
-            .env("WM_TIMEOUT_S", "60")
-            .env_remove("WM_JOB_KEY_FILE")
-            .env_remove("WM_TCP_CONGESTION")
-            .envs(env.iter().copied())
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+            .envs(env.iter().copied());
         if let Some(uid) = self.uid {
             c.uid(uid).gid(uid);
         }
         c.spawn().unwrap_or_else(|e| panic!("starting {} (uid {:?}): {e}", self.program.display(), self.uid))
     }
-}
-
-fn said(o: &std::process::Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// A process without privileges may choose only what
@@ -148,7 +134,11 @@ fn an_unprivileged_process_chooses_only_what_the_host_allows() {
     let ranks = [job.rank(0, &[], &["tcp-congestion", &expected]), job.rank(1, &[], &["tcp-congestion", &expected])];
     for (r, c) in ranks.into_iter().enumerate() {
         let o = c.wait_with_output().unwrap();
-        assert!(o.status.success(), "unprivileged rank {r} (expected {expected} on a host of {host}, allowed {allowed:?}): {}", said(&o));
+        assert!(
+            o.status.success(),
+            "unprivileged rank {r} (expected {expected} on a host of {host}, allowed {allowed:?}): {}",
+            wm_tests::output_text(&o)
+        );
     }
     assert!(wm_tests::shm_leftovers().is_empty(), "left in /dev/shm: {:?}", wm_tests::shm_leftovers());
 
@@ -158,7 +148,7 @@ fn an_unprivileged_process_chooses_only_what_the_host_allows() {
     };
     for r in 0..2 {
         let o = job.rank(r, &[("WM_TCP_CONGESTION", &refused)], &["collectives"]).wait_with_output().unwrap();
-        let text = said(&o);
+        let text = wm_tests::output_text(&o);
         assert!(!o.status.success(), "unprivileged rank {r} was let choose {refused}: {text}");
         let want = format!(
             "WM_TCP_CONGESTION={refused:?}: this process may not choose it (unprivileged processes may choose: {}",
@@ -203,7 +193,7 @@ fn a_port_file_left_by_an_earlier_job_does_not_keep_a_rank_out() {
     let r0 = job.rank(0, &[], &["collectives"]);
     for (r, c) in [(0, r0), (1, r1)] {
         let o = c.wait_with_output().unwrap();
-        assert!(o.status.success(), "rank {r} (the port file first held the old port {old}): {}", said(&o));
+        assert!(o.status.success(), "rank {r} (the port file first held the old port {old}): {}", wm_tests::output_text(&o));
     }
     assert!(wm_tests::shm_leftovers().is_empty(), "left in /dev/shm: {:?}", wm_tests::shm_leftovers());
 }

@@ -24,22 +24,7 @@ const SEC: &str = env!("CARGO_BIN_EXE_wm-test-security");
 
 /// One rank started by hand.
 fn rank(rank: usize, world: usize, rendezvous: &str, env: &[(&str, &str)], args: &[&str]) -> Child {
-    let mut c = Command::new(wm_tests::relocated(SEC));
-    c.args(args)
-        .env("WM_RANK", rank.to_string())
-        .env("WM_WORLD_SIZE", world.to_string())
-        .env("WM_RENDEZVOUS", rendezvous)
-        .env("WM_TIMEOUT_S", "60")
-        .env_remove("WM_JOB_KEY")
-        .env_remove("WM_JOB_KEY_FILE")
-        .env_remove("WM_NODE_ID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.spawn().unwrap()
+    wm_tests::rank_by_hand(wm_tests::relocated(SEC), rank, world, rendezvous, env, args).spawn().unwrap()
 }
 
 fn finish(c: Child, what: &str) -> Output {
@@ -154,10 +139,6 @@ fn unix_stranger(name: String, how: Stranger, hold: Duration) -> thread::JoinHan
     })
 }
 
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 /// Ranks 0 and 1 of 3 start and wait for rank 2; strangers and a process
 /// with a wrong key try the rendezvous and rank 1's mesh listeners; then
 /// the real rank 2 starts and the job must complete.
@@ -201,22 +182,22 @@ fn strangers_and_wrong_keys_are_refused_and_the_job_completes() {
     }
     let impostor = finish(impostor, "the process with a wrong key");
     assert!(!impostor.status.success(), "a process with a wrong key joined the job");
-    let said = text(&impostor);
+    let said = wm_tests::output_text(&impostor);
     assert!(said.contains("could not join rank 0") && said.contains("WM_JOB_KEY"), "{said}");
 
     // Now the real rank 2: the job must start and finish.
     let r2 = rank(2, 3, "127.0.0.1:0", &env, &["collectives"]);
     let outs = [finish(r0, "rank 0"), finish(r1, "rank 1"), finish(r2, "rank 2")];
     for (r, o) in outs.iter().enumerate() {
-        assert!(o.status.success(), "rank {r} failed: {}", text(o));
+        assert!(o.status.success(), "rank {r} failed: {}", wm_tests::output_text(o));
     }
     for (what, s) in strangers {
         assert!(!s.join().unwrap(), "{what}: a stranger without the key got an answer to its handshake");
     }
-    let log0 = text(&outs[0]);
+    let log0 = wm_tests::output_text(&outs[0]);
     assert!(log0.contains("rank 0 refused a rendezvous connection"), "rank 0 did not report the strangers: {log0}");
     assert!(log0.contains("does not hold the job key"), "rank 0 did not report the wrong key: {log0}");
-    let log1 = text(&outs[1]);
+    let log1 = wm_tests::output_text(&outs[1]);
     assert!(log1.contains("rank 1 refused a connection from"), "rank 1 did not report the strangers at its mesh listeners: {log1}");
 }
 
@@ -254,11 +235,11 @@ fn another_user_is_refused_on_node_local_sockets() {
     let r2 = rank(2, 3, "127.0.0.1:0", &env, &["collectives"]);
     let outs = [finish(r0, "rank 0"), finish(r1, "rank 1"), finish(r2, "rank 2")];
     for (r, o) in outs.iter().enumerate() {
-        assert!(o.status.success(), "rank {r} failed: {}", text(o));
+        assert!(o.status.success(), "rank {r} failed: {}", wm_tests::output_text(o));
     }
     let st = stranger.wait().unwrap();
     assert!(st.success(), "the other user's process was answered (status {st:?})");
-    let log1 = text(&outs[1]);
+    let log1 = wm_tests::output_text(&outs[1]);
     assert!(log1.contains("runs as uid 65534"), "rank 1 did not report the other user: {log1}");
 }
 
@@ -267,7 +248,7 @@ fn a_bare_host_port_rendezvous_without_a_key_is_refused_with_advice() {
     let r = rank(1, 2, "127.0.0.1:9", &[], &["collectives"]);
     let out = finish(r, "a rank without a key");
     assert!(!out.status.success());
-    let said = text(&out);
+    let said = wm_tests::output_text(&out);
     assert!(said.contains("needs a job key") && said.contains("WM_JOB_KEY") && said.contains("openssl rand -hex 32"), "{said}");
 }
 
@@ -280,7 +261,7 @@ fn a_rendezvous_directory_keeps_a_private_key_and_refuses_shared_directories() {
     let ranks: Vec<Child> = (0..2).map(|r| rank(r, 2, &rv, &[], &["collectives"])).collect();
     for (r, c) in ranks.into_iter().enumerate() {
         let o = finish(c, &format!("rank {r}"));
-        assert!(o.status.success(), "rank {r}: {}", text(&o));
+        assert!(o.status.success(), "rank {r}: {}", wm_tests::output_text(&o));
     }
     let key_file = dir.0.join("job.key");
     let meta = std::fs::metadata(&key_file).expect("the directory holds the job key");
@@ -293,7 +274,7 @@ fn a_rendezvous_directory_keeps_a_private_key_and_refuses_shared_directories() {
     let rv = format!("dir:{}", shared.0.display());
     let o = finish(rank(0, 2, &rv, &[], &["collectives"]), "a rank in a shared directory");
     assert!(!o.status.success());
-    let said = text(&o);
+    let said = wm_tests::output_text(&o);
     assert!(said.contains("planted by another user") && said.contains("mode 777"), "{said}");
     assert!(!Path::new(&shared.0.join("job.key")).exists(), "a key was written into a directory others can write");
 }
