@@ -4,9 +4,9 @@
 //! tests with fixed seeds and significance; small and zero degrees; the
 //! same samples on 1 and 3 ranks and with 1 and 4 threads; fanouts from 0
 //! to past the degree, weighted and not, as a property run on every type
-//! and id type; multi-hop blocks and `append_unique`; bad ids and edges
-//! failing on every rank, then a good call working. 1–4 ranks and 2
-//! simulated nodes.
+//! and id type; multi-hop blocks and `append_unique`; bad ids, edges and
+//! partitions failing on every rank, then a good call working. 1–4 ranks
+//! and 2 simulated nodes.
 
 use wm_tests::World;
 
@@ -105,4 +105,16 @@ fn weighted_fanout_zero_underflow_on_every_table_type() {
     let report = World::new(4).nodes_of(2).run_ok(GRAPH, &["fanout-property"]);
     let out = wm_tests::transcript(&report);
     assert!(out.contains("host hierarchy I64") && out.contains("host distributed I32"), "two nodes:\n{out}");
+}
+
+/// Issue 30, item 6: `wm_graph::load` summed the caller's node counts per
+/// rank unchecked; counts past `usize::MAX` in all must be an error naming
+/// them on every rank, then a good load works.
+#[test]
+fn load_partition_summed_unchecked_past_usize_max() {
+    for n in [2, 3] {
+        let dir = tempdir(&format!("partition{n}"));
+        World::new(n).run_ok(GRAPH, &["load-partition", dir.to_str().expect("utf-8")]);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 }

@@ -42,6 +42,10 @@ fn main() {
             "blocks" => blocks(&world, loc),
             "bad-input" => bad_input(&world),
             "fanout-property" => fanout_property(&world, loc),
+            "load-partition" => {
+                let dir = PathBuf::from(args.get(1).context("usage: wm-test-graph load-partition DIR")?);
+                load_partition(&world, &dir)
+            }
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -603,6 +607,32 @@ fn fanout_property(world: &Comm, loc: Location) -> Result<()> {
     run.map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
     if rank == 0 {
         println!("fanout property: {PROPERTY_CASES} cases, fanouts 0..={}, on {}", most + 2, names.join(", "));
+    }
+    Ok(())
+}
+
+/// A stored graph loaded with node counts per rank that sum past
+/// `usize::MAX` (issue 30, item 6: the sum was unchecked): an error naming
+/// them on every rank, for every type; then a load with a good partition.
+fn load_partition(world: &Comm, dir: &std::path::Path) -> Result<()> {
+    let (nodes, w) = (40, world.size());
+    let g = small_graph(world, MemoryType::Distributed, Location::Host, false)?;
+    wm_graph::store(&g, dir)?;
+    g.free()?;
+    for ty in types_at(world, Location::Host) {
+        for big in [usize::MAX, usize::MAX - 1, usize::MAX / 2 + 1] {
+            let mut counts = vec![usize::MAX / 2 + 1; w];
+            counts[0] = big;
+            let r = wm_graph::load(world, dir, ty, Location::Host, Some(&counts)).map(|g| g.nodes());
+            let want = format!("the node partition {counts:?} is not {w} counts summing to {nodes} nodes");
+            ensure!(r.as_ref().is_err_and(|e| e.to_string().contains(&want)), "{ty}: load with {counts:?} gave {r:?}");
+        }
+        let mut counts = vec![0; w];
+        counts[w - 1] = nodes;
+        let g = wm_graph::load(world, dir, ty, Location::Host, Some(&counts))?;
+        let s = sample_neighbors(&g, &[HUB], ALL, 1)?;
+        ensure!(g.nodes() == nodes && s.of(0).len() == DEG, "{ty}: the load after a bad partition gave {s:?}");
+        g.free()?;
     }
     Ok(())
 }
