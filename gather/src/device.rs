@@ -314,7 +314,7 @@ fn gather_nccl(
 
     // 2. Who asks whom for how many: every rank's counts.
     let all = comm.allgather_pod(&counts.iter().map(|&c| u64::from(c)).collect::<Vec<u64>>())?;
-    let asked: Vec<usize> = (0..n).map(|r| all[r * n + me] as usize).collect();
+    let asked = asked_of(&all, n, me, rb, comm.world_ranks())?;
     let total_asked: usize = asked.iter().sum();
     let offsets = |v: &[usize]| -> Vec<usize> {
         v.iter()
@@ -591,9 +591,77 @@ pub(crate) fn write_slots(
     sync(mem)
 }
 
+/// The ids each rank asks this one (`me`) for in a device exchange, from
+/// every rank's allgathered counts (`all[s * n + q]`: ids rank `s` sends
+/// rank `q`; `world` names the members' world ranks). What peers send is
+/// input, and every rank sees every count: each rank checks them all alike
+/// — each below `i32::MAX` (the ids one exchange takes), every rank's
+/// replies (its total × `row_bytes`) within `usize` — so either every rank
+/// goes on to the exchange or every one fails with the same error.
+fn asked_of(all: &[u64], n: usize, me: usize, row_bytes: usize, world: &[usize]) -> Result<Vec<usize>> {
+    if all.len() != n * n || world.len() != n {
+        return Err(Error::InvalidArgument(format!("{} counts and {} world ranks for {n} ranks", all.len(), world.len())));
+    }
+    let most = i32::MAX as u64 - 1;
+    if let Some(i) = all.iter().position(|&c| c > most) {
+        let detail = format!("it sends {} ids to rank {} in one device exchange; at most {most}", all[i], world[i % n]);
+        return Err(Error::Malformed { rank: world[i / n], detail });
+    }
+    for q in 0..n {
+        // At most `n × (2^31 - 2)`: no overflow for any `n` below 2^32.
+        let total: usize = (0..n).map(|s| all[s * n + q] as usize).sum();
+        wholemem::checked_size(&format!("rank {}'s replies in a device exchange, ids × row bytes", world[q]), &[total, row_bytes])?;
+    }
+    Ok((0..n).map(|s| all[s * n + me] as usize).collect())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::last_occurrences;
+    use proptest::prelude::*;
+
+    use super::{asked_of, last_occurrences};
+    use crate::Error;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Issue 30, item 6: the device exchange summed its peers' counts
+        /// and multiplied the total by the row size unchecked. Counts near
+        /// `i32::MAX`, 2^63 and 2^64 and row sizes near `usize::MAX`: the
+        /// column of this rank, or an error naming the sender and count (or
+        /// the size's factors), never a wrapped size, never a panic.
+        #[test]
+        fn device_exchange_peer_counts_unchecked(
+            (n, all) in (1usize..5).prop_flat_map(|n| {
+                let count = prop_oneof![0u64..100, i32::MAX as u64 - 3..=i32::MAX as u64 + 3, u64::MAX - 3..=u64::MAX, any::<u64>()];
+                (Just(n), proptest::collection::vec(count, n * n))
+            }),
+            me in 0usize..4,
+            row_bytes in prop_oneof![1usize..64, usize::MAX / 64..=usize::MAX],
+        ) {
+            let me = me % n;
+            let world: Vec<usize> = (0..n).map(|r| 10 + r).collect();
+            match asked_of(&all, n, me, row_bytes, &world) {
+                Ok(asked) => {
+                    prop_assert!(all.iter().all(|&c| c < i32::MAX as u64), "{:?} accepted", all);
+                    prop_assert_eq!(asked, (0..n).map(|s| all[s * n + me] as usize).collect::<Vec<_>>());
+                    for q in 0..n {
+                        let total: u128 = (0..n).map(|s| u128::from(all[s * n + q])).sum();
+                        prop_assert!(total * row_bytes as u128 <= usize::MAX as u128);
+                    }
+                }
+                Err(Error::Malformed { rank, detail }) => {
+                    let i = all.iter().position(|&c| c >= i32::MAX as u64).expect("a count past the limit");
+                    prop_assert_eq!(rank, world[i / n]);
+                    prop_assert!(detail.contains(&format!("it sends {} ids to rank {}", all[i], world[i % n])), "{}", detail);
+                }
+                Err(Error::Memory(e @ wholemem::Error::SizeOverflow { .. })) => {
+                    prop_assert!(e.to_string().contains(&row_bytes.to_string()), "{}", e);
+                }
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
 
     #[test]
     fn only_the_last_occurrence_of_a_row_is_kept() {

@@ -159,6 +159,22 @@ impl<'a> EdgeList<'a> {
     }
 }
 
+/// The edge partition from every rank's edge count (`ranks`: their world
+/// ranks). The counts are allgathered, the same on every rank, so every
+/// rank decides alike; what a peer sends is input: a count that takes the
+/// total past `i64::MAX` (the offsets' type) is an error naming its rank.
+fn edge_partition(counts: &[u64], ranks: &[usize]) -> Result<Partition> {
+    let mut total = 0u64;
+    for (&c, &rank) in counts.iter().zip(ranks) {
+        total = total.checked_add(c).filter(|&t| t <= i64::MAX as u64).ok_or_else(|| Error::PeerFailed {
+            rank,
+            detail: format!("it has {c} edges, which take the {total} before them past 2^63 - 1"),
+        })?;
+    }
+    // Checked: the total fits an i64, so every count and sum fits a usize.
+    Ok(Partition::from_counts(&counts.iter().map(|&c| c as usize).collect::<Vec<_>>()))
+}
+
 fn check_options(opts: &BuildOptions, world: usize) -> Result<Partition> {
     if opts.nodes == 0 {
         return Err(Error::InvalidArgument("a graph needs at least one node".into()));
@@ -230,12 +246,11 @@ pub fn build(comm: &Arc<dyn Communicator>, opts: &BuildOptions, edges: EdgeList<
     let (offsets, cols, weights) = agree(comm.as_ref(), local)?;
 
     // 3. Edge partition, global offsets, tables.
-    let edge_counts: Vec<usize> = comm.allgather_value(cols.len() as u64)?.iter().map(|&c| c as usize).collect();
-    let total: usize = edge_counts.iter().sum();
+    let edges_p = edge_partition(&comm.allgather_value(cols.len() as u64)?, comm.world_ranks())?;
+    let total = edges_p.rows();
     if total == 0 {
         return Err(Error::InvalidArgument("the graph has no edges; a table needs at least one row".into()));
     }
-    let edges_p = Partition::from_counts(&edge_counts);
     let first_edge = edges_p.offset(comm.rank());
     let mut row_ptr: Vec<i64> = offsets.iter().take(mine.len()).map(|&o| (o + first_edge) as i64).collect();
     if comm.rank() == world - 1 {
@@ -359,4 +374,41 @@ fn adjacency(
     }
     offsets.push(cols.len());
     (offsets, cols, weights)
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Issue 30, item 6: every rank's allgathered edge count was summed
+        /// unchecked (and `Partition::from_counts` panics past
+        /// `usize::MAX`). Counts near 2^63 and 2^64: the partition, or an
+        /// error naming the rank whose count takes the total past 2^63 - 1.
+        #[test]
+        fn peer_edge_counts_summed_unchecked(counts in proptest::collection::vec(
+            prop_oneof![0u64..1000, (1u64 << 62) - 2..=(1u64 << 62) + 2, i64::MAX as u64 - 2..=i64::MAX as u64 + 2, u64::MAX - 2..=u64::MAX],
+            1..6,
+        )) {
+            let ranks: Vec<usize> = (0..counts.len()).map(|r| 100 + r).collect();
+            let exact: u128 = counts.iter().map(|&c| u128::from(c)).sum();
+            match edge_partition(&counts, &ranks) {
+                Ok(p) => {
+                    prop_assert!(exact <= i64::MAX as u128);
+                    prop_assert_eq!(p.counts(), counts.iter().map(|&c| c as usize).collect::<Vec<_>>());
+                }
+                Err(Error::PeerFailed { rank, detail }) => {
+                    let mut sum = 0u128;
+                    let first = counts.iter().position(|&c| { sum += u128::from(c); sum > i64::MAX as u128 }).expect("a total past 2^63 - 1");
+                    prop_assert_eq!(rank, ranks[first]);
+                    prop_assert!(detail.contains(&format!("it has {} edges", counts[first])), "{}", detail);
+                }
+                Err(e) => prop_assert!(false, "{}", e),
+            }
+        }
+    }
 }

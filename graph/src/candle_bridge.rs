@@ -39,13 +39,20 @@ use crate::{Error, Result};
 ///
 /// # Errors
 /// As `wm_gather::gather` (bad ids on every rank of a collective call);
+/// [`Error::Memory`] naming both for `ids.len() × cols` past `usize::MAX`,
+/// [`Error::InvalidArgument`] for an output that cannot be allocated;
 /// [`Error::Candle`].
 pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &Device) -> Result<Tensor> {
     let cols = match table.desc().dims() {
         1 => 1,
         _ => table.desc().sizes()[1],
     };
-    let mut rows = vec![0f32; ids.len() * cols];
+    // Checked: a stride-0 dimension may have any number of columns.
+    let len = wholemem::checked_size("gather_tensor's output of ids × columns", &[ids.len(), cols])?;
+    let mut rows = Vec::new();
+    rows.try_reserve_exact(len)
+        .map_err(|e| Error::InvalidArgument(format!("gather_tensor's output of {} ids × {cols} f32 columns: {e}", ids.len())))?;
+    rows.resize(len, 0f32);
     wm_gather::gather_into(table, ids, &mut rows)?;
     Ok(Tensor::from_vec(rows, (ids.len(), cols), device)?)
 }

@@ -106,7 +106,7 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
     let ids = if ids == 32 { IdType::I32 } else { IdType::I64 };
     let nodes = match partition {
         None => Ok(Partition::even(n, world)),
-        Some(p) if p.len() == world && p.iter().sum::<usize>() == n => Ok(Partition::from_counts(p)),
+        Some(p) if p.len() == world && p.iter().try_fold(0usize, |a, &c| a.checked_add(c)) == Some(n) => Ok(Partition::from_counts(p)),
         Some(p) => Err(Error::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {n} nodes"))),
     };
     let nodes = agree(comm.as_ref(), nodes)?;

@@ -87,7 +87,12 @@ fn decode_reply(bytes: &[u8], asked: usize, req: &SampleRequest, graph: &CsrGrap
             return Err(bad(format!("it answered {c} samples for a center with fanout {}", req.fanout)));
         }
         counts.push(c as usize);
+        // Both at most `words`, so the sum fits; past `words` it cannot be
+        // a whole answer.
         total += c as usize;
+        if total > words {
+            return Err(bad(format!("it answered {words} words for {asked} centers and more than {words} samples")));
+        }
     }
     let per = if req.edge_ids { 2 } else { 1 };
     if total.checked_mul(per).and_then(|t| t.checked_add(asked)) != Some(words) {
@@ -134,16 +139,25 @@ impl Served {
 }
 
 /// Serves the centers each rank asked (local node numbers relative to this
-/// rank's first node, `first`), all in one local sample.
-fn serve(graph: &CsrGraph, asked: &[Vec<u64>], first: usize, req: &SampleRequest, threads: usize) -> Result<Served> {
+/// rank's first node, `first`), all in one local sample. `askers` are the
+/// world ranks of the askers, named when one asks for a node this rank
+/// does not hold.
+fn serve(graph: &CsrGraph, asked: &[Vec<u64>], askers: &[usize], first: usize, req: &SampleRequest, threads: usize) -> Result<Served> {
     let count = graph.local_nodes().len() as u64;
+    let me = graph.comm().world_rank();
     let mut all: Vec<u64> = Vec::with_capacity(asked.iter().map(Vec::len).sum());
     let mut problem = None;
-    for a in asked {
-        if let Some(&bad) = a.iter().find(|&&x| x >= count) {
-            problem.get_or_insert(Error::InvalidArgument(format!("a peer asked for local node {bad} of {count}")));
+    for (a, &asker) in asked.iter().zip(askers) {
+        match a.iter().find(|&&x| x >= count) {
+            // What a peer sends is input: a number past this rank's nodes
+            // (up to 2^64 - 1) is named, never added to `first`.
+            Some(&bad) => {
+                let detail = format!("it asked rank {me} for its local node {bad}, of {count}");
+                problem.get_or_insert(Error::PeerFailed { rank: asker, detail });
+            }
+            // Each below `count`: `first + x` is one of this rank's nodes.
+            None => all.extend(a.iter().map(|&x| x + first as u64)),
         }
-        all.extend(a.iter().map(|&x| x + first as u64));
     }
     if problem.is_some() {
         // Device graphs still take part in the gathers of this call, with
@@ -259,7 +273,7 @@ pub(crate) fn distributed(
     //    others.
     let served = match problem {
         Some(e) => Err(e),
-        None => serve(graph, &asked, p.offset(me), req, threads),
+        None => serve(graph, &asked, ranks, p.offset(me), req, threads),
     };
     let mut answers: Vec<Option<Result<Answer>>> = (0..n).map(|_| None).collect();
     exchange(
@@ -324,7 +338,7 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
         .collect();
     let refs: Vec<&[u64]> = to_cross.iter().map(Vec::as_slice).collect();
     let asked = cross.alltoallv_pod(&refs)?;
-    let served = serve(graph, &asked, p.offset(comm.rank()), req, threads);
+    let served = serve(graph, &asked, cross.world_ranks(), p.offset(comm.rank()), req, threads);
     let replies: Vec<Vec<u8>> = match &served {
         Ok(s) => (0..cross.size()).map(|c| s.part(c).encode()).collect(),
         Err(_) => vec![Vec::new(); cross.size()],
@@ -371,4 +385,59 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
         (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph, ranks[q])).collect::<Result<_>>()?;
     let parts: Vec<Part<'_>> = answers.iter().map(Answer::part).collect();
     Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+    use proptest::test_runner::{Config, TestRunner};
+    use wholemem::{Location, MemoryType};
+
+    use super::*;
+    use crate::{BuildOptions, EdgeList, build};
+
+    /// Node numbers a peer may send: just past this rank's, near 2^63 and
+    /// near 2^64, or anything.
+    fn extreme() -> impl Strategy<Value = u64> {
+        prop_oneof![8u64..=64, u64::MAX - 64..=u64::MAX, (1u64 << 63) - 32..=(1u64 << 63) + 32, any::<u64>()]
+    }
+
+    /// Issue 30, item 6, one rank: local node numbers past this rank's 8
+    /// nodes, among good ones, with the rank's first node anywhere up to
+    /// 2^40: an error naming the asker and the number, never a sum that
+    /// wraps, never a panic. And answers of arbitrary words with extreme
+    /// counts: refused or decoded, never a panic.
+    #[test]
+    fn peer_numbers_near_2_pow_64_are_named_not_added() {
+        let world = wm_comm::init().unwrap();
+        let src: Vec<i64> = (0..8).collect();
+        let dst: Vec<i64> = src.iter().map(|&v| (v + 1) % 8).collect();
+        let g = build(&world, &BuildOptions::new(8, MemoryType::Distributed, Location::Host), EdgeList::new(&src, &dst)).unwrap();
+        let req = SampleRequest::new(2, 1);
+        let mut runner = TestRunner::new(Config { cases: 256, failure_persistence: None, ..Config::default() });
+        let asked =
+            (proptest::collection::vec(0u64..8, 0..4), extreme(), proptest::collection::vec(0u64..8, 0..4), 0usize..=1 << 40, 0usize..64);
+        runner
+            .run(&asked, |(before, bad, after, first, asker)| {
+                let asked = vec![before, [vec![bad], after].concat()];
+                let e = serve(&g, &asked, &[asker, asker + 1], first, &req, 1).err().expect("a node past this rank's");
+                let text = e.to_string();
+                prop_assert!(matches!(e, Error::PeerFailed { rank, .. } if rank == asker + 1), "{}", text);
+                prop_assert!(text.contains(&format!("local node {bad}, of 8")), "{}", text);
+                Ok(())
+            })
+            .unwrap();
+        let answers = (proptest::collection::vec(prop_oneof![extreme(), 0u64..4], 0..12), 0usize..6);
+        runner
+            .run(&answers, |(words, asked)| {
+                let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+                if let Ok(a) = decode_reply(&bytes, asked, &req, &g, 3) {
+                    prop_assert!(a.counts.len() == asked && a.counts.iter().all(|&c| c <= 2), "{:?}", a);
+                    prop_assert_eq!(a.counts.iter().sum::<usize>(), a.neighbors.len());
+                }
+                Ok(())
+            })
+            .unwrap();
+        g.free().unwrap();
+    }
 }

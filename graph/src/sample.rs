@@ -353,9 +353,11 @@ fn sample_gathered(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threa
         bounds.fill(0);
     }
     let range = |i: usize| (bounds[2 * i] as usize, bounds[2 * i + 1] as usize);
+    // Centers that draw: more neighbours than the fanout, and a fanout
+    // above 0 (fanout 0 takes none, and reads no weights).
     let draws = |i: usize| {
         let (s, e) = range(i);
-        e - s > req.fanout
+        e - s > req.fanout && req.fanout > 0
     };
 
     // Weights of the centers that draw by weight, one run per center.
@@ -449,8 +451,12 @@ pub(crate) fn floyd(stream: &mut Stream, d: u64, k: u64, picks: &mut Vec<u64>, s
 }
 
 /// The `k` largest keys `ln(u) / w` (`u^(1/w)` in logs) of `weights`
-/// (`k < weights.len()`), ties to the lower position, positions ascending.
+/// (`k < weights.len()`), ties to the lower position, positions ascending;
+/// none for `k = 0`.
 pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, keys: &mut Vec<(f64, u32)>, picks: &mut Vec<u64>) {
+    picks.clear();
+    // Fanout 0: no key to select (and no position `k - 1`).
+    let Some(last) = k.checked_sub(1) else { return };
     keys.clear();
     for (i, &w) in weights.iter().enumerate() {
         let u = stream.open01();
@@ -458,8 +464,7 @@ pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, key
         keys.push((key, i as u32));
     }
     let order = |a: &(f64, u32), b: &(f64, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-    keys.select_nth_unstable_by(k - 1, order);
-    picks.clear();
+    keys.select_nth_unstable_by(last, order);
     picks.extend(keys[..k].iter().map(|&(_, i)| u64::from(i)));
     picks.sort_unstable();
 }
@@ -514,4 +519,93 @@ pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]
         }
     }
     Ok(Sample::from_counts(&counts, neighbors, edge_ids))
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    /// Issue 30, item 1: weighted sampling with fanout 0 asked
+    /// `select_nth_unstable_by` for position `k - 1`, which underflowed.
+    /// Every path draws through [`weighted_picks`]; here the in-memory one.
+    #[test]
+    fn weighted_fanout_zero_underflow() {
+        let (row_ptr, col, w) = (vec![0i64, 3, 3], vec![1i64, 0, 1], vec![1.0f32, 2.0, 3.0]);
+        for weighted in [false, true] {
+            let req = SampleRequest::new(0, 7).weighted(weighted).edge_ids(true);
+            let s = sample_in_memory(&row_ptr, &col, Some(&w), &[0, 1, 0], &req).unwrap();
+            assert_eq!(s, Sample { offsets: vec![0; 4], neighbors: Vec::new(), edge_ids: Vec::new() }, "weighted {weighted}");
+        }
+        let mut picks = vec![9];
+        weighted_picks(&mut Stream::new(1, 0), &w, 0, &mut Vec::new(), &mut picks);
+        assert!(picks.is_empty(), "{picks:?}");
+    }
+
+    /// A CSR of up to 10 nodes of degree 0 to 8 (neighbours and positive
+    /// weights per edge) as `(row_ptr, col_ind, weights)`.
+    fn csr() -> impl Strategy<Value = (Vec<i64>, Vec<i64>, Vec<f32>)> {
+        (1usize..=10).prop_flat_map(|nodes| {
+            proptest::collection::vec(proptest::collection::vec((0..nodes as i64, 1u8..=16), 0..=8), nodes).prop_map(|adj| {
+                let mut row_ptr = vec![0i64];
+                let (mut col, mut w) = (Vec::new(), Vec::new());
+                for list in adj {
+                    col.extend(list.iter().map(|p| p.0));
+                    w.extend(list.iter().map(|p| f32::from(p.1) * 0.25));
+                    row_ptr.push(col.len() as i64);
+                }
+                (row_ptr, col, w)
+            })
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Fanouts from 0 to 2 past the largest degree, weighted and not:
+        /// `min(degree, fanout)` distinct edges of the center, in CSR order,
+        /// each with its neighbour; all of them when the fanout reaches the
+        /// degree; a repeated center gets the same sample.
+        #[test]
+        fn fanout_from_zero_past_the_degree_takes_the_smaller(
+            (row_ptr, col, w, centers, fanout) in csr().prop_flat_map(|(row_ptr, col, w)| {
+                let nodes = row_ptr.len() - 1;
+                let most = row_ptr.windows(2).map(|p| (p[1] - p[0]) as usize).max().unwrap_or(0);
+                (Just(row_ptr), Just(col), Just(w), proptest::collection::vec(0..nodes as i64, 0..12), 0..=most + 2)
+            }),
+            weighted in any::<bool>(),
+            seed in any::<u64>(),
+        ) {
+            let req = SampleRequest::new(fanout, seed).weighted(weighted).edge_ids(true);
+            let s = sample_in_memory(&row_ptr, &col, Some(&w), &centers, &req).unwrap();
+            prop_assert_eq!(s.offsets.len(), centers.len() + 1);
+            for (i, &v) in centers.iter().enumerate() {
+                let (start, end) = (row_ptr[v as usize], row_ptr[v as usize + 1]);
+                let eids = &s.edge_ids[s.offsets[i]..s.offsets[i + 1]];
+                prop_assert_eq!(eids.len(), ((end - start) as usize).min(fanout), "center {} of degree {}", v, end - start);
+                prop_assert!(eids.windows(2).all(|p| p[0] < p[1]), "edges {:?} repeat or are out of order", eids);
+                prop_assert!(eids.iter().all(|&e| (start..end).contains(&e)), "edges {:?} are not {}'s {}..{}", eids, v, start, end);
+                let want: Vec<i64> = eids.iter().map(|&e| col[e as usize]).collect();
+                prop_assert_eq!(s.of(i), want.as_slice());
+                if let Some(j) = centers[..i].iter().position(|&u| u == v) {
+                    prop_assert_eq!(s.of(i), s.of(j), "center {} twice", v);
+                }
+            }
+        }
+
+        /// [`weighted_picks`] for every `k` below the length, 0 included:
+        /// `k` distinct positions, ascending.
+        #[test]
+        fn weighted_picks_for_every_k(
+            (w, k) in proptest::collection::vec(0u8..=16, 1..40).prop_flat_map(|w| { let n = w.len(); (Just(w), 0..n) }),
+            seed in any::<u64>(),
+        ) {
+            let w: Vec<f32> = w.iter().map(|&x| f32::from(x) * 0.5).collect();
+            let (mut keys, mut picks) = (Vec::new(), Vec::new());
+            weighted_picks(&mut Stream::new(seed, 3), &w, k, &mut keys, &mut picks);
+            prop_assert_eq!(picks.len(), k);
+            prop_assert!(picks.windows(2).all(|p| p[0] < p[1]) && picks.iter().all(|&p| (p as usize) < w.len()), "{:?}", picks);
+        }
+    }
 }

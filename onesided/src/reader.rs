@@ -413,6 +413,8 @@ impl Reader {
         let i = &self.inner;
         let c = &i.c;
         c.dtype.check_conversion(out_dtype).map_err(wm_gather::Error::from)?;
+        // `cols × out_dtype.size()` fits: the record's check bounds a row
+        // in the widest element type.
         let want = rows.len().checked_mul(c.cols * out_dtype.size());
         if want != Some(out.len()) {
             return Err(Error::InvalidArgument(format!(

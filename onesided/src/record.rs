@@ -129,6 +129,14 @@ impl TableRecord {
         if cols.checked_mul(dtype.size()) != Some(row_bytes) {
             return Err(bad(format!("{cols} {dtype} elements are not rows of {row_bytes} bytes")));
         }
+        // Reads convert: a row in the widest element type must fit an
+        // address space too (a record of no rows may not claim any width).
+        let widest = DType::ALL.iter().map(|d| d.size()).max().unwrap_or(8);
+        let widest_row = wholemem::checked_size("a row converted to the widest element type, columns × bytes", &[cols, widest])
+            .map_err(|e| bad(e.to_string()))?;
+        if widest_row > isize::MAX as usize {
+            return Err(bad(format!("rows of {cols} elements of up to {widest} bytes are more than any address space")));
+        }
         let mut counts = Vec::with_capacity(n);
         let mut sum = 0usize;
         for &c in &self.counts {
@@ -291,6 +299,30 @@ mod tests {
             assert!(e.contains(want), "{want}: {e}");
         }
         assert!(TableRecord::parse(&vec![b' '; RECORD_MAX + 1], "f").unwrap_err().to_string().contains("at most"));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        /// Issue 30, item 6: a record of no rows could declare rows of any
+        /// width, and reads multiplied its columns by the output's element
+        /// size unchecked (`cols × 8` past `usize::MAX` for a row of `i8`
+        /// read as `i64`). Columns from a quarter of `isize::MAX` to
+        /// `usize::MAX`: refused, naming the columns, never a panic.
+        #[test]
+        fn record_columns_past_a_converted_row_overflowed_reads(cols in prop_oneof![
+            (isize::MAX as u64) / 8 + 1..=(isize::MAX as u64) / 8 + 64,
+            u64::MAX - 64..=u64::MAX,
+            (isize::MAX as u64) / 8 + 1..=u64::MAX,
+        ]) {
+            let mut r = sample();
+            (r.rows, r.counts, r.dtype, r.cols, r.row_bytes) = (0, vec![0; 3], "i8".into(), cols, cols);
+            for o in &mut r.owners {
+                o.pieces = vec![0];
+            }
+            let e = r.check("test").map(|c| c.cols).expect_err("columns no read can convert");
+            prop_assert!(e.to_string().contains(&cols.to_string()), "{}", e);
+        }
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! lists equal to a reference computed in the test, stored and loaded into
 //! every host type; uniform and weighted sampling checked by chi-square
 //! tests with fixed seeds and significance; small and zero degrees; the
-//! same samples on 1 and 3 ranks and with 1 and 4 threads; multi-hop blocks
-//! and `append_unique`; bad ids and edges failing on every rank, then a
-//! good call working. 1–4 ranks and 2 simulated nodes.
+//! same samples on 1 and 3 ranks and with 1 and 4 threads; fanouts from 0
+//! to past the degree, weighted and not, as a property run on every type
+//! and id type; multi-hop blocks and `append_unique`; bad ids, edges and
+//! partitions failing on every rank, then a good call working. 1–4 ranks
+//! and 2 simulated nodes.
 
 use wm_tests::World;
 
@@ -82,4 +84,37 @@ fn bad_ids_and_edges_fail_on_every_rank_and_the_next_call_works() {
         World::new(n).run_ok(GRAPH, &["bad-input"]);
     }
     World::new(4).nodes_of(2).run_ok(GRAPH, &["bad-input"]);
+}
+
+/// Issue 30, item 1: weighted sampling with fanout 0 underflowed (`k - 1`)
+/// and panicked. A property run inside the ranks (256 cases each world):
+/// fanouts 0 to 2 past the largest degree, weighted and not, on every table
+/// type and both id types, against `sample_in_memory` on the reference CSR.
+#[test]
+fn weighted_fanout_zero_underflow_on_every_table_type() {
+    for n in [1, 3] {
+        let report = World::new(n).run_ok(GRAPH, &["fanout-property"]);
+        let out = wm_tests::transcript(&report);
+        assert!(out.contains("fanout property: 256 cases"), "{n} ranks:\n{out}");
+        for ty in ["continuous", "chunked", "distributed", "hierarchy"] {
+            for ids in ["I32", "I64"] {
+                assert!(out.contains(&format!("host {ty} {ids}")), "{n} ranks: no {ty} {ids} graph in\n{out}");
+            }
+        }
+    }
+    let report = World::new(4).nodes_of(2).run_ok(GRAPH, &["fanout-property"]);
+    let out = wm_tests::transcript(&report);
+    assert!(out.contains("host hierarchy I64") && out.contains("host distributed I32"), "two nodes:\n{out}");
+}
+
+/// Issue 30, item 6: `wm_graph::load` summed the caller's node counts per
+/// rank unchecked; counts past `usize::MAX` in all must be an error naming
+/// them on every rank, then a good load works.
+#[test]
+fn load_partition_summed_unchecked_past_usize_max() {
+    for n in [2, 3] {
+        let dir = tempdir(&format!("partition{n}"));
+        World::new(n).run_ok(GRAPH, &["load-partition", dir.to_str().expect("utf-8")]);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
 }

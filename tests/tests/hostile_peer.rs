@@ -1,8 +1,8 @@
 //! Peers that misbehave, with real rank processes: one that sends parts an
-//! exchange cannot have produced (gather, scatter, hierarchy, gradients) —
-//! every other rank fails with an error naming it, none panics or hangs,
-//! and the next call works; and one that holds a row lock and dies or
-//! stays stuck — the lock is taken over from the dead holder, and a live
+//! exchange cannot have produced (gather, scatter, hierarchy, gradients,
+//! sampling) — every other rank fails with an error naming it, none panics
+//! or hangs, and the next call works; and one that holds a row lock and
+//! dies or stays stuck — the lock is taken over from the dead holder, and a live
 //! one makes the wait end in a timeout error.
 
 use wm_tests::World;
@@ -33,6 +33,15 @@ fn a_misrouted_hierarchy_id_is_an_error_naming_the_sender_on_every_rank() {
 #[test]
 fn malformed_gradients_are_errors_naming_the_sender_on_every_rank() {
     World::new(3).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["malformed-gradients", "2"]);
+}
+
+/// Issue 30, item 6: a local node number a peer asked for was added to the
+/// owner's first node before it was checked (an overflow past 2^64 - 1).
+#[test]
+fn a_sampling_peer_asking_past_2_pow_64_overflowed_the_owners_node_number() {
+    for impostor in ["0", "2"] {
+        World::new(3).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["malformed-sample", impostor]);
+    }
 }
 
 #[test]

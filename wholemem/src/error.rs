@@ -51,6 +51,16 @@ pub enum Error {
         /// The timeout, in seconds.
         secs: f64,
     },
+    /// A size computed from values a caller, a file or a peer gave (a
+    /// count, a width, an element size) is more than `usize::MAX`; from
+    /// [`checked_size`](crate::checked_size).
+    #[error("{what} ({}) is more than usize::MAX", crate::size::product_text(factors))]
+    SizeOverflow {
+        /// What was being sized.
+        what: String,
+        /// The factors of its size.
+        factors: Vec<usize>,
+    },
     /// Talking to the other ranks failed.
     #[error(transparent)]
     Comm(#[from] wm_comm::Error),
@@ -135,6 +145,15 @@ pub enum ShardProblem {
     /// The data is stored column-major.
     #[error("the array is in Fortran (column-major) order; rows must be contiguous (save it in C order)")]
     FortranOrder,
+    /// A shape whose size is more than 2^64 bytes (an NPY header's, or the
+    /// row shape raw files are read with).
+    #[error("shape {shape:?} of {elem} elements is more than 2^64 bytes")]
+    ShapeOverflow {
+        /// The shape (for NPY files, the header's, rows first).
+        shape: Vec<u64>,
+        /// The element type.
+        elem: &'static str,
+    },
     /// A 0-dimensional array.
     #[error("a 0-dimensional array has no rows to load")]
     NoRowAxis,

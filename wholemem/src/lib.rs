@@ -35,6 +35,7 @@ mod handle;
 #[allow(unsafe_code)]
 mod host;
 mod partition;
+mod size;
 #[allow(unsafe_code)]
 mod tensor;
 mod types;
@@ -45,6 +46,7 @@ pub use error::{Error, Result, ShardProblem};
 pub use handle::{AllocRequest, MappedPortion, Portion, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};
 pub use partition::Partition;
+pub use size::checked_size;
 
 /// Bytes of `memory` this process maps with huge pages now (whole mappings
 /// inside it only; from `/proc/self/smaps`, 0 where that cannot be read).

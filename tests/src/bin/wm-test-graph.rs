@@ -12,8 +12,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
+use proptest::test_runner::{Config as PropConfig, RngAlgorithm, TestCaseError, TestRng, TestRunner};
 use wholemem::{Location, MemoryType, query};
-use wm_comm::Communicator;
+use wm_comm::{CommExt, Communicator};
 use wm_graph::{
     ALL, BuildOptions, CsrGraph, EdgeList, Error as GErr, IdType, SampleRequest, append_unique, build, sample, sample_blocks,
     sample_in_memory, sample_neighbors, sample_weighted_neighbors,
@@ -40,6 +41,11 @@ fn main() {
             "digest" => digest(&world, loc),
             "blocks" => blocks(&world, loc),
             "bad-input" => bad_input(&world),
+            "fanout-property" => fanout_property(&world, loc),
+            "load-partition" => {
+                let dir = PathBuf::from(args.get(1).context("usage: wm-test-graph load-partition DIR")?);
+                load_partition(&world, &dir)
+            }
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -523,6 +529,109 @@ fn bad_input(world: &Comm) -> Result<()> {
         }
         let g = build(world, &BuildOptions::new(10, ty, Location::Host), EdgeList::new(&[0, 1], &[1, 2]))?;
         ensure!(g.edges() == 2 * world.size(), "{ty}: {} edges after the bad builds", g.edges());
+        g.free()?;
+    }
+    Ok(())
+}
+
+/// Cases of [`fanout_property`]: proptest's default, stated.
+const PROPERTY_CASES: u32 = 256;
+
+/// Fanouts from 0 to 2 past the largest degree (issue 30, item 1: weighted
+/// fanout 0 underflowed), weighted and not, on every table type this world
+/// holds and both id types: each rank's sample equals `sample_in_memory`'s
+/// on the reference CSR, and holds `min(degree, fanout)` distinct edges of
+/// each center, in CSR order.
+///
+/// A proptest run inside the ranks: the runner's random stream is
+/// deterministic, so every rank draws the same cases (each rank samples its
+/// own share of the centers), and the ranks agree on each case's outcome
+/// before returning it, so a failure shrinks in step on every rank.
+fn fanout_property(world: &Comm, loc: Location) -> Result<()> {
+    let nodes = 50;
+    let all = Edges::random(23, nodes, 400);
+    let mine = all.share(world);
+    let reference = all.reference(nodes, false, false, false);
+    let mut row_ptr = vec![0i64];
+    let (mut col, mut weights) = (Vec::new(), Vec::new());
+    for list in &reference {
+        col.extend(list.iter().map(|p| p.0));
+        weights.extend(list.iter().map(|p| p.1));
+        row_ptr.push(col.len() as i64);
+    }
+    let most = reference.iter().map(Vec::len).max().unwrap_or(0);
+    let mut graphs = Vec::new();
+    for ty in types_at(world, loc) {
+        for ids in [IdType::I32, IdType::I64] {
+            let opts = BuildOptions::new(nodes, ty, loc).id_type(ids);
+            graphs.push((format!("{loc} {ty} {ids:?}"), build(world, &opts, mine.list(true))?));
+        }
+    }
+    let (rank, size) = (world.rank(), world.size());
+    let config = PropConfig { cases: PROPERTY_CASES, failure_persistence: None, max_shrink_iters: 256, ..PropConfig::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    // Fanout 0 a quarter of the time, else any up to 2 past the largest degree.
+    let fanouts = proptest::prop_oneof![1 => proptest::strategy::Just(0), 3 => 0..=most + 2];
+    let cases = (fanouts, proptest::bool::ANY, proptest::collection::vec(0..nodes as i64, 0..24), proptest::num::u64::ANY);
+    let check = |(fanout, weighted, centers, seed): (usize, bool, Vec<i64>, u64)| -> Result<()> {
+        let centers: Vec<i64> = centers.into_iter().skip(rank).step_by(size).collect();
+        let req = SampleRequest::new(fanout, seed).weighted(weighted).edge_ids(true);
+        let want = sample_in_memory(&row_ptr, &col, Some(&weights), &centers, &req)?;
+        for (i, &v) in centers.iter().enumerate() {
+            let (start, end) = (row_ptr[v as usize], row_ptr[v as usize + 1]);
+            let eids = &want.edge_ids[want.offsets[i]..want.offsets[i + 1]];
+            let k = ((end - start) as usize).min(fanout);
+            ensure!(eids.len() == k, "sample_in_memory: center {v} of degree {} gave {} with fanout {fanout}", end - start, eids.len());
+            ensure!(eids.windows(2).all(|p| p[0] < p[1]), "sample_in_memory: edges {eids:?} of {v} repeat or are out of order");
+            ensure!(eids.iter().all(|e| (start..end).contains(e)), "sample_in_memory: edges {eids:?} are not {v}'s {start}..{end}");
+        }
+        for (name, g) in &graphs {
+            let got = sample(g, &centers, &req).with_context(|| format!("{name}: fanout {fanout}, weighted {weighted}"))?;
+            ensure!(got == want, "{name}: fanout {fanout}, weighted {weighted}, centers {centers:?}: {got:?}, sample_in_memory {want:?}");
+        }
+        Ok(())
+    };
+    let run = runner.run(&cases, |case| {
+        let mine = check(case);
+        let failed = world.allgather_value(u8::from(mine.is_err())).map_err(|e| TestCaseError::fail(format!("agreeing: {e}")))?;
+        match (mine, failed.iter().position(|&f| f != 0)) {
+            (Err(e), _) => Err(TestCaseError::fail(format!("{e:#}"))),
+            (Ok(()), Some(r)) => Err(TestCaseError::fail(format!("rank {r} failed this case"))),
+            (Ok(()), None) => Ok(()),
+        }
+    });
+    let names: Vec<String> = graphs.iter().map(|(name, _)| name.clone()).collect();
+    for (_, g) in graphs {
+        g.free()?;
+    }
+    run.map_err(|e| anyhow::anyhow!("rank {rank}: {e}"))?;
+    if rank == 0 {
+        println!("fanout property: {PROPERTY_CASES} cases, fanouts 0..={}, on {}", most + 2, names.join(", "));
+    }
+    Ok(())
+}
+
+/// A stored graph loaded with node counts per rank that sum past
+/// `usize::MAX` (issue 30, item 6: the sum was unchecked): an error naming
+/// them on every rank, for every type; then a load with a good partition.
+fn load_partition(world: &Comm, dir: &std::path::Path) -> Result<()> {
+    let (nodes, w) = (40, world.size());
+    let g = small_graph(world, MemoryType::Distributed, Location::Host, false)?;
+    wm_graph::store(&g, dir)?;
+    g.free()?;
+    for ty in types_at(world, Location::Host) {
+        for big in [usize::MAX, usize::MAX - 1, usize::MAX / 2 + 1] {
+            let mut counts = vec![usize::MAX / 2 + 1; w];
+            counts[0] = big;
+            let r = wm_graph::load(world, dir, ty, Location::Host, Some(&counts)).map(|g| g.nodes());
+            let want = format!("the node partition {counts:?} is not {w} counts summing to {nodes} nodes");
+            ensure!(r.as_ref().is_err_and(|e| e.to_string().contains(&want)), "{ty}: load with {counts:?} gave {r:?}");
+        }
+        let mut counts = vec![0; w];
+        counts[w - 1] = nodes;
+        let g = wm_graph::load(world, dir, ty, Location::Host, Some(&counts))?;
+        let s = sample_neighbors(&g, &[HUB], ALL, 1)?;
+        ensure!(g.nodes() == nodes && s.of(0).len() == DEG, "{ty}: the load after a bad partition gave {s:?}");
         g.free()?;
     }
     Ok(())

@@ -11,6 +11,11 @@
 //!   node-local step (an id routed to the wrong local rank).
 //! - `malformed-gradients IMPOSTOR`: the same for an embedding's gradient
 //!   exchange.
+//! - `malformed-sample IMPOSTOR`: distributed neighbour sampling, where rank
+//!   IMPOSTOR agrees to the honest request, then asks every other rank for
+//!   a local node number past its nodes, up to 2^64 - 1 (issue 30, item 6:
+//!   it was added to the owner's first node unchecked). Every other rank
+//!   must fail naming it and the number, and the next call must work.
 //! - `mpi-rounds` (feature `mpi`, under `mpirun`): the MPI backend's
 //!   collectives with the bytes per MPI call lowered to a few dozen, so that
 //!   every exchange is split into rounds as one past 2 GiB is; the results
@@ -28,6 +33,7 @@ use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;
 use wm_embedding::{Embedding, Optimizer};
+use wm_graph::{BuildOptions, CsrGraph, EdgeList};
 
 type Comm = Arc<dyn Communicator>;
 
@@ -41,6 +47,7 @@ fn main() {
             "malformed" => malformed(&world, arg(0)?.parse()?),
             "malformed-hierarchy" => malformed_hierarchy(&world, arg(0)?.parse()?),
             "malformed-gradients" => malformed_gradients(&world, arg(0)?.parse()?),
+            "malformed-sample" => malformed_sample(&world, arg(0)?.parse()?),
             "lock-holder" => lock_holder(&world, arg(0)?, arg(1)?),
             #[cfg(feature = "mpi")]
             "mpi-rounds" => mpi_rounds(&world),
@@ -312,6 +319,68 @@ fn malformed_hierarchy(world: &Comm, impostor: usize) -> Result<()> {
     let t = table(world, MemoryType::Hierarchy, rows)?;
     gather_works(&t).with_context(|| format!("the gather after {what}"))?;
     t.free()?;
+    Ok(())
+}
+
+/// The impostor's side of one `sample_neighbors(graph, [], FANOUT, SEED)`
+/// of a distributed graph: the agreement (the honest request's header and
+/// "my checks passed"), then local node `node` asked of every other rank,
+/// then no answers.
+fn fake_sample(g: &CsrGraph, node: u64) -> Result<()> {
+    let comm = g.comm().as_ref();
+    let (n, me) = (comm.size(), comm.rank());
+    // 1. The agreement: the request as words (fanout, seed, weighted, edge
+    //    ids), then the status byte 0, "passed".
+    let mut msg: Vec<u8> = [FANOUT as u64, SEED, 0, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
+    msg.push(0);
+    comm.allgatherv(&msg)?;
+    // 2. The centers to their owners: `node`, one 8-byte word, to each.
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 8 }).collect();
+    comm.alltoallv_in_place(
+        &sizes,
+        &mut |r, buf| {
+            if r != me {
+                buf.copy_from_slice(&node.to_le_bytes())
+            }
+        },
+        &mut || {},
+        &mut |_, _| {},
+    )?;
+    // 3. The answers: none from here (nobody asked it for a center).
+    comm.alltoallv_in_place(&vec![0; n], &mut |_, _| {}, &mut || {}, &mut |_, _| {})?;
+    Ok(())
+}
+
+/// The request of [`malformed_sample`].
+const FANOUT: usize = 2;
+const SEED: u64 = 7;
+
+fn malformed_sample(world: &Comm, impostor: usize) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    ensure!(impostor < n && n >= 2, "an impostor among at least 2 ranks");
+    // A ring of 4 nodes per rank: every node has degree 1.
+    let nodes = 4 * n;
+    let src: Vec<i64> = (4 * me as i64..4 * me as i64 + 4).collect();
+    let dst: Vec<i64> = src.iter().map(|&v| (v + 1) % nodes as i64).collect();
+    let g = wm_graph::build(world, &BuildOptions::new(nodes, MemoryType::Distributed, Location::Host), EdgeList::new(&src, &dst))?;
+    let count = g.local_nodes().len() as u64;
+    for node in [u64::MAX, u64::MAX - 1, i64::MAX as u64, 1 << 63, count] {
+        let what = format!("sampling with local node {node} asked by rank {impostor}");
+        if me == impostor {
+            fake_sample(&g, node).with_context(|| what.clone())?;
+        } else {
+            let e = wm_graph::sample_neighbors(&g, &[], FANOUT, SEED).err().with_context(|| format!("{what}: rank {me} must fail"))?;
+            let wm_graph::Error::PeerFailed { rank, detail } = &e else { bail!("{what}: not an error naming a peer: {e}") };
+            ensure!(*rank == impostor, "{what}: the error blames rank {rank}, not rank {impostor}: {e}");
+            ensure!(detail.contains(&format!("local node {node}, of {count}")), "{what}: {e} does not name the node");
+            println!("{what}: {e}");
+        }
+        // The next call works on every rank: every center's one neighbour.
+        let centers: Vec<i64> = (0..nodes as i64).collect();
+        let s = wm_graph::sample_neighbors(&g, &centers, FANOUT, SEED).with_context(|| format!("the call after {what}"))?;
+        ensure!(centers.iter().enumerate().all(|(i, &v)| s.of(i) == [(v + 1) % nodes as i64]), "the call after {what} gave {s:?}");
+    }
+    g.free()?;
     Ok(())
 }
 

@@ -218,7 +218,9 @@ pub(crate) fn discover(set: &ShardSet, row: &RowFormat) -> Result<Layout> {
         let size = file_size(&file, &path)?;
         let (rows, data_offset, elem, row_shape) = match set.kind {
             FileKind::Raw => {
-                let rb = row.row_bytes() as u64;
+                let Some(rb) = row.shape.iter().try_fold(row.elem.size() as u64, |a, &d| a.checked_mul(d)) else {
+                    return Err(Error::shards(path, ShardProblem::ShapeOverflow { shape: row.shape.clone(), elem: row.elem.name() }));
+                };
                 if size % rb != 0 {
                     return Err(Error::shards(path, ShardProblem::RawSize { bytes: size, row_bytes: rb }));
                 }
@@ -238,9 +240,12 @@ pub(crate) fn discover(set: &ShardSet, row: &RowFormat) -> Result<Layout> {
                     .chain([&rows, &(elem.size() as u64)])
                     .try_fold(1u64, |a, &d| a.checked_mul(d))
                     .and_then(|d| d.checked_add(p.data_offset));
-                if expected != Some(size) {
-                    let problem = ShardProblem::FileSize { expected: expected.unwrap_or(u64::MAX), offset: p.data_offset, actual: size };
+                let Some(expected) = expected else {
+                    let problem = ShardProblem::ShapeOverflow { shape: p.header.shape.clone(), elem: elem.name() };
                     return Err(Error::shards(path, problem));
+                };
+                if expected != size {
+                    return Err(Error::shards(path, ShardProblem::FileSize { expected, offset: p.data_offset, actual: size }));
                 }
                 (rows, p.data_offset, elem, rest.to_vec())
             }
@@ -370,7 +375,35 @@ mod tests {
         assert!(matches!(&e, Error::Shards { problem: ShardProblem::RawSize { bytes: 31, row_bytes: 6 }, .. }), "{e}");
         std::fs::write(&raw, vec![0u8; 6 * 5]).unwrap();
         assert_eq!(ShardSet::raw_files([&raw, &raw]).discover(&row).unwrap().offsets(), &[0, 5, 10]);
+        let wide = RowFormat { elem: DType::I16, shape: vec![1 << 62, 3] };
+        let e = ShardSet::raw_files([&raw]).discover(&wide).unwrap_err();
+        assert!(e.to_string().ends_with("shape [4611686018427387904, 3] of i16 elements is more than 2^64 bytes"), "{e}");
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Issue 30, item 6: an NPY header whose shape's size is past 2^64
+        /// bytes was reported as a file size of `u64::MAX` (a stand-in,
+        /// not the header's values). Dimensions near 2^32, 2^63 and 2^64:
+        /// an error naming the shape, never a panic.
+        #[test]
+        fn npy_shape_past_2_pow_64_bytes_named_by_a_stand_in(
+            shape in proptest::collection::vec(
+                proptest::prop_oneof![1u64..=16, (1u64 << 32) - 2..=(1u64 << 32) + 2, (1u64 << 63) - 2..=(1u64 << 63) + 2, u64::MAX - 2..=u64::MAX],
+                2..5,
+            ),
+        ) {
+            let bytes = shape.iter().try_fold(8u64, |a, &d| a.checked_mul(d)).and_then(|b| b.checked_add(128));
+            proptest::prop_assume!(bytes.is_none());
+            let d = scratch(&format!("shape-{:x}", shape.iter().fold(0u64, |h, &x| h.rotate_left(7) ^ x)));
+            let path = d.join(shard_name(0));
+            npy(&path, "<f8", &shape, 64);
+            let e = ShardSet::npy_files([&path]).discover(&RowFormat::vector(DType::F64, 1)).unwrap_err();
+            std::fs::remove_dir_all(&d).unwrap();
+            proptest::prop_assert!(e.to_string().contains(&format!("{shape:?}")), "{}", e);
+        }
     }
 
     #[test]
