@@ -1,33 +1,34 @@
 //! An embedding's node cache: rows other nodes own, kept in memory shared
-//! by the ranks of each node ([`wm_gather::cache::NodeCache`]), and the
-//! rules that keep it coherent with the weights.
+//! by the ranks of each node ([`wm_gather::cache::NodeCache`]), and its
+//! device cache.
 //!
-//! Every write path of an embedding reaches the cache of every node:
+//! Both keep themselves coherent with the weights: every write to a rank's
+//! rows moves that rank's write generation of the table
+//! (`WholeMemory::write_generation`), whatever wrote them —
+//! `apply_gradients`, `init`, or any write through
+//! [`Embedding::table_mut`] (scatter, `write_rows`, `write_local`,
+//! `wholemem::files::load`) — and the caches check it:
 //!
-//! - [`Embedding::apply_gradients`] (collective): every rank's updated rows
-//!   are dropped from every node's cache after the owners wrote them.
-//! - [`Embedding::init`] (collective): every node's cache is emptied.
-//! - [`Embedding::table_mut`] (any write: scatter, `write_rows`,
-//!   `write_local`, `wholemem::files::load`): the rank that borrowed the
-//!   table marks it; the next cached [`Embedding::gather`] (collective)
-//!   first asks every rank whether it did, and if any did, every node's
-//!   cache is emptied before anything is read. That question is one small
-//!   allgather per cached gather.
-//! - A failed `apply_gradients` counts as such a loan.
+//! - every cached [`Embedding::gather`] (collective) opens with every
+//!   rank's generation and drops, on every node, the rows of each rank
+//!   whose generation moved;
+//! - [`Embedding::apply_gradients`] tells the node cache which rows it
+//!   wrote (every rank's updated rows, dropped from every node's cache),
+//!   so a step costs the cache those rows only; a step that fails part way
+//!   tells nothing, and its writes cost every row of the ranks that made
+//!   them.
 //!
-//! And the device cache (feature `cuda`): this rank's own rows and their
+//! The device cache (feature `cuda`): this rank's own rows and their
 //! optimizer state in its GPU's memory (`wm_gather::cache::DeviceCache`).
 //! `apply_gradients` reads and updates them there and writes the updated
 //! rows back before it returns — the next collective (a gather: peers read
-//! the host rows) finds them home. `init` and `reset_state` overwrite the
-//! rows, so the cache forgets them; a loan of the table on any rank (known
-//! at the next `apply_gradients`, whose agreement carries it) does too.
+//! the host rows) finds them home. A write to this rank's rows by any other
+//! path (on any rank) moves the generation the cache checks at the next
+//! step, and it forgets its rows.
 
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use wm_comm::CommExt;
-use wm_gather::cache::{CacheStats, NodeCache};
+use wm_gather::cache::{CacheStats, NodeCache, WriteMark};
 use wm_gather::{DType, Ids};
 
 #[cfg(feature = "cuda")]
@@ -41,11 +42,6 @@ use crate::{Error, Result};
 pub(crate) struct Caches {
     /// The node cache; a mutex because gathers take `&self`.
     node: Option<Mutex<NodeCache>>,
-    /// Whether this rank wrote (or may have written) the table by another
-    /// path since the last cached gather.
-    lent: AtomicBool,
-    /// The same, since the last step (for the device cache).
-    device_lent: AtomicBool,
     /// This rank's device cache of its own rows and their state.
     #[cfg(feature = "cuda")]
     device: Option<wm_gather::cache::DeviceCache>,
@@ -59,18 +55,6 @@ impl Caches {
     /// Whether a node cache is enabled.
     pub(crate) fn node_enabled(&self) -> bool {
         self.node.is_some()
-    }
-
-    /// Marks the table as written by another path; whether it already was
-    /// (for the node cache).
-    pub(crate) fn lend(&self) -> bool {
-        self.device_lent.store(true, Ordering::Relaxed);
-        self.lent.swap(true, Ordering::Relaxed)
-    }
-
-    /// Whether the table was lent since the last step, clearing the mark.
-    pub(crate) fn take_device_loan(&self) -> bool {
-        self.device_lent.swap(false, Ordering::Relaxed)
     }
 
     /// Whether a device cache is enabled.
@@ -89,24 +73,12 @@ impl Caches {
         }
     }
 
-    /// Takes back a mark this rank set itself.
-    pub(crate) fn unlend(&self) {
-        self.lent.store(false, Ordering::Relaxed);
-    }
-
-    /// Empties every node's cache (collective; nothing without a cache).
-    pub(crate) fn clear_node(&mut self) -> Result<()> {
+    /// Drops every rank's `rows` of `table` from every node's cache, the
+    /// rows this rank wrote since `since` (collective; nothing without a
+    /// cache).
+    pub(crate) fn invalidate_node_written(&mut self, table: &wholemem::WholeMemory, rows: Ids<'_>, since: WriteMark) -> Result<()> {
         if let Some(c) = &mut self.node {
-            c.get_mut().map_err(|_| poisoned())?.clear()?;
-        }
-        Ok(())
-    }
-
-    /// Drops every rank's `rows` from every node's cache (collective;
-    /// nothing without a cache).
-    pub(crate) fn invalidate_node(&mut self, rows: Ids<'_>) -> Result<()> {
-        if let Some(c) = &mut self.node {
-            c.get_mut().map_err(|_| poisoned())?.invalidate(rows)?;
+            c.get_mut().map_err(|_| poisoned())?.invalidate_written(table, rows, since)?;
         }
         Ok(())
     }
@@ -129,8 +101,9 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// cache already there is replaced (and freed).
     ///
     /// For distributed and hierarchy tables spanning several nodes. The
-    /// cache never changes what a gather returns: every write path keeps
-    /// it coherent (see `docs/cache.md`). Rows a step updates leave the
+    /// cache never changes what a gather returns, whatever writes the
+    /// table: each gather first drops the rows of every rank whose rows
+    /// were written (see `docs/cache.md`). Rows a step updates leave the
     /// cache, so it pays most for rows read more often than trained.
     ///
     /// # Errors
@@ -141,7 +114,6 @@ impl<T: EmbeddingElement> Embedding<T> {
         self.disable_node_cache()?;
         let cache = NodeCache::new(self.table.memory(), &self.layout, ratio)?;
         self.cache.node = Some(Mutex::new(cache));
-        self.cache.unlend();
         Ok(())
     }
 
@@ -236,21 +208,14 @@ impl<T: EmbeddingElement> Embedding<T> {
         Err(Error::InvalidArgument("no device cache".into()))
     }
 
-    /// The cached gather: first, whether any rank wrote the table by
-    /// another path (then every node's cache empties), then the gather.
+    /// The gather through the node cache (which first drops what was
+    /// written since the last one).
     pub(crate) fn gather_cached(&self, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
         let Some(cache) = &self.cache.node else {
             wm_gather::gather(self.table.memory(), &self.layout, ids, out, out_dtype)?;
             return Ok(());
         };
         let mut cache = cache.lock().map_err(|_| poisoned())?;
-        let lent = self.cache.lent.swap(false, Ordering::Relaxed);
-        let all = self.comm().allgather_value(u8::from(lent)).inspect_err(|_| {
-            self.cache.lent.fetch_or(lent, Ordering::Relaxed);
-        })?;
-        if all.iter().any(|&l| l != 0) {
-            cache.clear()?;
-        }
         cache.gather(self.table.memory(), ids, out, out_dtype)?;
         Ok(())
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;
+use wm_gather::cache::WriteMark;
 use wm_gather::profile::timed;
 use wm_gather::{DType, Element, Ids, Index, RowLayout};
 
@@ -298,12 +299,10 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// The weights, writable: to load them, for example with
     /// `wm_gather::scatter_from`. Such writes follow the table's rules
     /// (collective for Distributed and Hierarchy; separate them from reads
-    /// on other ranks with a barrier). With a node cache, the next
-    /// [`gather`](Self::gather) empties every node's cache first when any
-    /// rank borrowed the table this way (see
+    /// on other ranks with a barrier). The caches need not be told: every
+    /// write moves the table's write generation, which they check (see
     /// [`enable_node_cache`](Self::enable_node_cache)).
     pub fn table_mut(&mut self) -> &mut WholeTensor<T> {
-        self.cache.lend();
         &mut self.table
     }
 
@@ -394,9 +393,9 @@ impl<T: EmbeddingElement> Embedding<T> {
             }
         })?;
         comm.barrier()?;
-        // Every row changed: every node's cache empties (collective, as
-        // this call is), and this rank's device cache forgets its rows.
-        self.cache.clear_node()?;
+        // Every row changed: the node cache drops them at its next gather
+        // (their generations moved), and this rank's device cache forgets
+        // them now.
         self.cache.forget_device();
         Ok(())
     }
@@ -557,12 +556,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 show(rate)
             )));
         }
-        // With whether each rank wrote the table by another path since the
-        // last step (a device cache then forgets its rows).
-        let loans = agree(comm.as_ref(), problem.map_or(Ok(()), Err), &[u8::from(self.cache.take_device_loan())])?;
-        if loans.iter().any(|m| m.first() == Some(&1)) {
-            self.cache.forget_device();
-        }
+        wholemem::agree::agree(comm.as_ref(), problem.map_or(Ok(()), Err), wholemem::agree::Rule::Lowest)?;
         clock.lap("agree");
         let first = p.offset(comm.rank()) as i64;
         let (lo, hi) = (bounds[comm.rank()], bounds[comm.rank() + 1]);
@@ -579,10 +573,10 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    run of them at a time: its own rows, so no communication. On
         //    the host a run's sums, weights and state stay in the CPU's
         //    caches from the merge to the write; the device cache takes
-        //    every row at once. Should any of it fail (on every rank alike),
-        //    the next gather empties every node's cache, as after a loan of
-        //    the table.
-        let lent_before = self.cache.lend();
+        //    every row at once. Should any of it fail, the writes are left
+        //    untold: the next cached gather drops every row of the ranks
+        //    that made them.
+        let since = WriteMark::of(self.table.memory());
         let width = opt.state_width(dim);
         let device = self.cache.device_enabled();
         let total: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
@@ -639,12 +633,10 @@ impl<T: EmbeddingElement> Embedding<T> {
         if self.table.memory().memory_type().is_mapped() {
             comm.barrier()?;
         }
-        // Every node's cache drops every rank's updated rows.
+        // Every node's cache drops every rank's updated rows: every row this
+        // step wrote (the owners wrote the union of every rank's ids).
         let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
-        self.cache.invalidate_node(Ids::I64(&changed))?;
-        if !lent_before {
-            self.cache.unlend();
-        }
+        self.cache.invalidate_node_written(self.table.memory(), Ids::I64(&changed), since)?;
         recycle([sums, w, s]);
         clock.lap("finish");
         Ok(())

@@ -1141,6 +1141,12 @@ pub(crate) fn scatter_distributed(
     let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, positions, count, checked)?;
     clock.lap("ids");
     let conv = conv?;
+    // Every rank's checks passed: rows of this rank are about to change
+    // (private rows, so counting the write before it is as good as after,
+    // and no early return below can skip it).
+    if incoming.iter().any(|part| !part.is_empty()) {
+        mem.note_written(mem.local_rows());
+    }
     let (sb, tb) = (conv.src_bytes(), conv.dst_bytes());
 
     // 2. The rows, converted to the table's type by their senders straight

@@ -345,6 +345,12 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
 /// `src_dtype`, as bytes) into table rows `ids`. Collective for distributed
 /// and hierarchy memory.
 ///
+/// Once the checks passed (on every rank, for a collective call), the
+/// write moves the [`write_generation`](wholemem::WholeMemory::write_generation)
+/// of the ranks whose rows it writes — for mapped memory, of every rank
+/// between the lowest and the highest id — so caches of those rows see it.
+/// A call the checks refuse writes nothing and moves nothing.
+///
 /// # Errors
 /// As [`gather`].
 pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
@@ -356,7 +362,9 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
             let conv = problem?;
             #[cfg(feature = "cuda")]
             if mem.location() == wholemem::Location::Device {
-                return device::scatter_mapped(mem, layout, conv, ids, src);
+                let done = device::scatter_mapped(mem, layout, conv, ids, src);
+                mem.note_written(span(&ids.to_rows()));
+                return done;
             }
             let done = mapped::scatter(mem, layout, conv, ids, src);
             clock.lap("copy");
@@ -396,7 +404,23 @@ pub fn scatter_owned(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: I
     let rows = owned_rows(mem, ids)?;
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => scatter(mem, layout, ids, src, src_dtype),
-        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => exchange::scatter_owned(mem, layout, conv, &rows, src),
+        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
+            let done = exchange::scatter_owned(mem, layout, conv, &rows, src);
+            if !rows.is_empty() {
+                mem.note_written(mem.local_rows());
+            }
+            done
+        }
+    }
+}
+
+/// The rows from the lowest of `rows` to the highest (empty for none): what
+/// a write of them counts as written
+/// ([`WholeMemory::note_written`](wholemem::WholeMemory::note_written)).
+pub(crate) fn span(rows: &[usize]) -> std::ops::Range<usize> {
+    match (rows.iter().min(), rows.iter().max()) {
+        (Some(&lo), Some(&hi)) => lo..hi + 1,
+        _ => 0..0,
     }
 }
 

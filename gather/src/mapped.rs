@@ -212,8 +212,11 @@ pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usi
         // (all checked above) and is apart from the table; `&mut
         // WholeMemory` keeps this process's other users away, the row
         // locks other ranks.
-        unsafe { kernel::scatter_rows(&dst, &global, conv, src, threads(mem), mem.row_locks()) }?;
-        return Ok(());
+        let written = unsafe { kernel::scatter_rows(&dst, &global, conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
+        if !rows.is_empty() {
+            mem.note_written(mem.local_rows());
+        }
+        return written;
     }
     let dst = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
     // SAFETY: every row is below this rank's row count and `base` starts
@@ -221,8 +224,11 @@ pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usi
     // row; `src` holds one row per id (all checked above) and is apart from
     // the table; distributed and hierarchy host rows are private to this
     // process, and `&mut WholeMemory` keeps its other users away.
-    unsafe { kernel::scatter_rows(&dst, rows, conv, src, threads(mem), None) }?;
-    Ok(())
+    let written = unsafe { kernel::scatter_rows(&dst, rows, conv, src, threads(mem), None) }.map_err(Error::from);
+    if !rows.is_empty() {
+        mem.note_written(mem.local_rows());
+    }
+    written
 }
 
 /// Bytes of table that one 64-byte line of page-table entries maps (8
@@ -247,13 +253,17 @@ fn in_table_order(rows: &[usize], table_bytes: usize) -> Option<(Vec<usize>, Vec
     Some(keys.iter().map(|k| ((k >> 24) as usize, (k & 0xff_ffff) as usize)).unzip())
 }
 
+/// Writes rows `ids` (checked) of a mapped host table, then counts the
+/// write for every rank whose rows lie between the lowest and the highest
+/// id (even when a row lock could not be had part way).
 pub(crate) fn scatter(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, ids: Ids<'_>, src: &[u8]) -> Result<()> {
     let rows = ids.to_rows();
     let dst = MappedRows::new(mem, layout)?;
     // SAFETY: as for gather; `&mut WholeMemory` keeps this process's other
     // users away while the rows are written, the row locks other ranks.
-    unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem), mem.row_locks()) }?;
-    Ok(())
+    let written = unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
+    mem.note_written(crate::span(&rows));
+    written
 }
 
 #[cfg(test)]

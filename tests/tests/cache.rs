@@ -35,3 +35,63 @@ fn bad_ratios_fail_on_every_rank_naming_the_value() {
     // One node: nothing to cache, said so.
     World::new(2).run_ok(CACHE, &["bad-ratio"]);
 }
+
+/// Issue 30, item 3: a write the cache was not told of — `wm_gather::scatter`,
+/// `write_rows`, `write_local`, an in-place slice, `files::load`, or
+/// `apply_gradients` of an embedding without a cache of its own — by a
+/// rank of another node, between cached gathers and with no barrier
+/// before the next one, left stale rows in every other node's cache.
+#[test]
+fn coherence_does_not_depend_on_the_caller() {
+    for world in [World::new(4).nodes_of(2), World::new(6).nodes_of(2)] {
+        let dir = wm_tests::Scratch::new("cache-coherence");
+        let report = world.run_ok(CACHE, &["coherence", dir.0.to_str().expect("a UTF-8 temp path")]);
+        let out = wm_tests::transcript(&report);
+        // Both collective types, two ratios each; and the cache's own
+        // writes keep what they did not write.
+        assert_eq!(out.matches("case coherence ").count(), 4, "{out}");
+        assert_eq!(out.matches("case own-writes ").count(), 2, "{out}");
+    }
+}
+
+/// Issue 30, item 2: an operation of many ids given one bad id failed, but
+/// a cached scatter or gather had emptied node caches (a gather only on
+/// the ranks without the bad id, so the ranks of a node disagreed about
+/// what their cache held). Every such operation — scatter, cached scatter,
+/// invalidate, cached gather, loading files of the wrong shape,
+/// `apply_gradients` — now changes nothing: not the table, not a cache.
+#[test]
+fn cache_invalidation_is_all_or_nothing() {
+    for world in [World::new(4).nodes_of(2), World::new(6).nodes_of(2)] {
+        let dir = wm_tests::Scratch::new("cache-all-or-nothing");
+        let report = world.run_ok(CACHE, &["all-or-nothing", dir.0.to_str().expect("a UTF-8 temp path")]);
+        let out = wm_tests::transcript(&report);
+        assert_eq!(out.matches("case all-or-nothing ").count(), 2, "{out}");
+    }
+}
+
+/// Issue 30, item 7: a node cache named its table by the address of this
+/// rank's rows, so a table allocated where a freed one had been passed for
+/// it and got the freed table's cached rows. A table is now named by an
+/// allocation number that is never reused.
+#[test]
+fn table_id_is_not_a_pointer_value() {
+    let report = World::new(4).nodes_of(2).run_ok(CACHE, &["reused-table"]);
+    let out = wm_tests::transcript(&report);
+    assert_eq!(out.matches("case reused-table ").count(), 2, "{out}");
+}
+
+/// What the caches' coherence rests on: every write path moves the write
+/// generation of exactly the ranks whose rows it wrote — through the
+/// mapping by another rank too — and a refused write moves none and writes
+/// nothing (a run into rows this rank cannot reach no longer writes its
+/// own part first). On one node (every host type) and on two.
+#[test]
+fn write_generations_count_every_write_to_a_ranks_rows() {
+    for world in [World::new(3), World::new(4).nodes_of(2)] {
+        let dir = wm_tests::Scratch::new("cache-generations");
+        let report = world.run_ok(CACHE, &["generations", dir.0.to_str().expect("a UTF-8 temp path")]);
+        let out = wm_tests::transcript(&report);
+        assert!(out.contains("case generations distributed"), "{out}");
+    }
+}

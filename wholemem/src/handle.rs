@@ -4,6 +4,7 @@
 use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 
 use wm_comm::{CommExt, Communicator};
 
@@ -16,6 +17,7 @@ use crate::{Error, Result};
 
 mod portion;
 mod rows;
+mod written;
 
 pub use portion::{MappedPortion, Portion};
 
@@ -93,8 +95,19 @@ impl AllocRequest {
 /// promises that no other process writes the rows while they live.
 /// Separate writes from reads with a collective
 /// ([`Communicator::barrier`]), as with any PGAS memory.
+///
+/// # Identity and writes
+/// Each allocation has a [`serial`](Self::serial) number that no other
+/// table of the process ever gets, and each rank's rows a
+/// [`write_generation`](Self::write_generation) that every write to them
+/// moves: what caches of the rows check before trusting what they hold.
 #[derive(Debug)]
 pub struct WholeMemory {
+    /// This allocation's number in the process ([`Self::serial`]).
+    serial: u64,
+    /// How often this process wrote its own rows (where no shared
+    /// generation is kept: see [`Self::write_generation`]).
+    own_writes: AtomicU64,
     comm: Arc<dyn Communicator>,
     hierarchy: Option<(Arc<dyn Communicator>, Arc<dyn Communicator>)>,
     ty: MemoryType,
@@ -206,8 +219,11 @@ impl WholeMemory {
         let (exchanged, own) = match req.ty {
             MemoryType::Continuous | MemoryType::Chunked => {
                 let created = host::create_portion(req.ty, &partition, granularity, total, me).and_then(|portion| {
-                    let locks =
-                        if me == 0 { Some(host::locks::create().map_err(|e| Error::os("creating the row-lock table", e))?) } else { None };
+                    let locks = if me == 0 {
+                        Some(host::locks::create(comm.size()).map_err(|e| Error::os("creating the row-lock table", e))?)
+                    } else {
+                        None
+                    };
                     // Where the kernel has no pidfds, a stand-in: this rank's
                     // death then cannot be seen by the row locks' waiters,
                     // which wait for the timeout instead.
@@ -259,6 +275,8 @@ impl WholeMemory {
             (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, granularity).map(RowPtr)).collect();
         #[cfg_attr(not(feature = "cuda"), allow(unused_mut))]
         let mut mem = Self {
+            serial: written::next_serial(),
+            own_writes: AtomicU64::new(0),
             comm: comm.clone(),
             hierarchy,
             ty: req.ty,
@@ -327,6 +345,8 @@ impl WholeMemory {
             }
         };
         Ok(Self {
+            serial: written::next_serial(),
+            own_writes: AtomicU64::new(0),
             comm: comm.clone(),
             hierarchy,
             ty: req.ty,

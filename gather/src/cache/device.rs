@@ -10,6 +10,12 @@
 //! first), or until the cache is dropped — and it must be written back
 //! before any collective reads the table through another path (a gather:
 //! peers read the host rows).
+//!
+//! Writes by other paths to the cached rows (a scatter by any rank, a load,
+//! `write_local`, …) move the table's write generation of this rank's rows;
+//! every call of the cache compares it with the one its slots reflect and
+//! forgets its rows when it moved. The cache's own writes to the host rows
+//! move it too, and are taken as its own.
 
 use std::ops::Range;
 
@@ -29,6 +35,11 @@ struct Part {
     rows: DeviceBuffer,
     rows_of: usize,
     granularity: usize,
+    /// The table's allocation number.
+    table: u64,
+    /// The table's write generation of this rank's rows that the slots
+    /// reflect.
+    seen: u64,
 }
 
 impl Part {
@@ -41,7 +52,29 @@ impl Part {
             )));
         }
         let bytes = slots.checked_mul(layout.bytes()).ok_or_else(|| Error::InvalidArgument(format!("{slots} cached rows overflow")))?;
-        Ok(Self { layout: *layout, rows: DeviceBuffer::new(mem, bytes.max(1))?, rows_of: mem.rows(), granularity: mem.granularity() })
+        Ok(Self {
+            layout: *layout,
+            rows: DeviceBuffer::new(mem, bytes.max(1))?,
+            rows_of: mem.rows(),
+            granularity: mem.granularity(),
+            table: mem.serial(),
+            seen: mem.write_generation(),
+        })
+    }
+
+    /// Whether a path other than this cache wrote this rank's rows of
+    /// `mem` since the slots were filled.
+    fn written_elsewhere(&self, mem: &WholeMemory) -> bool {
+        mem.write_generation() != self.seen
+    }
+
+    /// After a write of this cache to this rank's host rows, which moved the
+    /// generation from `before` to `after`: the slots still reflect the
+    /// rows, unless another write came before or beside it.
+    fn took_own_write(&mut self, before: u64, after: u64) {
+        if self.seen == before && after.wrapping_sub(before) <= 1 {
+            self.seen = after;
+        }
     }
 
     fn shape(&self, slots: usize) -> SlotRows {
@@ -49,10 +82,13 @@ impl Part {
     }
 
     fn check(&self, mem: &WholeMemory, what: &str) -> Result<()> {
-        if mem.rows() != self.rows_of || mem.granularity() != self.granularity || mem.location() != Location::Host {
+        if mem.serial() != self.table || mem.rows() != self.rows_of || mem.granularity() != self.granularity {
             return Err(Error::InvalidArgument(format!(
-                "this device cache holds rows of another {what} (of {} rows of {} bytes)",
-                self.rows_of, self.granularity
+                "this device cache holds rows of another {what}: table {} of {} rows of {} bytes, not table {} (a table allocated after one was freed is another table)",
+                self.table,
+                self.rows_of,
+                self.granularity,
+                mem.serial()
             )));
         }
         Ok(())
@@ -74,6 +110,15 @@ impl Part {
 ///   other ranks read these rows from the host), and before dropping the
 ///   cache: a cache dropped with dirty rows cannot reach the table, says
 ///   how many rows were lost on stderr, and drops them.
+///
+/// Writes to this rank's rows by any other path (`wm_gather::scatter` by
+/// any rank, `files::load`, `write_local`, …) need no call: each call of
+/// the cache first compares the tables' write generations of this rank's
+/// rows with those its slots reflect, and forgets every row when they
+/// moved. Should the cache hold dirty rows then, two paths wrote the rows
+/// and neither can be taken to be the last: `read` and `write` refuse,
+/// naming both generations, until [`writeback`](Self::writeback) (which
+/// writes them over the other path's, then forgets every row).
 ///
 /// `wm_embedding::Embedding::enable_device_cache` uses it for its weights
 /// and optimizer state and keeps to these rules itself.
@@ -178,6 +223,44 @@ impl DeviceCache {
         }
     }
 
+    /// Whether another path wrote this rank's rows of either table since
+    /// the slots were filled.
+    fn written_elsewhere(&self, mem: &WholeMemory, side: Option<&WholeMemory>) -> bool {
+        self.main.written_elsewhere(mem) || matches!((&self.side, side), (Some(p), Some(s)) if p.written_elsewhere(s))
+    }
+
+    /// The slots now reflect the tables' rows as they are.
+    fn seen_now(&mut self, mem: &WholeMemory, side: Option<&WholeMemory>) {
+        self.main.seen = mem.write_generation();
+        if let (Some(p), Some(s)) = (&mut self.side, side) {
+            p.seen = s.write_generation();
+        }
+    }
+
+    /// Forgets every row when another path wrote this rank's rows since
+    /// the slots were filled.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] naming the generations when the cache
+    /// holds dirty rows then (nothing changes).
+    fn follow_writes(&mut self, mem: &WholeMemory, side: Option<&WholeMemory>) -> Result<()> {
+        if !self.written_elsewhere(mem, side) {
+            return Ok(());
+        }
+        let dirty = self.dirty_rows();
+        if dirty > 0 {
+            return Err(Error::InvalidArgument(format!(
+                "rank {}'s rows of the table were written by another path (write generation {}, the device cache's rows reflect {}) while the cache held {dirty} rows written through it: write them back first (writeback), or forget them (clear)",
+                mem.comm().world_rank(),
+                mem.write_generation(),
+                self.main.seen
+            )));
+        }
+        self.clear();
+        self.seen_now(mem, side);
+        Ok(())
+    }
+
     /// Writes back the dirty slots among `victims` (slot, the row it holds
     /// or held) to the host tables.
     fn write_back(&mut self, mem: &mut WholeMemory, side: Option<&mut WholeMemory>, victims: &[(usize, usize)]) -> Result<()> {
@@ -186,9 +269,15 @@ impl DeviceCache {
             return Ok(());
         }
         let n = self.tags.slots();
-        write_back_part(&self.main, mem, n, &slots, &rows)?;
-        if let (Some(p), Some(s)) = (&self.side, side) {
-            write_back_part(p, s, n, &slots, &rows)?;
+        let before = mem.write_generation();
+        let done = write_back_part(&self.main, mem, n, &slots, &rows);
+        self.main.took_own_write(before, mem.write_generation());
+        done?;
+        if let (Some(p), Some(s)) = (&mut self.side, side) {
+            let before = s.write_generation();
+            let done = write_back_part(p, s, n, &slots, &rows);
+            p.took_own_write(before, s.write_generation());
+            done?;
         }
         for &s in &slots {
             self.dirty[s] = false;
@@ -203,11 +292,18 @@ impl DeviceCache {
     /// # Errors
     /// Tables other than the cache's; the driver's errors; a row lock that
     /// could not be had.
-    pub fn writeback(&mut self, mem: &mut WholeMemory, side: Option<&mut WholeMemory>) -> Result<usize> {
+    pub fn writeback(&mut self, mem: &mut WholeMemory, mut side: Option<&mut WholeMemory>) -> Result<usize> {
         self.check_tables(mem, side.as_deref())?;
+        // Another path's writes since: the dirty rows go over them, then
+        // every row is forgotten.
+        let elsewhere = self.written_elsewhere(mem, side.as_deref());
         let victims: Vec<(usize, usize)> =
             (0..self.dirty.len()).filter(|&s| self.dirty[s]).filter_map(|s| self.tags.row_at(s).map(|r| (s, r))).collect();
-        self.write_back(mem, side, &victims)?;
+        self.write_back(mem, side.as_deref_mut(), &victims)?;
+        if elsewhere {
+            self.clear();
+            self.seen_now(mem, side.as_deref());
+        }
         Ok(victims.len())
     }
 
@@ -240,6 +336,7 @@ impl DeviceCache {
     ) -> Result<()> {
         self.check_tables(mem, side.as_deref())?;
         let local = self.local(rows)?;
+        self.follow_writes(mem, side.as_deref())?;
         let mut plan = Plan::default();
         for (k, &r) in local.iter().enumerate() {
             self.tags.count(r, 1);
@@ -301,6 +398,7 @@ impl DeviceCache {
     ) -> Result<()> {
         self.check_tables(mem, side.as_deref())?;
         let local = self.local(rows)?;
+        self.follow_writes(mem, side.as_deref())?;
         // The last occurrence of each row.
         let mut last: Vec<(usize, usize)> = local.iter().enumerate().map(|(k, &r)| (r, k)).collect();
         last.sort_unstable();
@@ -319,9 +417,17 @@ impl DeviceCache {
             }
         }
         let n = self.tags.slots();
-        write_part(&mut self.main, mem, n, &cached, &host, src, buf_dtype)?;
+        let before = mem.write_generation();
+        let done = write_part(&mut self.main, mem, n, &cached, &host, src, buf_dtype);
+        self.main.took_own_write(before, mem.write_generation());
+        done?;
         match (&mut self.side, side) {
-            (Some(p), Some(s)) => write_part(p, s, n, &cached, &host, side_src, buf_dtype)?,
+            (Some(p), Some(s)) => {
+                let before = s.write_generation();
+                let done = write_part(p, s, n, &cached, &host, side_src, buf_dtype);
+                p.took_own_write(before, s.write_generation());
+                done?;
+            }
             (None, None) => {}
             _ => return Err(Error::InvalidArgument("pass the side table exactly when the cache holds its rows".into())),
         }

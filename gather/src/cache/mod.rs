@@ -3,14 +3,18 @@
 //!
 //! - [`NodeCache`]: a **node cache of remote rows** for distributed and
 //!   hierarchy tables that span several nodes — host memory shared by the
-//!   ranks of a node, holding rows other nodes own. Read-only: every write
-//!   to the table invalidates what it touched (or empties the cache) by the
-//!   rule its documentation states, so a cached gather returns exactly what
+//!   ranks of a node, holding rows other nodes own. Read-only: a rank's
+//!   rows leave it when that rank's write generation moves, whatever wrote
+//!   them, so a cached gather returns exactly what
 //!   [`gather`](crate::gather) returns.
 //! - `DeviceCache` (feature `cuda`): a **device cache of host rows** — this
 //!   rank's own rows of a host table in its GPU's memory, read-write,
 //!   written back on `writeback()` and before the rows are read through
-//!   another path.
+//!   another path; it forgets its rows when another path writes them.
+//!
+//! Both know their table by its allocation number
+//! ([`WholeMemory::serial`](wholemem::WholeMemory::serial)), never by an
+//! address a later table may get.
 //!
 //! Both size themselves by a **cache ratio**, the fraction of the table's
 //! rows they may hold (greater than 0, at most 1; anything else is refused
@@ -26,7 +30,7 @@ mod policy;
 
 #[cfg(feature = "cuda")]
 pub use device::DeviceCache;
-pub use node::NodeCache;
+pub use node::{NodeCache, WriteMark};
 pub use policy::WAYS;
 
 use crate::{Error, Result};
@@ -121,6 +125,13 @@ impl RowSpace {
         self.rows
     }
 
+    /// The numbers among the cacheable rows of rank `r`'s rows, or `None`
+    /// for a rank of this node.
+    pub(crate) fn rank_rows(&self, r: usize) -> Option<std::ops::Range<usize>> {
+        let first = self.first.get(r).copied().flatten()?;
+        Some(first..first + self.offsets[r + 1] - self.offsets[r])
+    }
+
     /// The number of table row `row` (below the table's rows) among the
     /// cacheable rows, or `None` when this node owns it.
     #[inline]
@@ -158,6 +169,10 @@ mod tests {
         assert_eq!(got, vec![None, None, None, Some(0), Some(1), Some(2), Some(3), Some(4), Some(5)]);
         let here = RowSpace::new(&p, |_| false);
         assert_eq!((here.rows(), here.index(5)), (0, None));
+        // Each remote rank's rows as one run of numbers.
+        let runs: Vec<Option<std::ops::Range<usize>>> = (0..4).map(|r| s.rank_rows(r)).collect();
+        assert_eq!(runs, vec![None, Some(0..4), None, Some(4..6)]);
+        assert_eq!(s.rank_rows(4), None);
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! One cached gather, on every rank of the table (it is collective, like
 //! the gather it replaces):
 //!
+//! 0. **Writes.** Every rank learns every rank's write generation of the
+//!    table (one allgather of two words each) and drops the rows of every rank
+//!    whose generation moved since the cache last saw it (see
+//!    [`NodeCache`], "Coherence").
 //! 1. **Look up.** Each id of a row another node owns is looked up in this
 //!    rank's copy of the tags (identical on every rank of the node).
 //! 2. **Fetch.** Every other id (misses, and rows of the node's other
@@ -26,14 +30,14 @@
 //! passed step 1 of the same call (the leader decides only once every
 //! rank's accesses arrived), and the next call's step 1 starts only after
 //! every fill (the closing agreement). Tags change only by decisions every
-//! rank of the node applies alike, and by invalidations every rank of the
-//! table makes alike.
+//! rank of the node applies alike, and by invalidations and generations
+//! every rank of the table learns alike.
 
 use std::sync::Arc;
 
 use wholemem::agree::Rule;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
-use wm_comm::Communicator;
+use wm_comm::{CommExt, Communicator};
 
 use super::policy::{Fill, Placement, Tags};
 use super::{CacheStats, RowSpace, check_ratio, ratio_slots};
@@ -48,35 +52,62 @@ use crate::{DType, Error, Ids, Result, RowLayout, agree, mapped};
 /// [`wm_gather::gather`](crate::gather) returns for the same table, ids and
 /// layout — served from the cache where it can, fetched otherwise.
 ///
-/// # Coherence: the invalidation rule
+/// # Coherence: write generations
 /// The cache is read-only: rows enter it only as copies of what the table
-/// held when a gather fetched them. So every write to the table must reach
-/// the cache of **every** node before the next cached gather, and each
-/// write path does so:
+/// held when a gather fetched them. Nobody needs to tell it of a write:
+/// every write to a rank's rows moves that rank's
+/// [`write_generation`](WholeMemory::write_generation) (scatters,
+/// `apply_gradients`, `files::load`, `write_rows`, `write_local`, in-place
+/// slices), and every cached gather opens with every rank's generation
+/// (an allgather of two words per rank), dropping on every node the rows of
+/// each rank whose generation moved since the cache last saw it.
 ///
-/// | write | what the cache does |
+/// **The rule.** A cached gather returns no row older than the writes that
+/// happened before the call **on the writing rank** — before that rank
+/// entered this collective call, in its own program order (or in another
+/// thread's, joined before the call). Ranks need not wait for each other:
+/// a rank already inside the gather waits for the writer's generation in
+/// the opening allgather, so a write the writer made just before its call
+/// is seen by every rank, whenever they entered. A write made after the
+/// writer entered belongs to the next call. Outside the rule, as for an
+/// uncached gather: rows written at the same time as the gather, and
+/// writes through raw pointers that do not call
+/// [`WholeMemory::note_written`].
+///
+/// Only the cache's own writes keep what they did not touch:
+///
+/// | write | what the cache drops |
 /// |---|---|
-/// | [`scatter`](Self::scatter) (collective) | every rank learns every rank's ids and drops those rows |
-/// | `wm_gather::scatter`, `apply_gradients` or any other collective write | the caller follows it with [`invalidate`](Self::invalidate) (the rows each rank wrote; collective) or [`clear`](Self::clear) (collective) |
-/// | `wholemem::files::load`, `write_rows`, `write_local`, in-place slices | the same: [`clear`](Self::clear) on every rank after the writes, before the next cached gather |
+/// | [`scatter`](Self::scatter) (collective) | every rank's ids, once (every rank learns them in one allgather, which also tells that those were the only rows written) |
+/// | [`invalidate_written`](Self::invalidate_written) after writes (collective; `wm_embedding`'s `apply_gradients`) | the rows named, once, the writes counted as told |
+/// | any other write (`wm_gather::scatter`, `write_rows`, `files::load`, …) | every row of each rank whose rows were written, at the next cached gather |
+/// | a failed scatter or step (rows may be written) | the same as any other write |
+/// | a call refused by its checks (a bad id, a wrong buffer, another table) | nothing: it wrote nothing |
 ///
-/// Writes by ranks of other nodes are covered because both calls are
-/// collective over the table's ranks: each rank hears of every rank's
-/// write. `wm_embedding::Embedding` with a node cache applies the rule
-/// itself (gradients invalidate their rows; `init` and loans of the table
-/// clear the cache).
+/// [`invalidate`](Self::invalidate) and [`clear`](Self::clear) drop rows
+/// on request; coherence never needs them.
+///
+/// # Which table
+/// A cache knows its table by the table's allocation number
+/// ([`WholeMemory::serial`]), never reused: a table allocated after the
+/// cache's was freed is refused on every rank, naming both, wherever the
+/// allocator placed it.
 ///
 /// # Collectivity
 /// Creation, [`gather`](Self::gather), [`scatter`](Self::scatter),
-/// [`invalidate`](Self::invalidate), [`clear`](Self::clear) and
-/// [`free`](Self::free) are collective over the table's ranks, in the same
-/// order on every rank, as the table's own gather and scatter are.
+/// [`invalidate`](Self::invalidate),
+/// [`invalidate_written`](Self::invalidate_written), [`clear`](Self::clear)
+/// and [`free`](Self::free) are collective over the table's ranks, in the
+/// same order on every rank, as the table's own gather and scatter are.
 #[derive(Debug)]
 pub struct NodeCache {
     comm: Arc<dyn Communicator>,
     local: Arc<dyn Communicator>,
     layout: RowLayout,
     table: TableId,
+    /// Each rank's write generation of the table as the cached rows
+    /// reflect it (the same on every rank of the table).
+    seen: Vec<u64>,
     ratio: f64,
     space: RowSpace,
     tags: Tags,
@@ -90,32 +121,52 @@ pub struct NodeCache {
     scratch: Vec<u8>,
 }
 
-/// What identifies the table a cache belongs to.
+/// The table a cache belongs to: its allocation number, which no other
+/// table of the process ever gets (a table allocated where a freed one was
+/// is another table), and what it is, for messages.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct TableId {
+    serial: u64,
     ty: MemoryType,
     loc: Location,
     rows: usize,
     granularity: usize,
-    counts: Vec<usize>,
-    own: Option<usize>,
-    own_device: Option<u64>,
 }
 
 impl TableId {
     fn of(mem: &WholeMemory) -> Self {
-        let me = mem.comm().rank();
-        Self {
-            ty: mem.memory_type(),
-            loc: mem.location(),
-            rows: mem.rows(),
-            granularity: mem.granularity(),
-            counts: mem.partition().counts(),
-            own: mem.rank_ptr(me).map(|p| p as usize),
-            own_device: mem.device_ptr(me),
-        }
+        Self { serial: mem.serial(), ty: mem.memory_type(), loc: mem.location(), rows: mem.rows(), granularity: mem.granularity() }
     }
 }
+
+impl std::fmt::Display for TableId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "table {} (a {} {} table of {} rows of {} bytes)", self.serial, self.loc, self.ty, self.rows, self.granularity)
+    }
+}
+
+/// Where this rank's writes to a table stood at one moment: its write
+/// generation then. Taken before writes that
+/// [`NodeCache::invalidate_written`] then names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WriteMark {
+    table: u64,
+    generation: u64,
+}
+
+impl WriteMark {
+    /// Where this rank's writes to `mem` stand now.
+    pub fn of(mem: &WholeMemory) -> Self {
+        Self { table: mem.serial(), generation: mem.write_generation() }
+    }
+}
+
+/// The first word of a rank's part of an invalidation: its rows follow.
+const PLAIN: u64 = 0;
+/// The first word of a rank's part of an invalidation: its write generation
+/// before and after the writes of the rows that follow, which are every row
+/// those writes changed.
+const ACCOUNTED: u64 = 1;
 
 /// Encodes a ratio and a layout: what every rank must pass alike.
 fn request_bytes(ratio: f64, layout: &RowLayout) -> Vec<u8> {
@@ -225,6 +276,8 @@ impl NodeCache {
         Ok(Self {
             layout: *layout,
             table: TableId::of(mem),
+            // Nothing is cached yet: the first gather takes every rank's.
+            seen: vec![0; comm.size()],
             ratio,
             tags: Tags::new(policy, space.rows(), leader),
             space,
@@ -268,11 +321,37 @@ impl NodeCache {
     }
 
     fn check_table(&self, mem: &WholeMemory) -> Result<()> {
-        if TableId::of(mem) != self.table {
+        let other = TableId::of(mem);
+        if other != self.table {
             return Err(Error::InvalidArgument(format!(
-                "this node cache belongs to another table (a {} {} table of {} rows of {} bytes)",
-                self.table.loc, self.table.ty, self.table.rows, self.table.granularity
+                "this node cache belongs to another table: it was made for {}, not {other} (a table allocated after one was freed is another table, even where the freed one was; make a cache for it)",
+                self.table
             )));
+        }
+        Ok(())
+    }
+
+    /// Step 0 of a gather: every rank's write generation of `mem` (when
+    /// every rank passed the cache's table), and the rows of each rank whose
+    /// generation moved dropped. Collective.
+    fn follow_writes(&mut self, mem: &WholeMemory) -> Result<()> {
+        let mine = match self.check_table(mem) {
+            Ok(()) => [1, mem.write_generation()],
+            // The call fails (every rank learns why in its checks): leave
+            // everything as it is.
+            Err(_) => [0, 0],
+        };
+        let all = self.comm.allgather_pod(&mine)?;
+        if all.chunks_exact(2).any(|w| w[0] != 1) {
+            return Ok(());
+        }
+        for (r, w) in all.chunks_exact(2).enumerate() {
+            if self.seen[r] != w[1] {
+                if let Some(rows) = self.space.rank_rows(r) {
+                    self.tags.invalidate_range(rows);
+                }
+                self.seen[r] = w[1];
+            }
         }
         Ok(())
     }
@@ -287,6 +366,8 @@ impl NodeCache {
     /// As [`wm_gather::gather`](crate::gather); [`Error::InvalidArgument`]
     /// for another table than the cache's.
     pub fn gather(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
+        // 0. What was written since the last call, on any rank.
+        self.follow_writes(mem)?;
         let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
             self.check_table(mem)?;
             Ok(conv)
@@ -385,8 +466,17 @@ impl NodeCache {
         clock.lap("cache misses");
         let (copied, decided, busy) = match done {
             Some(d) => d,
+            // The exchange failed before any row travelled: some rank's
+            // checks (a bad id, a wrong buffer) or a lost peer. Nothing was
+            // counted or decided, and nothing changes.
+            None if result.is_err() => {
+                self.scratch = fetched;
+                return result;
+            }
             None => hits(),
         };
+        // Whether the tags may hold a decision whose fills did not happen.
+        let mut decided_here = decided.is_some();
         clock.lap("cache rest");
         clock.add("cache hits", busy);
         let result = result.and_then(|()| {
@@ -403,11 +493,14 @@ impl NodeCache {
                 fetch.iter().enumerate().filter_map(|(k, &row)| self.space.index(row as usize).map(|r| (r, k))).collect();
             match decided {
                 Some((fills, evicted)) => placed.map(|()| self.fill_alone(&fills, evicted, &missed_at, &fetched)),
-                None => self.update_shared_and_agree(placed, accesses, &missed_at, &fetched),
+                None => {
+                    decided_here = true;
+                    self.update_shared_and_agree(placed, accesses, &missed_at, &fetched)
+                }
             }
         });
         clock.lap("cache update");
-        if result.is_err() {
+        if result.is_err() && decided_here {
             // A decision may be in the tags without its fills: hold nothing.
             self.tags.clear();
         }
@@ -583,76 +676,112 @@ impl NodeCache {
 
     /// Scatters `src` into rows `ids` of `mem` as
     /// [`wm_gather::scatter`](crate::scatter) does (collective), then drops
-    /// every rank's rows `ids` from every node's cache. On an error every
-    /// rank empties its cache (a failed scatter may have written some rows).
+    /// every rank's rows `ids` from every node's cache — and only those:
+    /// the rest stays cached. A call its checks refuse (a bad id on any
+    /// rank, another table) changes nothing; one that fails later may have
+    /// written rows, and the next cached gather drops every row of the
+    /// ranks whose rows it wrote.
     ///
     /// # Errors
     /// As [`wm_gather::scatter`](crate::scatter); [`Error::InvalidArgument`]
     /// for another table than the cache's (on every rank).
     pub fn scatter(&mut self, mem: &mut WholeMemory, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
-        let result = agree(self.comm.as_ref(), self.check_table(mem))
-            .and_then(|()| crate::scatter(mem, &self.layout, ids, src, src_dtype))
-            .and_then(|()| self.invalidate(ids));
-        if result.is_err() {
-            self.tags.clear();
-        }
-        result
+        agree(self.comm.as_ref(), self.check_table(mem))?;
+        let since = WriteMark::of(mem);
+        crate::scatter(mem, &self.layout, ids, src, src_dtype)?;
+        self.drop_rows(ids, Ok(Some((since, mem.write_generation()))))
     }
 
-    /// Drops every rank's rows `ids` from every node's cache: after a write
-    /// to those rows by any path but [`scatter`](Self::scatter).
-    /// Collective: each rank passes the rows it wrote (possibly none).
+    /// Drops every rank's rows `ids` from every node's cache, now. Not
+    /// needed for coherence (a written row leaves the cache at the next
+    /// gather anyway, see "Coherence"); it frees slots early. Collective:
+    /// each rank passes its rows (possibly none). A bad id on any rank
+    /// drops nothing.
     ///
     /// # Errors
     /// On every rank: [`Error::IndexOutOfRange`] naming the first bad id;
     /// [`Error::Malformed`] for a peer's garbled list; [`Error::Comm`].
     pub fn invalidate(&mut self, ids: Ids<'_>) -> Result<()> {
-        let rows = self.table.rows;
-        let mine = match ids.first_out_of_range(rows) {
-            Some((position, index)) => Err(Error::IndexOutOfRange { index, position, rank: self.comm.world_rank(), rows }),
-            None => Ok(()),
-        };
-        let words: Vec<u64> = if mine.is_ok() { ids.to_rows().into_iter().map(|r| r as u64).collect() } else { Vec::new() };
-        let ((), all) = wholemem::agree::agree_sharing(self.comm.as_ref(), mine, Rule::Lowest, bytemuck::cast_slice(&words))?;
-        let mut problem = None;
-        for (r, bytes) in all.iter().enumerate() {
-            if bytes.len() % 8 != 0 {
-                problem.get_or_insert_with(|| Error::Malformed {
-                    rank: self.comm.world_ranks()[r],
-                    detail: format!("{} bytes of rows to invalidate, not a whole number of 8-byte rows", bytes.len()),
-                });
-                continue;
+        self.drop_rows(ids, Ok(None))
+    }
+
+    /// Drops every rank's rows `ids` from every node's cache, as
+    /// [`invalidate`](Self::invalidate), and takes them as **every** row
+    /// this rank's writes to `mem` since `since` changed: those writes then
+    /// cost the cache these rows only, instead of every row of this rank
+    /// at the next gather. For write paths that know every row they wrote
+    /// (`wm_embedding`'s `apply_gradients`); a row written and not named
+    /// here would be served stale. Collective: each rank passes the rows it
+    /// wrote (possibly none) and its own mark. A bad id on any rank drops
+    /// nothing and takes nothing as told (the writes then cost every row of
+    /// the ranks that made them).
+    ///
+    /// # Errors
+    /// As [`invalidate`](Self::invalidate); [`Error::InvalidArgument`] on
+    /// every rank for another table than the cache's, or a mark of another
+    /// table.
+    pub fn invalidate_written(&mut self, mem: &WholeMemory, ids: Ids<'_>, since: WriteMark) -> Result<()> {
+        let told = self.check_table(mem).and_then(|()| {
+            if since.table != self.table.serial {
+                return Err(Error::InvalidArgument(format!("a write mark of table {}, for a node cache of {}", since.table, self.table)));
             }
-            for c in bytes.chunks_exact(8) {
-                let row = u64::from_le_bytes(c.try_into().unwrap_or([0xff; 8]));
-                match usize::try_from(row).ok().filter(|&x| x < rows) {
-                    Some(x) => {
-                        if let Some(i) = self.space.index(x) {
-                            self.tags.invalidate(i);
-                        }
-                    }
-                    None => {
-                        problem.get_or_insert_with(|| Error::Malformed {
-                            rank: self.comm.world_ranks()[r],
-                            detail: format!("row {row} to invalidate, past the {rows} rows of the table"),
-                        });
-                    }
+            Ok(Some((since, mem.write_generation())))
+        });
+        self.drop_rows(ids, told)
+    }
+
+    /// Every rank's rows `ids` out of every node's cache, with, where a
+    /// rank's `told` names its generation before and after its writes, those
+    /// writes counted as told: every rank learns every rank's part (one
+    /// allgather) and does the same. Nothing changes unless every rank's
+    /// part is good.
+    fn drop_rows(&mut self, ids: Ids<'_>, told: Result<Option<(WriteMark, u64)>>) -> Result<()> {
+        let rows = self.table.rows;
+        let mine = told.and_then(|told| match ids.first_out_of_range(rows) {
+            Some((position, index)) => Err(Error::IndexOutOfRange { index, position, rank: self.comm.world_rank(), rows }),
+            None => Ok(told),
+        });
+        let mut words: Vec<u64> = Vec::new();
+        if let Ok(told) = &mine {
+            words.extend(match told {
+                Some((since, now)) => [ACCOUNTED, since.generation, *now],
+                None => [PLAIN, 0, 0],
+            });
+            words.extend(ids.to_rows().into_iter().map(|r| r as u64));
+        }
+        let (_, all) = wholemem::agree::agree_sharing(self.comm.as_ref(), mine, Rule::Lowest, bytemuck::cast_slice(&words))?;
+        // Every rank's part, checked in full before anything is dropped.
+        let mut parts: Vec<Invalidation> = Vec::with_capacity(all.len());
+        for (r, bytes) in all.iter().enumerate() {
+            match parse_invalidation(bytes, rows) {
+                Ok(part) => parts.push(part),
+                Err(detail) => {
+                    // Every rank received the same parts, so every rank
+                    // finds it; the writes stay untold, and the cache holds
+                    // nothing a garbled list may have meant.
+                    self.tags.clear();
+                    return Err(Error::Malformed { rank: self.comm.world_ranks()[r], detail });
                 }
             }
         }
-        match problem {
-            // Every rank received the same lists, so every rank finds it.
-            Some(e) => {
-                self.tags.clear();
-                Err(e)
+        for (r, Invalidation { told, rows: part }) in parts.into_iter().enumerate() {
+            for row in part {
+                if let Some(i) = self.space.index(row) {
+                    self.tags.invalidate(i);
+                }
             }
-            None => Ok(()),
+            if let Some((since, now)) = told
+                && self.seen[r] == since
+            {
+                self.seen[r] = now;
+            }
         }
+        Ok(())
     }
 
-    /// Empties every node's cache: after writes this rank cannot name
-    /// (loading files, writing whole stretches of rows). Collective. The
-    /// access counts stay, so rows hot before are admitted again first.
+    /// Empties every node's cache. Not needed after writes (see
+    /// "Coherence"). Collective. The access counts stay, so rows hot before
+    /// are admitted again first.
     ///
     /// # Errors
     /// [`Error::Comm`] when a peer is lost.
@@ -707,6 +836,38 @@ fn tally(mut accesses: Vec<u64>) -> Vec<(usize, u32, bool)> {
     out
 }
 
+/// A rank's part of an invalidation.
+#[derive(Debug, PartialEq, Eq)]
+struct Invalidation {
+    /// Its write generation before and after the writes of `rows`, when
+    /// they are every row those writes changed.
+    told: Option<(u64, u64)>,
+    /// The rows to drop.
+    rows: Vec<usize>,
+}
+
+/// A rank's part of an invalidation, as sent: a kind ([`PLAIN`] or
+/// [`ACCOUNTED`]), its generations before and after its writes (for
+/// [`ACCOUNTED`]), then its rows, each below `rows`.
+fn parse_invalidation(bytes: &[u8], rows: usize) -> std::result::Result<Invalidation, String> {
+    if bytes.len() % 8 != 0 || bytes.len() < 24 {
+        return Err(format!("{} bytes of rows to invalidate, not a head and whole 8-byte rows", bytes.len()));
+    }
+    let words: Vec<u64> = bytemuck::pod_collect_to_vec(bytes);
+    let told = match words[0] {
+        PLAIN => None,
+        ACCOUNTED => Some((words[1], words[2])),
+        other => return Err(format!("an invalidation of unknown kind {other}")),
+    };
+    let part = words[3..]
+        .iter()
+        .map(|&w| {
+            usize::try_from(w).ok().filter(|&x| x < rows).ok_or_else(|| format!("row {w} to invalidate, past the {rows} rows of the table"))
+        })
+        .collect::<std::result::Result<Vec<usize>, String>>()?;
+    Ok(Invalidation { told, rows: part })
+}
+
 /// A local rank's report to the leader: the number of entries, then
 /// (row, count << 1 | missed) for each; each row below `rows`.
 fn parse_report(bytes: &[u8], rows: usize) -> std::result::Result<Vec<(usize, u32, bool)>, String> {
@@ -752,6 +913,24 @@ mod tests {
         let zero: Vec<u64> = vec![1, 3, 1];
         assert!(parse_report(bytemuck::cast_slice(&zero), 8).unwrap_err().contains("0 times"));
         assert_eq!(parse_report(bytemuck::cast_slice(&[0u64]), 8).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn an_invalidation_part_is_checked_whole() {
+        let part = |w: &[u64]| -> Vec<u8> { bytemuck::cast_slice(w).to_vec() };
+        assert_eq!(parse_invalidation(&part(&[PLAIN, 0, 0, 4, 1]), 5).unwrap(), Invalidation { told: None, rows: vec![4, 1] });
+        assert_eq!(parse_invalidation(&part(&[ACCOUNTED, 7, 9]), 5).unwrap(), Invalidation { told: Some((7, 9)), rows: vec![] });
+        assert!(parse_invalidation(&part(&[PLAIN, 0, 0, 4, 5]), 5).unwrap_err().contains("row 5 to invalidate, past the 5 rows"));
+        assert!(parse_invalidation(&part(&[2, 0, 0]), 5).unwrap_err().contains("unknown kind 2"));
+        assert!(parse_invalidation(&part(&[PLAIN, 0]), 5).unwrap_err().contains("16 bytes"));
+        assert!(parse_invalidation(&part(&[PLAIN, 0, 0, 1])[..30], 5).unwrap_err().contains("30 bytes"));
+    }
+
+    #[test]
+    fn tables_are_told_apart_by_allocation_number_and_named_in_words() {
+        let t = TableId { serial: 7, ty: MemoryType::Distributed, loc: Location::Host, rows: 100, granularity: 16 };
+        assert_eq!(t.to_string(), "table 7 (a host distributed table of 100 rows of 16 bytes)");
+        assert_ne!(t, TableId { serial: 8, ..t.clone() }, "the same shape, another allocation");
     }
 
     #[test]

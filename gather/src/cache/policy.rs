@@ -296,6 +296,24 @@ impl Tags {
         }
     }
 
+    /// Forgets every row numbered in `rows` (counts stay); how many were
+    /// held. Looks at each slot or each row, whichever are fewer.
+    pub(crate) fn invalidate_range(&mut self, rows: std::ops::Range<usize>) -> usize {
+        let rows = rows.start.min(self.rows)..rows.end.min(self.rows);
+        if rows.len() <= self.tags.len() {
+            return rows.filter(|&r| self.invalidate(r)).count();
+        }
+        let mut dropped = 0;
+        for slot in 0..self.tags.len() {
+            let t = self.tags[slot];
+            if t != EMPTY && rows.contains(&(t as usize)) {
+                self.set_tag(slot, EMPTY);
+                dropped += 1;
+            }
+        }
+        dropped
+    }
+
     /// Forgets every row (counts stay: a row hot before is hot after).
     pub(crate) fn clear(&mut self) {
         self.tags.fill(EMPTY);
@@ -420,5 +438,48 @@ mod tests {
         }
         let max = per_set.iter().max().copied().unwrap_or(0);
         assert!(max < 2 * WAYS, "{per_set:?}");
+    }
+
+    #[test]
+    fn a_range_of_rows_leaves_exactly_as_row_by_row() {
+        // Ranges shorter and longer than the slots (the two ways of
+        // walking), over direct and set placements, against forgetting
+        // the rows one by one.
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move |n: usize| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x % n as u64) as usize
+        };
+        for placement in [Placement::Direct, Placement::Sets { sets: 2 }] {
+            let rows = 300;
+            for _ in 0..200 {
+                let mut a = Tags::new(placement, rows, true);
+                let missed: Vec<usize> = {
+                    let mut m: Vec<usize> = (0..next(250)).map(|_| next(rows)).collect();
+                    m.sort_unstable();
+                    m.dedup();
+                    m
+                };
+                for &r in &missed {
+                    a.count(r, 1 + next(5) as u32);
+                }
+                a.decide(&missed);
+                let mut b = Tags::new(placement, rows, false);
+                for s in 0..a.slots() {
+                    if let Some(r) = a.row_at(s) {
+                        b.apply(Fill { slot: s, row: r, evicted: None });
+                    }
+                }
+                let (lo, len) = (next(rows), next(rows));
+                let range = lo..lo + len;
+                let dropped = a.invalidate_range(range.clone());
+                let by_row = range.clone().filter(|&r| r < rows && b.invalidate(r)).count();
+                assert_eq!(dropped, by_row, "{placement:?} {range:?}");
+                assert!((0..rows).all(|r| a.lookup(r) == b.lookup(r)), "{placement:?} {range:?}");
+                assert!((0..rows).filter(|r| range.contains(r)).all(|r| a.lookup(r).is_none()));
+            }
+        }
     }
 }

@@ -5,9 +5,16 @@
 //!
 //! Scenarios: `node` (the node cache of remote rows on every collective
 //! type), `embedding` (an embedding with a node cache, trained), `bad-ratio`
-//! (refusals on every rank), `device` (an embedding with a device cache of
-//! its host rows, trained beside one without: on a GPU only; elsewhere it
-//! prints why it skips, and fails under `WM_REQUIRE_GPU=1`).
+//! (refusals on every rank), `coherence DIR` (writes by every path the
+//! table offers, by a rank of another node, that nobody tells the cache
+//! of), `all-or-nothing DIR` (every operation of many ids, with one bad
+//! id, changes neither the table nor the cache), `reused-table` (a cache
+//! refuses a table allocated where a freed one was), `generations DIR`
+//! (every write path moves the write generations of exactly the ranks whose
+//! rows it wrote), `device` (an
+//! embedding with a device cache of its host rows, trained beside one
+//! without: on a GPU only; elsewhere it prints why it skips, and fails
+//! under `WM_REQUIRE_GPU=1`). `DIR` is a scratch directory for files.
 //!
 //! The node cache is checked two ways after every cached gather: against
 //! an uncached gather of the same ids (byte for byte), and against this
@@ -15,6 +22,7 @@
 //! row, column and the row's version, and every rank knows every write's
 //! rows and version, so every rank knows what every row holds).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result, bail, ensure};
@@ -22,7 +30,7 @@ use half::bf16;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory, query};
 use wm_comm::{CommExt, Communicator};
 use wm_embedding::{Embedding, EmbeddingElement, Init, Optimizer};
-use wm_gather::cache::NodeCache;
+use wm_gather::cache::{CacheStats, NodeCache};
 use wm_gather::{DType, Ids, RowLayout};
 use wm_tests::Rng;
 
@@ -35,6 +43,10 @@ fn main() {
         "node" => node_cache(&world),
         "embedding" => embedding(&world),
         "bad-ratio" => bad_ratio(&world),
+        "coherence" => scratch(&args).and_then(|dir| coherence(&world, &dir)),
+        "all-or-nothing" => scratch(&args).and_then(|dir| all_or_nothing(&world, &dir)),
+        "reused-table" => reused_table(&world),
+        "generations" => scratch(&args).and_then(|dir| write_generations(&world, &dir)),
         "device" => device(&world),
         other => bail!("unknown scenario {other:?}"),
     });
@@ -43,6 +55,11 @@ fn main() {
         std::process::exit(1);
     }
     println!("ok");
+}
+
+/// The scratch directory a scenario writes files to (its second argument).
+fn scratch(args: &[String]) -> Result<PathBuf> {
+    args.get(1).map(PathBuf::from).context("usage: wm-test-cache SCENARIO DIR")
 }
 
 fn nodes(world: &Comm) -> usize {
@@ -433,6 +450,611 @@ fn bad_ratio(world: &Comm) -> Result<()> {
     let mut x = vec![0f32; ids.len() * cols];
     emb.gather(&ids, &mut x)?;
     emb.free()?;
+    Ok(())
+}
+
+// ------------------------------------------------------------- coherence
+
+/// The ways a table's rows are written, none of which tells a node cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WritePath {
+    /// `wm_gather::scatter` (collective): the writer's ids are the hot
+    /// rows, whatever rank owns them.
+    Scatter,
+    /// `WholeMemory::write_rows`: the first half of the writer's rows.
+    WriteRows,
+    /// `WholeMemory::write_local`: every row of the writer.
+    WriteLocal,
+    /// `WholeMemory::local_bytes_mut`: every row of the writer, in place.
+    InPlace,
+    /// `wholemem::files::load` (collective) of files that hold every row,
+    /// the writer's at a new version.
+    Load,
+}
+
+const WRITE_PATHS: [WritePath; 5] = [WritePath::Scatter, WritePath::WriteRows, WritePath::WriteLocal, WritePath::InPlace, WritePath::Load];
+
+/// Rows `rows` of the model at their versions, as f32 bytes of `cols`
+/// columns each.
+fn model_rows(rows: impl Iterator<Item = usize>, cols: usize, version: &[u32]) -> Vec<u8> {
+    let vals: Vec<f32> = rows.flat_map(|r| (0..cols).map(move |c| value(r, c, version[r]))).collect();
+    bytemuck::cast_slice(&vals).to_vec()
+}
+
+/// A cached gather of `ids` checked against an uncached one and against
+/// the model (f32 tables read as f32).
+fn read_checked(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64], version: &[u32], what: &str) -> Result<()> {
+    let cols = cache.layout().cols();
+    let mut cached = vec![0u8; ids.len() * cols * 4];
+    cache.gather(mem, Ids::I64(ids), &mut cached, DType::F32).with_context(|| format!("{what}: cached gather"))?;
+    let mut plain = vec![0u8; cached.len()];
+    wm_gather::gather(mem, cache.layout(), Ids::I64(ids), &mut plain, DType::F32)?;
+    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&cached);
+    for (k, &id) in ids.iter().enumerate() {
+        let row = id as usize;
+        for c in 0..cols {
+            let want = value(row, c, version[row]);
+            ensure!(
+                got[k * cols + c] == want,
+                "{what}: the cached gather returned a stale row {row}: column {c} holds {} instead of {want} (version {})",
+                got[k * cols + c],
+                version[row]
+            );
+        }
+    }
+    ensure!(cached == plain, "{what}: the cached gather differs from the uncached one");
+    Ok(())
+}
+
+/// One rank (`writer`, on another node than rank 0) writes rows by `path`
+/// at version `v`, telling the cache nothing; the model learns it on every
+/// rank.
+#[allow(clippy::too_many_arguments)]
+fn write_by(
+    world: &Comm,
+    mem: &mut WholeMemory,
+    path: WritePath,
+    writer: usize,
+    hot: &[usize],
+    version: &mut [u32],
+    v: u32,
+    files: &Path,
+) -> Result<()> {
+    let me = world.rank();
+    let cols = mem.granularity() / 4;
+    let theirs = mem.partition().range(writer);
+    let written: Vec<usize> = match path {
+        WritePath::Scatter => hot.to_vec(),
+        WritePath::WriteRows => (theirs.start..theirs.start + theirs.len().div_ceil(2)).collect(),
+        WritePath::WriteLocal | WritePath::InPlace | WritePath::Load => theirs.clone().collect(),
+    };
+    let mut next = version.to_vec();
+    for &r in &written {
+        next[r] = v;
+    }
+    match path {
+        WritePath::Scatter => {
+            let ids: Vec<i64> = if me == writer { written.iter().map(|&r| r as i64).collect() } else { Vec::new() };
+            let layout = RowLayout::new(DType::F32, cols, 0)?;
+            let src = model_rows(ids.iter().map(|&r| r as usize), cols, &next);
+            wm_gather::scatter(mem, &layout, Ids::I64(&ids), &src, DType::F32)?;
+        }
+        WritePath::WriteRows if me == writer => {
+            mem.write_rows(theirs.start, &model_rows(written.iter().copied(), cols, &next))?;
+        }
+        WritePath::WriteLocal if me == writer => mem.write_local(&model_rows(theirs.clone(), cols, &next))?,
+        WritePath::InPlace if me == writer => {
+            let src = model_rows(theirs.clone(), cols, &next);
+            // SAFETY: distributed and hierarchy host rows are this
+            // process's private memory: no other process reads or writes
+            // them while the slice lives.
+            let rows = unsafe { mem.local_bytes_mut() };
+            rows.copy_from_slice(&src);
+        }
+        WritePath::Load => {
+            // Files of every row at its next version, written from a table
+            // of the same shape, then loaded over this one.
+            let req = AllocRequest {
+                ty: mem.memory_type(),
+                loc: Location::Host,
+                total: mem.total_bytes(),
+                granularity: mem.granularity(),
+                partition: Some(mem.partition().counts()),
+            };
+            let mut src = WholeMemory::allocate(world, &req)?;
+            let own = src.local_rows();
+            src.write_local(&model_rows(own, cols, &next))?;
+            let format = wholemem::files::RowFormat::vector(DType::F32, cols);
+            let dir = files.join(format!("load-v{v}"));
+            wholemem::files::store(&src, &format, &wholemem::files::StoreTarget::NpyDir(dir.clone()))?;
+            src.free()?;
+            wholemem::files::load(mem, &format, &wholemem::files::ShardSet::npy_dir(&dir))?;
+        }
+        WritePath::WriteRows | WritePath::WriteLocal | WritePath::InPlace => {}
+    }
+    version.copy_from_slice(&next);
+    Ok(())
+}
+
+/// A node cache of a table written by every path, by a rank of another
+/// node, between cached gathers, with nobody telling the cache: no cached
+/// gather returns a stale row. No barrier separates a write from the next
+/// cached gather, so the other ranks may already be in it when the writer
+/// writes.
+fn coherence_case(world: &Comm, ty: MemoryType, ratio: f64, files: &Path) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (300 + 23 * n, 4);
+    let writer = n - 1;
+    let layout_of = wm_topology::NodeLayout::of(world.nodes());
+    ensure!(layout_of.node[writer] != layout_of.node[0], "the writer must be on another node than rank 0");
+    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+    let mut mem = WholeMemory::allocate(world, &req)?;
+    let mut version = vec![0u32; rows];
+    let own = mem.local_rows();
+    mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
+    world.barrier()?;
+    let layout = RowLayout::new(DType::F32, cols, 0)?;
+    let mut cache = NodeCache::new(&mem, &layout, ratio)?;
+    // Hot rows: the writer's first rows and rows of every owner.
+    let theirs = mem.partition().range(writer);
+    let mut hrng = Rng::new(&[29, rows as u64]);
+    let mut hot: Vec<usize> = theirs.clone().take(6).collect();
+    hot.extend((0..18).map(|_| hrng.below(rows as u64) as usize));
+    let mut last: Option<WritePath> = None;
+    for (round, &path) in WRITE_PATHS.iter().chain(WRITE_PATHS.iter()).enumerate() {
+        let what = match last {
+            None => format!("{ty} ratio {ratio}, round {round}"),
+            Some(p) => format!("{ty} ratio {ratio}, round {round}, after a write by {p:?} on rank {writer}"),
+        };
+        let mut rng = Rng::new(&[31, me as u64, round as u64]);
+        let mut ids: Vec<i64> = hot.iter().map(|&r| r as i64).collect();
+        ids.extend((0..30).map(|_| rng.below(rows as u64) as i64));
+        read_checked(&mut cache, &mem, &ids, &version, &what)?;
+        // The hot rows again: from the cache now.
+        let hot_ids: Vec<i64> = hot.iter().map(|&r| r as i64).collect();
+        read_checked(&mut cache, &mem, &hot_ids, &version, &format!("{what}, read twice"))?;
+        write_by(world, &mut mem, path, writer, &hot, &mut version, round as u32 + 1, files)?;
+        last = Some(path);
+    }
+    let all: Vec<i64> = (0..rows as i64).collect();
+    read_checked(&mut cache, &mem, &all, &version, &format!("{ty} ratio {ratio}, every row at the end"))?;
+    let s = cache.stats();
+    ensure!(s.hits > 0, "{ty} ratio {ratio}: the cache never hit {s:?}");
+    if me == 0 {
+        println!("case coherence {ty} ratio {ratio}: lookups {} hits {}", s.lookups, s.hits);
+    }
+    cache.free()?;
+    mem.free()?;
+    Ok(())
+}
+
+/// An embedding trained without a node cache of its own, whose table a
+/// node cache reads: `apply_gradients` by one rank of another node is a
+/// write the cache is not told of either.
+fn coherence_embedding(world: &Comm, ty: MemoryType) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, dim) = (300, 4);
+    let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::sgd()))?;
+    emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 7)?;
+    let layout = RowLayout::of(emb.table())?;
+    let mut cache = NodeCache::new(emb.table().memory(), &layout, 1.0)?;
+    let hot: Vec<i64> = (0..rows as i64).step_by(11).collect();
+    for step in 0..4 {
+        for read in 0..2 {
+            let mut cached = vec![0u8; hot.len() * dim * 4];
+            cache.gather(emb.table().memory(), Ids::I64(&hot), &mut cached, DType::F32)?;
+            let mut plain = vec![0u8; cached.len()];
+            wm_gather::gather(emb.table().memory(), &layout, Ids::I64(&hot), &mut plain, DType::F32)?;
+            ensure!(
+                cached == plain,
+                "embedding {ty}, step {step}, read {read}: a cached gather returned rows older than the table after apply_gradients on rank {}",
+                n - 1
+            );
+        }
+        let (ids, grads): (Vec<i64>, Vec<f32>) =
+            if me == n - 1 { (hot.clone(), vec![0.5; hot.len() * dim]) } else { (Vec::new(), Vec::new()) };
+        emb.apply_gradients(&ids, &grads, 0.1)?;
+    }
+    cache.free()?;
+    emb.free()?;
+    Ok(())
+}
+
+/// The hits of a cached gather of `ids` (every rank's own count).
+fn hits_of(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64]) -> Result<CacheStats> {
+    let before = cache.stats();
+    let mut out = vec![0u8; ids.len() * cache.layout().cols() * 4];
+    cache.gather(mem, Ids::I64(ids), &mut out, DType::F32)?;
+    Ok(cache.stats().since(&before))
+}
+
+/// The writes a cache makes or is told of cost it the rows written and no
+/// others: after a `NodeCache::scatter`, and after a step of an embedding
+/// with its own node cache, rows nobody wrote are still hits, and the rows
+/// written read anew.
+fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (400, 4);
+    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+    let mut mem = WholeMemory::allocate(world, &req)?;
+    let mut version = vec![0u32; rows];
+    let own = mem.local_rows();
+    mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
+    world.barrier()?;
+    let layout = RowLayout::new(DType::F32, cols, 0)?;
+    let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
+    // Rows of every owner: some kept, some written.
+    let kept: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 0).collect();
+    let written: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 2).collect();
+    let both: Vec<i64> = kept.iter().chain(&written).copied().collect();
+    read_checked(&mut cache, &mem, &both, &version, &format!("{ty}: before the writes"))?;
+    let mine: Vec<i64> = if me == n - 1 { written.clone() } else { Vec::new() };
+    for &r in &written {
+        version[r as usize] = 1;
+    }
+    let src = model_rows(mine.iter().map(|&r| r as usize), cols, &version);
+    cache.scatter(&mut mem, Ids::I64(&mine), &src, DType::F32)?;
+    let d = hits_of(&mut cache, &mem, &kept)?;
+    ensure!(d.hits == d.lookups, "{ty}: a cached scatter of other rows dropped {} of the {} rows kept", d.lookups - d.hits, d.lookups);
+    read_checked(&mut cache, &mem, &both, &version, &format!("{ty}: after a cached scatter"))?;
+    cache.free()?;
+    mem.free()?;
+
+    let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::sgd()))?;
+    emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 5)?;
+    emb.enable_node_cache(1.0)?;
+    let mut x = vec![0f32; both.len() * cols];
+    emb.gather(&both, &mut x)?;
+    let grads = vec![0.5f32; mine.len() * cols];
+    emb.apply_gradients(&mine, &grads, 0.1)?;
+    let before = emb.node_cache_stats().context("the embedding has its cache")?;
+    let mut y = vec![0f32; kept.len() * cols];
+    emb.gather(&kept, &mut y)?;
+    let d = emb.node_cache_stats().context("the embedding has its cache")?.since(&before);
+    ensure!(d.hits == d.lookups, "{ty}: a step on other rows dropped {} of the {} rows kept", d.lookups - d.hits, d.lookups);
+    let mut cached = vec![0f32; both.len() * cols];
+    emb.gather(&both, &mut cached)?;
+    let mut plain = vec![0f32; both.len() * cols];
+    wm_gather::gather_into(emb.table(), &both, &mut plain)?;
+    ensure!(cached == plain, "{ty}: the embedding's cached gather differs from its table after a step");
+    emb.free()?;
+    if me == 0 {
+        println!("case own-writes {ty}: rows nobody wrote stayed cached");
+    }
+    Ok(())
+}
+
+fn coherence(world: &Comm, files: &Path) -> Result<()> {
+    ensure!(nodes(world) >= 2, "the coherence scenario needs ranks on several (simulated) nodes");
+    for ty in collective_types(world) {
+        for ratio in [1.0, 0.1] {
+            coherence_case(world, ty, ratio, files)?;
+        }
+        coherence_embedding(world, ty)?;
+        own_writes_keep_the_rest(world, ty)?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------- all or nothing
+
+/// What must not change when an operation fails on a bad id: the table's
+/// rows (every row, read uncached), the node cache's rows on this rank,
+/// and the hot rows' place in it (read again, every one of them hits).
+struct Unchanged {
+    table: Vec<u8>,
+    held: usize,
+}
+
+impl Unchanged {
+    fn take(mem: &WholeMemory, cache: &NodeCache) -> Result<Self> {
+        Ok(Self { table: every_row(mem, cache.layout())?, held: cache.cached_rows() })
+    }
+
+    fn check(&self, mem: &WholeMemory, cache: &mut NodeCache, hot: &[i64], what: &str) -> Result<()> {
+        ensure!(every_row(mem, cache.layout())? == self.table, "{what}: it changed rows of the table");
+        ensure!(
+            cache.cached_rows() == self.held,
+            "{what}: the node cache held {} rows before and {} after",
+            self.held,
+            cache.cached_rows()
+        );
+        let cols = cache.layout().cols();
+        let before = cache.stats();
+        let mut out = vec![0u8; hot.len() * cols * 4];
+        cache.gather(mem, Ids::I64(hot), &mut out, DType::F32)?;
+        let d = cache.stats().since(&before);
+        ensure!(d.hits == d.lookups, "{what}: {} of the {} cached hot rows were dropped", d.lookups - d.hits, d.lookups);
+        let rb = cols * 4;
+        for (k, &id) in hot.iter().enumerate() {
+            ensure!(out[k * rb..][..rb] == self.table[id as usize * rb..][..rb], "{what}: row {id} reads otherwise from the cache");
+        }
+        Ok(())
+    }
+}
+
+/// Every row of the table, read by an uncached gather (collective).
+fn every_row(mem: &WholeMemory, layout: &RowLayout) -> Result<Vec<u8>> {
+    let all: Vec<i64> = (0..mem.rows() as i64).collect();
+    let mut out = vec![0u8; all.len() * layout.cols() * 4];
+    wm_gather::gather(mem, layout, Ids::I64(&all), &mut out, DType::F32)?;
+    Ok(out)
+}
+
+/// Every operation that takes many ids, with one bad id on one rank
+/// (after good ones): the same error on every rank, and nothing changed —
+/// not the table, not any node's cache. Then the same for a load of files
+/// of the wrong shape, and for `apply_gradients` of an embedding with a
+/// node cache.
+fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
+    ensure!(nodes(world) >= 2, "the all-or-nothing scenario needs ranks on several (simulated) nodes");
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (400, 4);
+    let bad = rows as i64 + 5;
+    for ty in collective_types(world) {
+        let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+        let mut mem = WholeMemory::allocate(world, &req)?;
+        let version = vec![0u32; rows];
+        let own = mem.local_rows();
+        mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
+        world.barrier()?;
+        let layout = RowLayout::new(DType::F32, cols, 0)?;
+        let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
+        let hot: Vec<i64> = (0..rows as i64).step_by(9).collect();
+        let mut out = vec![0u8; hot.len() * cols * 4];
+        cache.gather(&mem, Ids::I64(&hot), &mut out, DType::F32)?;
+        let before = Unchanged::take(&mem, &cache)?;
+        ensure!(before.held > 0, "{ty}: the cache holds nothing to keep");
+        // Good ids (hot rows of every owner), and on the last rank the bad
+        // one after them.
+        let mut ids: Vec<i64> = hot.iter().copied().filter(|&r| r % 2 == 0).collect();
+        if me == n - 1 {
+            ids.push(bad);
+        }
+        let src: Vec<f32> = vec![-1.0; ids.len() * cols];
+        let src: &[u8] = bytemuck::cast_slice(&src);
+        let named = format!("id {bad}");
+        let what = |op: &str| format!("{ty}: {op} with a bad id on rank {}", n - 1);
+
+        expect_err(cache.scatter(&mut mem, Ids::I64(&ids), src, DType::F32), &[&named], &what("NodeCache::scatter"))?;
+        before.check(&mem, &mut cache, &hot, &what("NodeCache::scatter"))?;
+        expect_err(wm_gather::scatter(&mut mem, &layout, Ids::I64(&ids), src, DType::F32), &[&named], &what("wm_gather::scatter"))?;
+        before.check(&mem, &mut cache, &hot, &what("wm_gather::scatter"))?;
+        expect_err(cache.invalidate(Ids::I64(&ids)), &[&named], &what("NodeCache::invalidate"))?;
+        before.check(&mem, &mut cache, &hot, &what("NodeCache::invalidate"))?;
+        let mut out = vec![0u8; ids.len() * cols * 4];
+        expect_err(cache.gather(&mem, Ids::I64(&ids), &mut out, DType::F32), &[&named], &what("NodeCache::gather"))?;
+        before.check(&mem, &mut cache, &hot, &what("NodeCache::gather"))?;
+
+        // Files of one row too few: refused before any row is read.
+        let short = AllocRequest { ty, loc: Location::Host, total: (rows - 1) * cols * 4, granularity: cols * 4, partition: None };
+        let small = WholeMemory::allocate(world, &short)?;
+        let format = wholemem::files::RowFormat::vector(DType::F32, cols);
+        let dir = files.join(format!("short-{ty}"));
+        wholemem::files::store(&small, &format, &wholemem::files::StoreTarget::NpyDir(dir.clone()))?;
+        small.free()?;
+        let loaded = wholemem::files::load(&mut mem, &format, &wholemem::files::ShardSet::npy_dir(&dir));
+        expect_err(loaded, &[&format!("{}", rows - 1)], &what("files::load of files of one row too few"))?;
+        before.check(&mem, &mut cache, &hot, &what("files::load"))?;
+        cache.free()?;
+        mem.free()?;
+
+        // An embedding with a node cache: a step with a bad id changes no
+        // weight, no state and nothing cached.
+        let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::adam()))?;
+        emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 1)?;
+        emb.enable_node_cache(1.0)?;
+        let mut x = vec![0f32; hot.len() * cols];
+        emb.gather(&hot, &mut x)?;
+        let all: Vec<i64> = (0..rows as i64).collect();
+        let weights = |e: &Embedding<f32>| -> Result<Vec<f32>> {
+            let mut w = vec![0f32; rows * cols];
+            e.gather(&all, &mut w)?;
+            let mut m = vec![0f32; rows * cols];
+            e.gather_state("m", &all, &mut m)?;
+            w.extend(m);
+            Ok(w)
+        };
+        let (w0, held) = (weights(&emb)?, emb.node_cache_rows());
+        let grads = vec![0.25f32; ids.len() * cols];
+        expect_err(emb.apply_gradients(&ids, &grads, 0.1), &[&named], &what("apply_gradients"))?;
+        ensure!(weights(&emb)? == w0, "{}: it changed weights or state", what("apply_gradients"));
+        ensure!(
+            emb.node_cache_rows() == held,
+            "{}: the node cache held {held:?} rows before and {:?} after",
+            what("apply_gradients"),
+            emb.node_cache_rows()
+        );
+        emb.free()?;
+        if me == 0 {
+            println!("case all-or-nothing {ty}: every operation refused the bad id on every rank and changed nothing");
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------- write generations
+
+/// Every rank's write generation of `mem`, after a barrier (writes before
+/// it included).
+fn generations(world: &Comm, mem: &WholeMemory) -> Result<Vec<u64>> {
+    world.barrier()?;
+    Ok(world.allgather_value(mem.write_generation())?)
+}
+
+/// Which ranks' generations moved from `a` to `b`.
+fn moved(a: &[u64], b: &[u64]) -> Vec<usize> {
+    (0..a.len()).filter(|&r| a[r] != b[r]).collect()
+}
+
+/// `WholeMemory::write_generation` moves for the ranks whose rows a write
+/// changed — by every path, whichever rank wrote them — and for no other;
+/// refused writes move nothing and write nothing; tables are told apart by
+/// their allocation number.
+fn write_generations(world: &Comm, files: &Path) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    ensure!(n >= 3, "the write-generations scenario needs 3 ranks or more");
+    let (rows, cols) = (60 * n, 4);
+    let layout = RowLayout::new(DType::F32, cols, 0)?;
+    let mut types: Vec<MemoryType> = Vec::new();
+    for ty in MemoryType::ALL {
+        match query(world.as_ref(), ty, Location::Host).reason() {
+            Some(reason) => println!("skip host {ty}: {reason}"),
+            None => types.push(ty),
+        }
+    }
+    let mut serials = Vec::new();
+    for ty in types {
+        let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+        let mut mem = WholeMemory::allocate(world, &req)?;
+        serials.push(mem.serial());
+        let p = mem.partition().clone();
+        let own = mem.local_rows();
+        let row = |v: f32| vec![v; cols * 4 / 4];
+        let g0 = generations(world, &mem)?;
+        ensure!(g0.iter().all(|&g| g == 0), "{ty}: a new table's generations are {g0:?}");
+
+        // Rank 2 rewrites its rows.
+        if me == 2 {
+            let vals: Vec<f32> = vec![2.0; own.len() * cols];
+            mem.write_local(bytemuck::cast_slice(&vals))?;
+        }
+        let g1 = generations(world, &mem)?;
+        ensure!(moved(&g0, &g1) == [2], "{ty}: write_local on rank 2 moved the generations of ranks {:?}", moved(&g0, &g1));
+
+        // Rank 0 scatters into one row of rank 1 (collective for the
+        // collective types).
+        let target = p.offset(1) as i64;
+        let ids: Vec<i64> = if me == 0 { vec![target] } else { Vec::new() };
+        let src: Vec<f32> = ids.iter().flat_map(|_| row(7.0)).collect();
+        wm_gather::scatter(&mut mem, &layout, Ids::I64(&ids), bytemuck::cast_slice(&src), DType::F32)?;
+        let g2 = generations(world, &mem)?;
+        ensure!(moved(&g1, &g2) == [1], "{ty}: a scatter into a row of rank 1 moved the generations of ranks {:?}", moved(&g1, &g2));
+
+        // A scatter with a bad id on the last rank, a write past the end:
+        // refused, nothing moved.
+        let bad: Vec<i64> = if me == n - 1 { vec![target, rows as i64] } else { Vec::new() };
+        let src: Vec<f32> = bad.iter().flat_map(|_| row(9.0)).collect();
+        let refused = wm_gather::scatter(&mut mem, &layout, Ids::I64(&bad), bytemuck::cast_slice(&src), DType::F32);
+        if ty.is_mapped() && me != n - 1 {
+            // Not collective: the other ranks scattered nothing.
+            refused?;
+        } else {
+            expect_err(refused, &[&format!("id {rows}")], &format!("{ty}: a scatter with a bad id"))?;
+        }
+        expect_err(mem.write_rows(rows - 1, &vec![0u8; 2 * cols * 4]), &["out of range"], &format!("{ty}: a write past the end"))?;
+        let g3 = generations(world, &mem)?;
+        ensure!(g3 == g2, "{ty}: refused writes moved the generations of ranks {:?}", moved(&g2, &g3));
+
+        if ty.is_mapped() {
+            // Rank 1 writes a row of rank 0 through the mapping: rank 0's
+            // generation moves, on every rank's view of it.
+            if me == 1 {
+                mem.write_rows(p.offset(0), bytemuck::cast_slice(&row(3.0)))?;
+            }
+            let g4 = generations(world, &mem)?;
+            ensure!(moved(&g3, &g4) == [0], "{ty}: rank 1 writing a row of rank 0 moved the generations of ranks {:?}", moved(&g3, &g4));
+        } else {
+            // A run of two rows, one of this rank's and one of its
+            // neighbour's: this rank cannot reach the neighbour's, so
+            // nothing is written — not even its own row — and nothing moves.
+            let first = if me + 1 < n { own.end - 1 } else { own.start - 1 };
+            let before = every_row(&mem, &layout)?;
+            expect_err(
+                mem.write_rows(first, &vec![0u8; 2 * cols * 4]),
+                &["maps only a rank's own rows"],
+                &format!("{ty}: a write into a neighbour's rows"),
+            )?;
+            ensure!(every_row(&mem, &layout)? == before, "{ty}: a refused write past this rank's rows wrote its own row");
+            let g4 = generations(world, &mem)?;
+            ensure!(g4 == g3, "{ty}: a refused write moved the generations of ranks {:?}", moved(&g3, &g4));
+        }
+        let g4 = generations(world, &mem)?;
+
+        // In place, on the last rank.
+        if me == n - 1 {
+            // SAFETY: no other rank reads or writes these rows until the
+            // barrier in `generations`.
+            let slice = unsafe { mem.local_bytes_mut() };
+            slice.fill(0);
+        }
+        let g5 = generations(world, &mem)?;
+        ensure!(
+            moved(&g4, &g5) == [n - 1],
+            "{ty}: an in-place write on rank {} moved the generations of ranks {:?}",
+            n - 1,
+            moved(&g4, &g5)
+        );
+
+        // A load writes every rank's rows.
+        let format = wholemem::files::RowFormat::vector(DType::F32, cols);
+        let dir = files.join(format!("generations-{ty}"));
+        wholemem::files::store(&mem, &format, &wholemem::files::StoreTarget::NpyDir(dir.clone()))?;
+        wholemem::files::load(&mut mem, &format, &wholemem::files::ShardSet::npy_dir(&dir))?;
+        let g6 = generations(world, &mem)?;
+        ensure!(moved(&g5, &g6) == (0..n).collect::<Vec<_>>(), "{ty}: a load moved the generations of ranks {:?}", moved(&g5, &g6));
+        mem.free()?;
+        let again = WholeMemory::allocate(world, &req)?;
+        ensure!(!serials.contains(&again.serial()), "{ty}: a new table got the number {} of an earlier one {serials:?}", again.serial());
+        serials.push(again.serial());
+        again.free()?;
+        if me == 0 {
+            println!("case generations {ty}: every write moved the generations of the ranks whose rows it wrote, and only those");
+        }
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------- table identity
+
+/// A cache whose table was freed, handed a new table of the same shape
+/// (which the allocator likely placed where the old one was): refused on
+/// every rank, naming the tables; a cache of the new table then works.
+fn reused_table(world: &Comm) -> Result<()> {
+    ensure!(nodes(world) >= 2, "the reused-table scenario needs ranks on several (simulated) nodes");
+    let me = world.rank();
+    let (rows, cols) = (2048, 16);
+    let layout = RowLayout::new(DType::F32, cols, 0)?;
+    for ty in collective_types(world) {
+        let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+        let mut version = vec![0u32; rows];
+        let mut mem = WholeMemory::allocate(world, &req)?;
+        let own = mem.local_rows();
+        mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
+        world.barrier()?;
+        let mut cache = NodeCache::new(&mem, &layout, 0.5)?;
+        let ids: Vec<i64> = (0..rows as i64).step_by(5).collect();
+        read_checked(&mut cache, &mem, &ids, &version, &format!("{ty}: the first table"))?;
+        let old_place = mem.rank_ptr(me).map(|p| p as usize);
+        mem.free()?;
+
+        let mut fresh = WholeMemory::allocate(world, &req)?;
+        version.fill(1);
+        fresh.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
+        world.barrier()?;
+        let same_place = world.allgather_value(u8::from(fresh.rank_ptr(me).map(|p| p as usize) == old_place))?;
+        if me == 0 {
+            let k = same_place.iter().filter(|&&s| s == 1).count();
+            println!("case reused-table {ty}: the new table took the freed one's place on {k} of {} ranks", same_place.len());
+        }
+        let mut out = vec![0u8; ids.len() * cols * 4];
+        expect_err(
+            cache.gather(&fresh, Ids::I64(&ids), &mut out, DType::F32),
+            &["another table"],
+            &format!("{ty}: a cached gather of a new table through the cache of a freed one"),
+        )?;
+        let src = vec![0u8; cols * 4];
+        expect_err(
+            cache.scatter(&mut fresh, Ids::I64(&[0]), &src, DType::F32),
+            &["another table"],
+            &format!("{ty}: a cached scatter into a new table through the cache of a freed one"),
+        )?;
+        cache.free()?;
+        let mut cache = NodeCache::new(&fresh, &layout, 0.5)?;
+        read_checked(&mut cache, &fresh, &ids, &version, &format!("{ty}: the new table's own cache"))?;
+        cache.free()?;
+        fresh.free()?;
+    }
     Ok(())
 }
 

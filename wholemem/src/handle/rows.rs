@@ -45,7 +45,8 @@ impl WholeMemory {
         unsafe { std::slice::from_raw_parts(p, len) }
     }
 
-    /// This rank's rows, writable in place.
+    /// This rank's rows, writable in place. Making the slice counts as a
+    /// write of every one of them ([`write_generation`](Self::write_generation)).
     ///
     /// Prefer [`write_local`](Self::write_local), which copies.
     ///
@@ -59,6 +60,9 @@ impl WholeMemory {
     /// For device memory, as [`local_bytes`](Self::local_bytes).
     pub unsafe fn local_bytes_mut(&mut self) -> &mut [u8] {
         let (p, len) = self.own_rows();
+        // Before the writes, which the borrow keeps from every other user
+        // of this handle until they are done.
+        self.note_written(self.local_rows());
         // SAFETY: as for `local_bytes`; `&mut self` excludes other users in
         // this process, the caller's contract other processes.
         unsafe { std::slice::from_raw_parts_mut(p, len) }
@@ -70,6 +74,8 @@ impl WholeMemory {
     /// write them.
     pub(crate) fn local_bytes_for_io(&mut self) -> &mut [u8] {
         let (p, len) = self.own_rows();
+        // A write of every row, counted as `local_bytes_mut` counts it.
+        self.note_written(self.local_rows());
         // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
         // bytes and alive as long as the borrow of `self`; the slice goes
         // only to positioned reads, which store bytes and assume nothing
@@ -177,11 +183,24 @@ impl WholeMemory {
         })
     }
 
-    /// Copies `src` (whole rows) into the table starting at row `first`.
+    /// Copies `src` (whole rows) into the table starting at row `first`,
+    /// and counts the write ([`write_generation`](Self::write_generation)).
+    /// Every row is checked first: a run past the end or through rows this
+    /// rank does not map writes nothing.
     ///
     /// # Errors
     /// As [`read_rows`](Self::read_rows).
     pub fn write_rows(&mut self, first: usize, src: &[u8]) -> Result<()> {
+        let n = self.row_run(first, src.len())?;
+        self.check_reachable(first, n)?;
+        let written = self.copy_in(first, src);
+        // After the rows, even when a copy failed part way.
+        self.note_written(first..first + n);
+        written
+    }
+
+    /// [`write_rows`](Self::write_rows)'s copy, the rows checked.
+    fn copy_in(&self, first: usize, src: &[u8]) -> Result<()> {
         #[cfg(feature = "cuda")]
         if self.loc == Location::Device {
             return self.device_rows(first, src.len(), |gpu, dev, i, len| {
@@ -215,6 +234,25 @@ impl WholeMemory {
             return Err(Error::IndexOutOfRange { index: i64::try_from(last).unwrap_or(i64::MAX), rows: self.rows() });
         }
         Ok(n)
+    }
+
+    /// Checks that this rank reaches every row of `first..first + n` (rows
+    /// in range): a rank's rows at a time, so a write never stops half way
+    /// at a row it cannot reach.
+    fn check_reachable(&self, first: usize, n: usize) -> Result<()> {
+        let mut row = first;
+        while row < first + n {
+            let owner = self.partition.owner(row);
+            let reached = match self.loc {
+                Location::Host => self.rank_ptr(owner).is_some(),
+                Location::Device => self.device_ptr(owner).is_some(),
+            };
+            if !reached {
+                return Err(self.unmapped(row));
+            }
+            row = self.partition.offset(owner) + self.partition.count(owner);
+        }
+        Ok(())
     }
 
     fn unmapped(&self, row: usize) -> Error {

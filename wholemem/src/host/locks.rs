@@ -22,13 +22,20 @@
 //! bounded by `WM_TIMEOUT_S`, after which [`RowLocks::lock`] fails with
 //! [`Error::Timeout`] instead of spinning forever.
 //!
+//! **Write generations.** After the lock words the same memfd holds one
+//! 64-bit counter per rank: how often rows of that rank were written, by
+//! any rank of the table (`WholeMemory::write_generation`). A writer
+//! through the mapping adds one to the counter of every rank whose rows it
+//! wrote, after writing them; a cache of a rank's rows compares the
+//! counter with the one it last saw.
+//!
 //! (Process-shared robust pthread mutexes give the same dead-holder rule
 //! from the kernel, but cost a quarter of a mapped scatter's speed on the
 //! development machine — `docs/memory.md`, "Row locks".)
 
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::map::{self, Region};
@@ -39,8 +46,16 @@ pub const STRIPES: usize = 4096;
 /// Bytes per lock word: packed. A 16 KiB table stays in the caches and the
 /// TLB; a cache line per word (256 KiB) measured slower on random rows.
 const LINE: usize = std::mem::size_of::<AtomicU32>();
-/// Bytes of the lock table.
+/// Bytes of the lock words.
 pub const BYTES: usize = STRIPES * LINE;
+/// Bytes of one rank's write generation, after the lock words.
+const GENERATION: usize = std::mem::size_of::<AtomicU64>();
+
+/// Bytes of the shared table of `world` ranks: the lock words, then a
+/// write generation per rank.
+pub(crate) fn table_bytes(world: usize) -> usize {
+    BYTES + world * GENERATION
+}
 
 /// Spins before a waiter starts yielding (and reading the clock).
 const SPINS: u32 = 256;
@@ -57,6 +72,8 @@ pub struct RowLocks {
     /// death cannot be seen.
     pidfds: Vec<Option<OwnedFd>>,
     timeout: Duration,
+    /// Ranks of the table: write generations in the region.
+    world: usize,
 }
 
 /// Holds one stripe until dropped.
@@ -67,10 +84,10 @@ pub struct RowGuard<'a> {
     owner_died: bool,
 }
 
-/// Creates the lock table (all stripes free), sealed, for rank 0 to hand
-/// out.
-pub(crate) fn create() -> io::Result<OwnedFd> {
-    map::memfd("wholemem-locks", BYTES, false)
+/// Creates the lock table of a table of `world` ranks (all stripes free,
+/// every write generation 0), sealed, for rank 0 to hand out.
+pub(crate) fn create(world: usize) -> io::Result<OwnedFd> {
+    map::memfd("wholemem-locks", table_bytes(world), false)
 }
 
 /// A pidfd of this process (Linux 5.3 and later).
@@ -105,11 +122,28 @@ fn exited(fd: BorrowedFd<'_>) -> bool {
 
 impl RowLocks {
     /// Maps a lock table made by [`create`] (and checked on receipt) for
-    /// rank `me` of a table whose ranks' pidfds are `pidfds`, with waits
-    /// bounded by `timeout`.
+    /// rank `me` of a table whose ranks' pidfds are `pidfds` (one entry per
+    /// rank), with waits bounded by `timeout`.
     pub(crate) fn open(fd: BorrowedFd<'_>, me: usize, pidfds: Vec<Option<OwnedFd>>, timeout: Duration) -> io::Result<Self> {
         let me = u32::try_from(me + 1).map_err(|_| io::Error::other(format!("rank {me} does not fit a lock word")))?;
-        Ok(Self { region: Region::shared(fd, BYTES)?, me, pidfds, timeout })
+        let world = pidfds.len();
+        Ok(Self { region: Region::shared(fd, table_bytes(world))?, me, pidfds, timeout, world })
+    }
+
+    /// Rank `r`'s write generation, shared by the table's ranks (`None`
+    /// past the last rank).
+    #[inline]
+    pub(crate) fn generation(&self, r: usize) -> Option<&AtomicU64> {
+        if r >= self.world {
+            return None;
+        }
+        let at = BYTES + r * GENERATION;
+        // SAFETY: the region is `table_bytes(world)` long and page aligned;
+        // `at` is below that, past the lock words, and a multiple of 8 (so
+        // is BYTES), so it holds an aligned AtomicU64 inside the region,
+        // which lives as long as `self`. Other processes touch it only
+        // through atomics.
+        Some(unsafe { &*self.region.ptr().add(at).cast::<AtomicU64>() })
     }
 
     #[inline]
@@ -211,7 +245,7 @@ mod tests {
     use super::*;
 
     fn table(me: usize, pidfds: Vec<Option<OwnedFd>>, timeout: Duration) -> RowLocks {
-        let fd = super::super::received(create().unwrap(), BYTES, 0, "row-lock table").unwrap();
+        let fd = super::super::received(create(pidfds.len()).unwrap(), table_bytes(pidfds.len()), 0, "row-lock table").unwrap();
         RowLocks::open(fd.as_fd(), me, pidfds, timeout).unwrap()
     }
 
@@ -268,5 +302,24 @@ mod tests {
         let fd = own_pidfd().unwrap();
         assert!(is_pidfd(fd.as_fd()));
         assert!(!exited(fd.as_fd()));
+    }
+
+    #[test]
+    fn write_generations_sit_after_the_lock_words_one_per_rank_shared_by_every_mapping() {
+        let fd = super::super::received(create(3).unwrap(), table_bytes(3), 0, "row-lock table").unwrap();
+        // Two ranks' mappings of one table, as two processes of a node map it.
+        let a = RowLocks::open(fd.as_fd(), 0, vec![None, None, None], Duration::from_millis(100)).unwrap();
+        let b = RowLocks::open(fd.as_fd(), 2, vec![None, None, None], Duration::from_millis(100)).unwrap();
+        assert!((0..3).all(|r| a.generation(r).unwrap().load(Ordering::Acquire) == 0));
+        assert!(a.generation(3).is_none(), "no generation past the last rank");
+        b.generation(1).unwrap().fetch_add(1, Ordering::Release);
+        assert_eq!([0, 1, 0], [0, 1, 2].map(|r| a.generation(r).unwrap().load(Ordering::Acquire)));
+        // The lock words are untouched by the counts, and the counts by the locks.
+        let held = a.lock(STRIPES - 1).unwrap();
+        assert!(b.try_lock(STRIPES - 1).is_none());
+        drop(held);
+        assert_eq!(b.generation(0).unwrap().load(Ordering::Acquire), 0);
+        // A table of another size is refused on receipt.
+        assert!(super::super::received(create(2).unwrap(), table_bytes(3), 1, "row-lock table").is_err());
     }
 }

@@ -164,7 +164,7 @@ pub(crate) struct Exchanged {
 /// With `host` (host tables, the same on every rank), each rank also sends
 /// its pidfd, rank 0 the row-lock table, and every descriptor that arrives
 /// is checked ([`received`]): rank `r`'s portion must be a sealed memfd of
-/// `sizes(r)` bytes, the lock table one of [`locks::BYTES`]; a pidfd that is
+/// `sizes(r)` bytes, the lock table one of [`locks::table_bytes`]; a pidfd that is
 /// not one counts as a rank whose death cannot be seen. Device memory passes
 /// `None`: its descriptors are the driver's, checked by the import.
 pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, host: Option<HostExtras<'_>>) -> Result<Result<Exchanged>> {
@@ -212,7 +212,7 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, host: Op
                     }
                 }
                 pidfds[from] = pidfd.filter(|fd| locks::is_pidfd(fd.as_fd()));
-                match locks.map(|fd| received(fd, locks::BYTES, sender, "row-lock table")).transpose() {
+                match locks.map(|fd| received(fd, locks::table_bytes(n), sender, "row-lock table")).transpose() {
                     Ok(Some(fd)) => lock_fd = Some(fd),
                     Ok(None) => {}
                     Err(e) => {
