@@ -7,8 +7,10 @@
 //! [`EmbeddingVar::as_tensor`]; after `loss.backward()`,
 //! [`EmbeddingVar::apply`] hands the gradient rows to
 //! [`Embedding::apply_gradients`], so the table's own sparse optimizer
-//! (SGD, lazy Adam, AdaGrad, RMSProp) updates only the rows the batch
-//! touched, on the ranks that own them.
+//! (SGD, lazy Adam, AdamW, AdaGrad, RMSProp) updates only the rows the step
+//! touched, on the ranks that own them: the rows of the batches the loss
+//! depended on. A batch without a gradient sends no rows, so weight decay
+//! and momentum leave its rows as they were.
 //!
 //! ```no_run
 //! use candle_core::{Device, Tensor};
@@ -130,17 +132,29 @@ impl EmbeddingVar {
     }
 
     /// Sends the rows' gradients in `grads` to [`Embedding::apply_gradients`]
-    /// with learning rate `lr` (zeros when the loss did not depend on them,
-    /// so every rank still takes part). Collective for every memory type.
+    /// with learning rate `lr`. Collective for every memory type: every
+    /// rank calls it for the same variables in the same order.
+    ///
+    /// Sparse as WholeGraph's optimizers: only rows whose ids are in the
+    /// step's gradient move. When `grads` holds a gradient for this
+    /// variable (the loss depended on it), every one of its ids is sent
+    /// with its row, repeats summed, as a WholeGraph lookup's are (a row
+    /// whose gradient came out zero still takes its step, so look up only
+    /// the ids the loss reads). When it holds none, no id is sent, and the
+    /// call only takes part in the exchange: no row of this batch moves,
+    /// not even under weight decay or momentum, and no optimizer state
+    /// changes.
     ///
     /// # Errors
     /// As [`Embedding::apply_gradients`]; [`Error::Candle`].
     pub fn apply<T: EmbeddingElement>(&self, emb: &mut Embedding<T>, grads: &GradStore, lr: f32) -> Result<()> {
-        let g: Vec<f32> = match grads.get(self.var.as_tensor()) {
-            Some(g) => g.flatten_all()?.to_dtype(candle_core::DType::F32)?.to_vec1()?,
-            None => vec![0.0; self.ids.len() * emb.dim()],
-        };
-        emb.apply_gradients(&self.ids, &g, lr)?;
+        match grads.get(self.var.as_tensor()) {
+            Some(g) => {
+                let g: Vec<f32> = g.flatten_all()?.to_dtype(candle_core::DType::F32)?.to_vec1()?;
+                emb.apply_gradients(&self.ids, &g, lr)?;
+            }
+            None => emb.apply_gradients::<i64>(&[], &[], lr)?,
+        }
         Ok(())
     }
 }
@@ -167,6 +181,80 @@ mod tests {
         // Row 3 twice: 1 − 0.1·(2 + 2); row 5 once: 1 − 0.1·2; row 0 untouched.
         for (i, want) in [0.6f32, 0.8, 1.0].into_iter().enumerate() {
             assert!(rows[i * 4..i * 4 + 4].iter().all(|&x| (x - want).abs() < 1e-6), "row {i}: {:?}", &rows[i * 4..i * 4 + 4]);
+        }
+        emb.free().unwrap();
+    }
+
+    /// Issue 30, item 4: `apply` sent zero gradients for every row of a
+    /// batch the loss did not depend on, so AdamW's weight decay moved rows
+    /// the step never touched (and a row's step count advanced, which
+    /// changes its next bias correction). Two AdamW steps on one rank:
+    /// untouched rows keep their bits, touched rows equal a plain f64
+    /// AdamW step written here.
+    #[test]
+    fn apply_sends_no_zero_gradients_for_rows_the_step_did_not_touch() {
+        use wholemem::{Location, MemoryType};
+        use wm_embedding::Optimizer;
+        let (rows, dim) = (10usize, 4usize);
+        let (lr, wd, b1, b2, eps) = (0.05f32, 0.1f32, 0.9f32, 0.99f32, 1e-8f32);
+        let world = wm_comm::init().unwrap();
+        let opt = Optimizer::Adam { weight_decay: wd, beta1: b1, beta2: b2, epsilon: eps, decoupled_weight_decay: true };
+        let mut emb = Embedding::<f32>::allocate(&world, MemoryType::Chunked, Location::Host, rows, dim, None, Some(opt)).unwrap();
+        // Never zero (weight decay must have something to move).
+        let start = |r: usize, c: usize| ((r * 7 + c * 3) % 11) as f32 * 0.25 - 1.3;
+        let all: Vec<i64> = (0..rows as i64).collect();
+        let w0: Vec<f32> = (0..rows * dim).map(|k| start(k / dim, k % dim)).collect();
+        wm_gather::scatter_from(emb.table_mut(), &all, &w0).unwrap();
+        // d(sum(x ⊙ C))/dx = C: distinct and non-zero per row and column.
+        let coeffs = |step: usize, n: usize| -> Vec<f32> {
+            (0..n * dim).map(|k| 0.1 * (k / dim + 1) as f32 - 0.03 * (k % dim) as f32 + 0.07 * step as f32).collect()
+        };
+        let step = |emb: &mut Embedding<f32>, step: usize, used: &[i64], idle: &[i64]| {
+            let used_var = EmbeddingVar::lookup(emb, used, &Device::Cpu).unwrap();
+            let idle_var = EmbeddingVar::lookup(emb, idle, &Device::Cpu).unwrap();
+            let c = Tensor::from_vec(coeffs(step, used.len()), (used.len(), dim), &Device::Cpu).unwrap();
+            let grads = used_var.as_tensor().mul(&c).unwrap().sum_all().unwrap().backward().unwrap();
+            used_var.apply(emb, &grads, lr).unwrap();
+            idle_var.apply(emb, &grads, lr).unwrap();
+        };
+        // Step 0 touches rows 3 (twice) and 7; 5 and 8 are looked up, unused.
+        step(&mut emb, 0, &[3, 7, 3], &[5, 8]);
+        // Step 1 touches 8 and 1; 3 and 7, with Adam moments now, sit idle.
+        step(&mut emb, 1, &[8, 1], &[3, 7]);
+
+        // Each touched row took one AdamW step (t = 1) with its summed gradient.
+        let (c0, c1) = (coeffs(0, 3), coeffs(1, 2));
+        let row_of = |c: &[f32], i: usize| c[i * dim..(i + 1) * dim].to_vec();
+        let sum = |a: Vec<f32>, b: Vec<f32>| a.iter().zip(&b).map(|(x, y)| x + y).collect::<Vec<f32>>();
+        let touched = [(3usize, sum(row_of(&c0, 0), row_of(&c0, 2))), (7, row_of(&c0, 1)), (8, row_of(&c1, 0)), (1, row_of(&c1, 1))];
+        let adamw_once = |w: f32, g: f32| -> f64 {
+            let (w, g, lr, wd, b1, b2, eps) = (w as f64, g as f64, lr as f64, wd as f64, b1 as f64, b2 as f64, eps as f64);
+            let x = w - lr * wd * w;
+            let (m, v) = ((1.0 - b1) * g, (1.0 - b2) * g * g);
+            let (m_hat, v_hat) = (m / (1.0 - b1), v / (1.0 - b2));
+            x - lr * m_hat / (v_hat.sqrt() + eps)
+        };
+        let mut got = vec![0f32; rows * dim];
+        emb.gather(&all, &mut got).unwrap();
+        let mut powers = vec![0f32; rows * 2];
+        emb.gather_state("beta12t", &all, &mut powers).unwrap();
+        for r in 0..rows {
+            let have = &got[r * dim..(r + 1) * dim];
+            match touched.iter().find(|(row, _)| *row == r) {
+                Some((_, g)) => {
+                    for c in 0..dim {
+                        let want = adamw_once(start(r, c), g[c]);
+                        let err = (have[c] as f64 - want).abs();
+                        assert!(err <= 1e-6 * want.abs().max(1.0), "row {r} col {c}: {} against AdamW's {want}", have[c]);
+                    }
+                    assert_eq!(&powers[r * 2..r * 2 + 2], &[b1, b2], "row {r} took one step");
+                }
+                None => {
+                    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                    assert_eq!(bits(have), bits(&w0[r * dim..(r + 1) * dim]), "row {r} was not touched but moved: {have:?}");
+                    assert_eq!(&powers[r * 2..r * 2 + 2], &[1.0, 1.0], "row {r} was not touched but counted a step");
+                }
+            }
         }
         emb.free().unwrap();
     }

@@ -5,7 +5,9 @@
 //! ranks with empty batches — compared after several steps with a plain
 //! single-process reference in `wm-test-embedding`; bad input failing on
 //! every rank with the value named; initial values that do not depend on
-//! the rank count.
+//! the rank count. With the `candle` feature: the candle bridge's
+//! `EmbeddingVar::apply` under AdamW, where rows no loss read keep their
+//! bits.
 
 use wm_tests::World;
 
@@ -47,4 +49,20 @@ fn initial_values_do_not_depend_on_rank_count_or_memory_type() {
     let normal: std::collections::HashSet<&String> = digests.iter().filter(|l| l.contains("Normal")).collect();
     let uniform: std::collections::HashSet<&String> = digests.iter().filter(|l| l.contains("Uniform")).collect();
     assert!(normal.len() == 1 && uniform.len() == 1, "digests differ: {digests:#?}");
+}
+
+#[cfg(feature = "candle")]
+mod candle {
+    use super::*;
+
+    /// Issue 30, item 4: `EmbeddingVar::apply` sent zero gradients for the
+    /// rows of a batch the loss did not read, so AdamW moved them.
+    #[test]
+    fn candle_apply_sends_no_zero_gradients_for_rows_the_step_did_not_touch() {
+        for n in 1..=4 {
+            let report = World::new(n).run_ok(EMB, &["candle"]);
+            assert!(wm_tests::transcript(&report).contains("candle distributed: untouched rows kept their bits"));
+        }
+        World::new(4).nodes_of(2).run_ok(EMB, &["candle"]);
+    }
 }

@@ -8,6 +8,8 @@
 //! rank's batches (they are derived from a seed, so every rank can), sums
 //! repeated ids, and rounds the weights to the table's type after each step
 //! as the table does. It shares no code with `wm_embedding`'s optimizer.
+//! With the `candle` feature, `candle` trains the table through the candle
+//! bridge against the same reference.
 
 use std::sync::Arc;
 
@@ -32,6 +34,8 @@ fn main() {
         },
         "bad-input" => bad_input(&world),
         "init-digest" => init_digest(&world),
+        #[cfg(feature = "candle")]
+        "candle" => candle::untouched_rows(&world),
         other => bail!("unknown scenario {other:?}"),
     });
     if let Err(e) = result {
@@ -223,26 +227,42 @@ fn optimizers(world: &Comm, loc: Location) -> Result<()> {
     Ok(())
 }
 
+/// A random partition of `rows` over `n` ranks in which some ranks own
+/// nothing.
+fn random_partition(rng: &mut Rng, rows: usize, n: usize) -> Vec<usize> {
+    let mut part = vec![0usize; n];
+    for _ in 0..rows {
+        let r = rng.below(n as u64 + 1) as usize;
+        part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
+    }
+    part
+}
+
+/// The starting weight of every case, by row and column.
+fn start(row: usize, col: usize) -> f32 {
+    ((row * 13 + col * 7) % 23) as f32 * 0.125 - 1.4 + col as f32 * 0.01
+}
+
+/// Writes [`start`] into `emb`: each rank its own rows, then a barrier.
+fn load_start<T: EmbeddingElement>(world: &Comm, emb: &mut Embedding<T>) -> Result<()> {
+    let dim = emb.dim();
+    let mine = emb.table().local_rows();
+    let ids: Vec<i64> = mine.clone().map(|r| r as i64).collect();
+    let vals: Vec<f32> = mine.flat_map(|r| (0..dim).map(move |c| start(r, c))).collect();
+    wm_gather::scatter_from(emb.table_mut(), &ids, &vals)?;
+    world.barrier()?;
+    Ok(())
+}
+
 fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, loc: Location, opt: RefOpt, case: u64, wide: bool) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     let dt = T::DTYPE;
     let mut rng = Rng::new(&[case, n as u64]);
     let rows = 30 + rng.below(90) as usize;
     let dim = [1usize, 5, 16, 33][case as usize % 4];
-    // A random partition in which some ranks own nothing.
-    let mut part = vec![0usize; n];
-    for _ in 0..rows {
-        let r = rng.below(n as u64 + 1) as usize;
-        part[r.min(n - 1) * usize::from(r != 0 || n == 1)] += 1;
-    }
-    let start = |row: usize, col: usize| ((row * 13 + col * 7) % 23) as f32 * 0.125 - 1.4 + col as f32 * 0.01;
+    let part = random_partition(&mut rng, rows, n);
     let mut emb = Embedding::<T>::allocate(world, ty, loc, rows, dim, Some(&part), Some(opt.library()))?;
-    // Load the starting weights: each rank its own rows.
-    let mine = emb.table().local_rows();
-    let ids: Vec<i64> = mine.clone().map(|r| r as i64).collect();
-    let vals: Vec<f32> = mine.flat_map(|r| (0..dim).map(move |c| start(r, c))).collect();
-    wm_gather::scatter_from(emb.table_mut(), &ids, &vals)?;
-    world.barrier()?;
+    load_start(world, &mut emb)?;
     let mut reference = Reference::new(opt, dt, rows, dim, start);
 
     let steps = 6;
@@ -479,4 +499,123 @@ fn init_digest(world: &Comm) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The candle bridge's `EmbeddingVar::apply` under AdamW with weight decay.
+#[cfg(feature = "candle")]
+mod candle {
+    use anyhow::{Result, ensure};
+    use candle_core::{Device, Tensor, Var};
+    use wholemem::Location;
+    use wm_embedding::Embedding;
+    use wm_gather::DType;
+    use wm_graph::candle_bridge::EmbeddingVar;
+    use wm_tests::Rng;
+
+    use super::{Comm, RefOpt, Reference, close, load_start, random_partition, types_at};
+
+    /// One rank's part of a step: the ids its loss reads, their gradients
+    /// (the loss is `sum(rows ⊙ grads)`), and ids it looks up but leaves
+    /// out of the loss.
+    struct Part {
+        used: Vec<i64>,
+        grads: Vec<f32>,
+        idle: Vec<i64>,
+    }
+
+    fn part(rows: usize, dim: usize, step: u64, r: usize) -> Part {
+        let mut b = Rng::new(&[0xca4d1e, step, r as u64]);
+        // Every third rank-step the loss reads no embedding row at all.
+        let count = if (r as u64 + step) % 3 == 1 { 0 } else { 1 + b.below(6) as usize };
+        // Used ids from the first half (repeats likely), idle ones anywhere.
+        let used: Vec<i64> = (0..count).map(|_| b.below(rows as u64 / 2) as i64).collect();
+        let idle: Vec<i64> = (0..1 + b.below(6)).map(|_| b.below(rows as u64) as i64).collect();
+        // Never zero, so every read row visibly takes its step.
+        let grads = (0..count * dim).map(|k| ((k * 5 + r * 3 + step as usize * 7) % 13) as f32 * 0.05 - 0.32).collect();
+        Part { used, grads, idle }
+    }
+
+    /// Every host type on any rank count: each step, each rank looks up a
+    /// batch its loss reads and one it does not (and every third rank-step
+    /// its loss reads neither), then applies both. After every step every
+    /// rank reads the whole table: rows no rank's loss read keep their bits,
+    /// the others equal the plain AdamW reference of `Reference`, fed only
+    /// the read rows' gradients; at the end every row's step count (β^t)
+    /// counts only the steps that read it.
+    pub(super) fn untouched_rows(world: &Comm) -> Result<()> {
+        let (me, n) = (world.rank(), world.size());
+        let (rows, dim) = (37usize, 5usize);
+        let (b1, b2) = (0.9f32, 0.99f32);
+        let opt = RefOpt::Adam { wd: 0.1, b1, b2, eps: 1e-8, adam_w: true };
+        for ty in types_at(world, Location::Host)? {
+            let mut rng = Rng::new(&[0xca4d1e, n as u64]);
+            let part_sizes = random_partition(&mut rng, rows, n);
+            let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, Some(&part_sizes), Some(opt.library()))?;
+            load_start(world, &mut emb)?;
+            let mut reference = Reference::new(opt, DType::F32, rows, dim, super::start);
+            let all: Vec<i64> = (0..rows as i64).collect();
+            let mut before = vec![0f32; rows * dim];
+            emb.gather(&all, &mut before)?;
+            let bias = Var::new(1.5f32, &Device::Cpu)?;
+            for step in 0..4u64 {
+                let parts: Vec<Part> = (0..n).map(|r| part(rows, dim, step, r)).collect();
+                let mine = &parts[me];
+                // Lookups are collective for some types: both, on every rank.
+                let used = EmbeddingVar::lookup(&emb, &mine.used, &Device::Cpu)?;
+                let idle = EmbeddingVar::lookup(&emb, &mine.idle, &Device::Cpu)?;
+                let loss = if mine.used.is_empty() {
+                    bias.as_tensor().sqr()?
+                } else {
+                    let g = Tensor::from_vec(mine.grads.clone(), (mine.used.len(), dim), &Device::Cpu)?;
+                    used.as_tensor().mul(&g)?.sum_all()?
+                };
+                let grads = loss.backward()?;
+                let lr = [0.05, 0.02][step as usize % 2];
+                used.apply(&mut emb, &grads, lr)?;
+                idle.apply(&mut emb, &grads, lr)?;
+                let batches: Vec<(Vec<i64>, Vec<f32>)> = parts.iter().map(|p| (p.used.clone(), p.grads.clone())).collect();
+                reference.step(&batches, lr);
+
+                let mut got = vec![0f32; rows * dim];
+                emb.gather(&all, &mut got)?;
+                let read: std::collections::HashSet<i64> = parts.iter().flat_map(|p| p.used.iter().copied()).collect();
+                for row in 0..rows {
+                    let span = row * dim..(row + 1) * dim;
+                    if read.contains(&(row as i64)) {
+                        for c in span {
+                            let (g, w) = (got[c], reference.w[c]);
+                            ensure!(
+                                close(DType::F32, g, w),
+                                "rank {me}: {ty} step {step}: row {row} col {} = {g}, AdamW reference {w}",
+                                c % dim
+                            );
+                        }
+                    } else {
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                        ensure!(
+                            bits(&got[span.clone()]) == bits(&before[span.clone()]),
+                            "rank {me}: {ty} step {step}: row {row} was read by no loss but moved from {:?} to {:?}",
+                            &before[span.clone()],
+                            &got[span]
+                        );
+                    }
+                }
+                before = got;
+            }
+            let mut powers = vec![0f32; rows * 2];
+            emb.gather_state("beta12t", &all, &mut powers)?;
+            for row in 0..rows {
+                let t = reference.t[row];
+                let want = [b1.powi(t), b2.powi(t)];
+                let have = &powers[row * 2..row * 2 + 2];
+                ensure!(
+                    have.iter().zip(want).all(|(&h, w)| close(DType::F32, h, w)),
+                    "rank {me}: {ty}: row {row} was read in {t} steps but its β powers are {have:?}"
+                );
+            }
+            emb.free()?;
+            println!("candle {ty}: untouched rows kept their bits");
+        }
+        Ok(())
+    }
 }
