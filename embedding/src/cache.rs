@@ -36,6 +36,14 @@ use wholemem::WholeTensor;
 use crate::table::{Embedding, EmbeddingElement};
 use crate::{Error, Result};
 
+/// Whether the table was marked as lent, for each cache, before a step
+/// (see [`Caches::begin_step`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Marks {
+    node: bool,
+    device: bool,
+}
+
 /// The caches of one embedding.
 #[derive(Debug, Default)]
 pub(crate) struct Caches {
@@ -61,11 +69,29 @@ impl Caches {
         self.node.is_some()
     }
 
-    /// Marks the table as written by another path; whether it already was
-    /// (for the node cache).
-    pub(crate) fn lend(&self) -> bool {
+    /// Marks the table as written by another path (a loan of the table:
+    /// both caches act on it).
+    pub(crate) fn lend(&self) {
         self.device_lent.store(true, Ordering::Relaxed);
-        self.lent.swap(true, Ordering::Relaxed)
+        self.lent.store(true, Ordering::Relaxed);
+    }
+
+    /// Marks the table as written by another path for the length of a step
+    /// that writes its rows itself: should the step fail half-way, the next
+    /// gather empties every node's cache and the next step forgets the
+    /// device cache. Returns the marks as they were, for
+    /// [`end_step`](Self::end_step).
+    pub(crate) fn begin_step(&self) -> Marks {
+        Marks { node: self.lent.swap(true, Ordering::Relaxed), device: self.device_lent.swap(true, Ordering::Relaxed) }
+    }
+
+    /// Takes back both marks of a step that succeeded (its own writes kept
+    /// the caches coherent), leaving what a loan before it had set. The
+    /// device cache's mark too: a step that left it set made the next step
+    /// forget every cached row, so the device cache never hit.
+    pub(crate) fn end_step(&self, before: Marks) {
+        self.lent.store(before.node, Ordering::Relaxed);
+        self.device_lent.store(before.device, Ordering::Relaxed);
     }
 
     /// Whether the table was lent since the last step, clearing the mark.
@@ -253,5 +279,43 @@ impl<T: EmbeddingElement> Embedding<T> {
         }
         cache.gather(self.table.memory(), ids, out, out_dtype)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use wholemem::{Location, MemoryType};
+
+    use crate::{Embedding, Init, Optimizer};
+
+    /// The device cache never hit on the H200 (`CacheStats { lookups: 641,
+    /// hits: 0, fills: 456, .. }`): each `apply_gradients` marked the table
+    /// as lent to another path while it wrote its own rows, and only the
+    /// node cache's mark was taken back, so the next step's agreement saw a
+    /// loan and the device cache forgot every row. Host logic, so checked
+    /// here on one rank without a GPU: the mark a step leaves is what the
+    /// device cache acts on.
+    #[test]
+    fn a_step_counted_as_a_loan_so_the_device_cache_forgot_its_rows_and_never_hit() {
+        let world = wm_comm::init().expect("a world of one rank");
+        for ty in [MemoryType::Continuous, MemoryType::Chunked, MemoryType::Distributed] {
+            let mut emb =
+                Embedding::<f32>::allocate(&world, ty, Location::Host, 40, 4, None, Some(Optimizer::adam())).expect("an embedding");
+            emb.init(Init::Constant(0.5), 1).expect("init");
+            assert!(!emb.cache.take_device_loan(), "{ty}: init rewrote the rows and forgot them itself");
+            for step in 0..3 {
+                let ids = [3i64, 7, 3, 39];
+                let grads: Vec<f32> = (0..ids.len() * 4).map(|k| k as f32 * 0.01).collect();
+                emb.apply_gradients(&ids, &grads, 0.1).expect("a step");
+                assert!(
+                    !emb.cache.take_device_loan(),
+                    "{ty}: step {step} left the table marked as lent: the next step forgets the device cache"
+                );
+            }
+            // A real loan still counts, once.
+            let _ = emb.table_mut();
+            assert!(emb.cache.take_device_loan() && !emb.cache.take_device_loan(), "{ty}: a loan of the table is seen once");
+            emb.free().expect("free");
+        }
     }
 }

@@ -580,9 +580,10 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    the host a run's sums, weights and state stay in the CPU's
         //    caches from the merge to the write; the device cache takes
         //    every row at once. Should any of it fail (on every rank alike),
-        //    the next gather empties every node's cache, as after a loan of
-        //    the table.
-        let lent_before = self.cache.lend();
+        //    the next gather empties every node's cache and the next step
+        //    forgets the device cache, as after a loan of the table; done,
+        //    the marks are as before the step.
+        let marks = self.cache.begin_step();
         let width = opt.state_width(dim);
         let device = self.cache.device_enabled();
         let total: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
@@ -642,9 +643,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         // Every node's cache drops every rank's updated rows.
         let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
         self.cache.invalidate_node(Ids::I64(&changed))?;
-        if !lent_before {
-            self.cache.unlend();
-        }
+        self.cache.end_step(marks);
         recycle([sums, w, s]);
         clock.lap("finish");
         Ok(())
