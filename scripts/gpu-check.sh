@@ -45,7 +45,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 # The plan: parts in order, each one's budget (seconds) and what it runs.
 PARTS=(machine probe kernels device-tests benchmarks ncu)
-declare -A BUDGET=([machine]=30 [probe]=45 [kernels]=45 [device-tests]=160 [benchmarks]=200 [ncu]=45)
+declare -A BUDGET=([machine]=30 [probe]=45 [kernels]=45 [device-tests]=150 [benchmarks]=210 [ncu]=45)
 declare -A WHAT=(
   [machine]="uname -a, nvidia-smi, nvidia-smi dmon -c 1; GPUs, driver, compute mode, libraries, bundle kernels"
   [probe]="wm-bench probe --active, every device type required (no usable device: the check stops here)"
