@@ -15,6 +15,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu-bundle}
+# Where cargo puts what it builds (CARGO_TARGET_DIR, else target/).
+target=${CARGO_TARGET_DIR:-target}
 archs="sm_80 sm_90"
 limit_mib=60
 fail() {
@@ -29,7 +31,7 @@ mkdir -p "$out/kernels"
 cargo build --release -p wm-bench --bin wm-bench
 arch_args=$(printf -- '--arch %s ' $archs)
 # shellcheck disable=SC2086
-if ! target/release/wm-bench kernels --prebuild "$out/kernels" $arch_args; then
+if ! "$target/release/wm-bench" kernels --prebuild "$out/kernels" $arch_args; then
   fail "could not prebuild the kernels for $archs (is NVRTC on LD_LIBRARY_PATH? see docs/kernels.md); a bundle without them cannot load a kernel on a GPU machine without NVRTC"
 fi
 for a in $archs; do
@@ -41,7 +43,7 @@ done
 rank_programs="wm-test-rank wm-test-load wm-test-embedding wm-test-cache wm-test-onesided"
 cargo build --release -p wm-bench --bin wm-bench --bin wm-run -p wm-tests $(printf -- '--bin %s ' $rank_programs)
 for b in wm-bench wm-run $rank_programs; do
-  cp "target/release/$b" "$out/$b"
+  cp "$target/release/$b" "$out/$b"
 done
 # Test executables: cargo names them with a hash, so ask cargo — for the
 # artifact of exactly that target (building a test also builds the

@@ -4,15 +4,22 @@
 #                                       start; the whole run gets BUDGET_S;
 #                                       ONLY (an extended regex) runs only
 #                                       the steps whose names match
+#   steps_part NAME BUDGET_S            the steps after it (to the next
+#                                       part) keep within BUDGET_S, and
+#                                       within the whole run's budget
 #   step NAME LIMIT_S CMD [ARGS...]     run CMD (a program, or a function
 #                                       exported with export -f) under
-#                                       `timeout -k 10`
+#                                       `timeout -k 10`; STEPS_LAST is then
+#                                       PASS, FAIL or NOT RUN
+#   steps_stop WHY PARTS...             the check cannot go on: name the
+#                                       parts left as not run, and why
 #   steps_summary                       print the summary; return the failures
 #
 # Each step runs under `timeout -k 10 LIMIT` (SIGTERM to the step's process
-# group at LIMIT, SIGKILL 10 s later), capped so that the whole run ends
-# within BUDGET_S: a step the budget no longer allows is reported as not run
-# (a failure) instead of started. Its elapsed time is printed as soon as it
+# group at LIMIT, SIGKILL 10 s later), capped so that its part ends within
+# the part's budget and the whole run within BUDGET_S (15 s of each stay for
+# the kill grace and the summary): a step the budget no longer allows is
+# reported as not run (a failure) instead of started. Its elapsed time is printed as soon as it
 # ends, and a timed-out step is named as such. After each step, processes
 # left running from executables under KILL_UNDER (the bundle's binaries)
 # are killed and named, so the next step finds the GPU free.
@@ -23,6 +30,25 @@ steps_begin() {
   STEPS_ONLY=${3:-}
   STEPS_SUMMARY=()
   STEPS_FAILED=0
+  STEPS_LAST=
+  STEPS_PART=
+  STEPS_PART_END=$STEPS_END
+}
+
+steps_part() {
+  STEPS_PART=$1
+  STEPS_PART_END=$((SECONDS + $2))
+  [ "$STEPS_PART_END" -le "$STEPS_END" ] || STEPS_PART_END=$STEPS_END
+  printf '\n######## part %s (budget %d s)\n' "$1" "$2"
+}
+
+steps_stop() {
+  local why=$1 p
+  shift
+  printf '\n==== STOP: %s; not run: %s\n' "$why" "${*:-nothing}"
+  for p in "$@"; do
+    STEPS_SUMMARY+=("NOT RUN  part $p: the check stopped (STOP above)")
+  done
 }
 
 # Kills what is left of the bundle's programs (by executable path).
@@ -55,14 +81,17 @@ step() {
   shift 2
   if [ -n "$STEPS_ONLY" ] && ! printf '%s\n' "$name" | grep -Eq -- "$STEPS_ONLY"; then
     printf '\n==== %s: not selected\n' "$name"
+    STEPS_LAST=
     return 0
   fi
   # 15 s of the budget stay for the kill grace and the summary.
-  local left=$((STEPS_END - SECONDS - 15))
+  local left=$((STEPS_PART_END - SECONDS - 15)) whose=
+  [ -z "$STEPS_PART" ] || whose=" (part $STEPS_PART's)"
   if [ "$left" -lt 5 ]; then
-    printf '\n==== %s: NOT RUN (the budget is spent)\n' "$name"
-    STEPS_SUMMARY+=("NOT RUN  $name: the budget is spent")
+    printf '\n==== %s: NOT RUN (the budget%s is spent)\n' "$name" "$whose"
+    STEPS_SUMMARY+=("NOT RUN  $name: the budget is spent$whose")
     STEPS_FAILED=$((STEPS_FAILED + 1))
+    STEPS_LAST="NOT RUN"
     return 0
   fi
   [ "$limit" -le "$left" ] || limit=$left
@@ -85,6 +114,7 @@ step() {
     verdict="FAIL  $name: left processes running"
   fi
   case $verdict in FAIL*) STEPS_FAILED=$((STEPS_FAILED + 1)) ;; esac
+  STEPS_LAST=${verdict%% *}
   printf '==== %s (%d s)\n' "$verdict" "$dt"
   STEPS_SUMMARY+=("$verdict ($dt s)")
 }

@@ -180,6 +180,8 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         });
         if let Some(g) = per_step {
             j["step_gbps_per_rank"] = serde_json::json!(g);
+            j["step_gbps_total"] = serde_json::json!(g * n as f64);
+            j["baseline_gbps_total"] = serde_json::json!(baseline * n as f64);
         }
         if let Some(p) = &phases {
             j["profile"] = p.json();
@@ -199,7 +201,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
             ("one process, one thread, private table, row by row", "per-rank median / baseline, in gradient bytes")
         };
         Speeds { per_rank: s, total, baseline, ratio }.print(what, how);
-        report::print_step(per_step);
+        report::print_step(per_step, n, baseline);
         report::print_ratio_by_batch(ratio_batches);
         if let Some(p) = &phases {
             p.print();

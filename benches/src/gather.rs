@@ -90,9 +90,10 @@ pub struct MoveArgs {
     #[arg(long, value_enum, default_value = "default")]
     pub(crate) baseline_pages: BaselinePages,
     /// Who runs the baseline: `one` (rank 0 alone, the others waiting: the machine to itself) or `all` (every rank its
-    /// own private table and batches, at the same time — the same sharing of cores and memory as the benchmark). With
-    /// `all`, both are timed as steps, from the last rank ready to the last rank done, and the ratio compares the
-    /// steps (ranks of one machine: their clocks are compared). Host memory only.
+    /// own baseline at the same time — a private table and batches, or on the device its own copy to or on its GPU —
+    /// the same sharing of cores, memory or GPUs as the benchmark). With `all`, both are timed as steps, from the last
+    /// rank ready to the last rank done, the ratio compares the steps (ranks of one machine: their clocks are
+    /// compared), and the report adds the all-ranks figures of both steps.
     #[arg(long, value_enum, default_value = "one")]
     pub(crate) baseline_ranks: BaselineRanks,
     /// One JSON object per line instead of a table.
@@ -212,12 +213,14 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     let mut expect = vec![0u8; buf_row];
     let progress = me == 0 && std::io::stderr().is_terminal();
     // A run into device memory has a copy to the GPU as its baseline: no
-    // private host table needed.
+    // private host table needed. With every rank on the baseline, each
+    // copies on (or to) its own GPU at once: ranks sharing a GPU share it
+    // in the baseline too.
     let host_rows = if a.device_out() { 0 } else { rows };
-    let all_base = a.baseline_ranks == BaselineRanks::All && !a.device_out();
+    let all_base = a.baseline_ranks == BaselineRanks::All;
     let mut base = if me == 0 || all_base { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
     #[cfg(feature = "cuda")]
-    let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0)?) } else { None };
+    let mut gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0 || all_base)?) } else { None };
     if all_base {
         one_machine(world.as_ref())?;
     }
@@ -346,6 +349,11 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     #[cfg(feature = "cuda")]
     drop(gpu);
     let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
+    // Whether the GPU read this rank's host rows in place, or why not.
+    #[cfg(feature = "cuda")]
+    let registration = mem.host_registration().err().map(str::to_owned);
+    #[cfg(not(feature = "cuda"))]
+    let registration: Option<String> = None;
     mem.free()?;
     let per_rank: Vec<f64> = stats.chunks(3).map(|s| s[0]).collect();
     let slowest = stats.chunks(3).map(|s| s[1]).fold(0.0f64, f64::max);
@@ -373,7 +381,13 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             });
             let mut j = j;
             if let Some(g) = per_step {
+                // The all-ranks figures of both steps (every rank ran both).
                 j["step_gbps_per_rank"] = serde_json::json!(g);
+                j["step_gbps_total"] = serde_json::json!(g * n as f64);
+                j["baseline_gbps_total"] = serde_json::json!(baseline * n as f64);
+            }
+            if a.location == Location::Host && a.device_out() {
+                j["host_registration"] = serde_json::json!(registration.as_deref().unwrap_or("registered"));
             }
             if let Some(p) = &phases {
                 j["profile"] = p.json();
@@ -400,15 +414,26 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 a.iters
             );
             let what = match (a.location, a.out_location) {
+                (Location::Device, _) if all_base => {
+                    "every rank at once, a device-to-device copy of the same bytes on its GPU, per rank of a step"
+                }
                 (Location::Device, _) => "rank 0's GPU, a device-to-device copy of the same bytes",
+                (Location::Host, Some(Location::Device)) if all_base => {
+                    "every rank at once, its rows copied to its GPU over the host link, per rank of a step"
+                }
                 (Location::Host, Some(Location::Device)) => "rank 0's rows copied to its GPU over the host link",
                 _ if all_base => "every rank at once, one thread each, private tables, per rank of a step",
                 _ => "one process, one thread, private table",
             };
             Speeds { per_rank: s, total, baseline, ratio }
                 .print(what, if all_base { "per rank of a step / baseline" } else { "per-rank median / baseline" });
-            report::print_step(per_step);
+            report::print_step(per_step, n, baseline);
             report::print_ratio_by_batch(ratio_batches);
+            if a.location == Location::Host && a.device_out() {
+                let how =
+                    registration.as_deref().map_or_else(|| "registered with CUDA, read in place".to_owned(), |why| format!("none: {why}"));
+                println!("  registration    {how} (rank 0's host rows)");
+            }
             println!(
                 "  huge pages      {:.0}% of the table rank 0 maps, {:.0}% of the baseline's",
                 huge_pages * 100.0,

@@ -52,11 +52,15 @@ impl Speeds {
     }
 }
 
-/// The step line of the text report, where every rank ran the baseline
-/// (`--baseline-ranks all`): `per_step` GB/s per rank of a step.
-pub fn print_step(per_step: Option<f64>) {
+/// The step lines of the text report, where every rank ran the baseline
+/// (`--baseline-ranks all`): `per_step` GB/s per rank of a step of the
+/// call, and beside it the all-ranks figures of both steps (`ranks` ranks,
+/// `baseline` GB/s per rank of a baseline step).
+pub fn print_step(per_step: Option<f64>, ranks: usize, baseline: f64) {
     if let Some(g) = per_step {
         println!("  step GB/s       {g:.2}   per rank, from the last rank ready to the last rank done");
+        let n = ranks as f64;
+        println!("  steps, all      {:.2}   all ranks GB/s of a step; of a baseline step {:.2}", g * n, baseline * n);
     }
 }
 

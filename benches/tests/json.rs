@@ -128,6 +128,16 @@ fn gather_and_scatter_report_the_ratio_batch_by_batch() {
         // positive and finite (how far apart depends on the machine's stalls).
         assert!(ratio.is_finite() && ratio > 0.0 && by_batch.is_finite() && by_batch > 0.0, "{}", j[0]);
         assert_eq!(j[0]["verified"], true, "{}", j[0]);
+        // With every rank on the baseline, the all-ranks figures of both
+        // steps are reported beside the per-rank ones.
+        let totals = (j[0]["step_gbps_total"].as_f64(), j[0]["baseline_gbps_total"].as_f64());
+        if base == "all" {
+            let (step, baseline) = (j[0]["step_gbps_per_rank"].as_f64().unwrap_or(0.0), j[0]["baseline_gbps"].as_f64().unwrap_or(0.0));
+            assert!(step > 0.0 && baseline > 0.0, "{}", j[0]);
+            assert_eq!(totals, (Some(step * 2.0), Some(baseline * 2.0)), "{}", j[0]);
+        } else {
+            assert_eq!(totals, (None, None), "{}", j[0]);
+        }
     }
 }
 
@@ -142,6 +152,9 @@ fn apply_with_every_rank_on_the_baseline_times_steps() {
     // The ratio compares the two steps.
     let (Some(step), Some(base), Some(ratio)) = (step, base, ratio) else { panic!("no step, baseline or ratio: {}", j[0]) };
     assert!(step > 0.0 && base > 0.0 && (ratio - step / base).abs() <= 1e-9 * ratio.max(1.0), "{}", j[0]);
+    // Beside them, both steps for all ranks together.
+    let (step_total, base_total) = (j[0]["step_gbps_total"].as_f64(), j[0]["baseline_gbps_total"].as_f64());
+    assert_eq!((step_total, base_total), (Some(step * 2.0), Some(base * 2.0)), "{}", j[0]);
     assert!(j[0]["ratio_batches"].as_f64().is_some_and(|r| r.is_finite() && r > 0.0), "{}", j[0]);
     assert_eq!(j[0]["verified"], true, "{}", j[0]);
 }

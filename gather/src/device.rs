@@ -225,8 +225,10 @@ pub(crate) fn last_occurrences(rows: &[usize]) -> Vec<u8> {
 ///
 /// For continuous and chunked memory (on the device, or on the host and
 /// registered with CUDA) one kernel reads every row through the mapping; not
-/// collective. For distributed and hierarchy memory it is collective and
-/// staged through the host exchange.
+/// collective. Host rows the driver would not register
+/// ([`WholeMemory::host_registration`]) are gathered on the CPU and copied
+/// up. For distributed and hierarchy memory it is collective and staged
+/// through the host exchange.
 ///
 /// # Errors
 /// [`Error::InvalidArgument`] for a wrong buffer size or ids checked for
@@ -245,7 +247,9 @@ pub fn gather_device(mem: &WholeMemory, layout: &RowLayout, ids: &DeviceIds, out
     if out.len() < want {
         return Err(Error::InvalidArgument(format!("the device output has {} bytes; {} rows need {want}", out.len(), ids.len)));
     }
-    if mem.memory_type().is_mapped() {
+    // Host rows the driver refused to register are gathered on the CPU and
+    // copied up, below.
+    if mem.memory_type().is_mapped() && mem.host_registration().is_ok() {
         return launch_gather(mem, layout, Reach::Mapped, (ids.buf.addr(), ids.id_type, ids.len), out.addr(), out_dtype);
     }
     if let Ok(nccl) = mem.device_comm() {

@@ -1,8 +1,9 @@
 //! The GPU check's step machinery (`scripts/gpu-steps.sh`), run here: no
 //! step can hang the check, a timed-out step is named, every step's time is
 //! printed, the budget of a whole part holds, and programs a step leaves
-//! running are killed. (`scripts/gpu-check.sh` runs on a GPU machine; its
-//! steps are these.)
+//! running are killed. And the GPU check itself (`scripts/gpu-check.sh`),
+//! as far as it runs without a GPU: its plan fits one command, and it stops
+//! at once when the probe finds no usable device.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -101,12 +102,122 @@ fn programs_a_step_leaves_running_are_killed_and_fail_it() {
 }
 
 #[test]
-fn the_gpu_check_takes_a_part() {
-    let out = Command::new("bash").arg(scripts().join("gpu-check.sh")).output().expect("bash runs");
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("usage:") && String::from_utf8_lossy(&out.stderr).contains("correctness|bench|all")
+fn a_part_keeps_within_its_budget_and_the_next_part_gets_its_own() {
+    // A part of 20 s (15 of which stay for the kill grace): its first step
+    // is cut to 5 s, its second finds nothing left; the next part runs.
+    let (code, out) = steps(
+        r#"steps_begin 600
+           steps_part first 20
+           step "long" 300 sleep 600
+           step "after" 300 true
+           steps_part second 100
+           step "next" 300 true
+           steps_summary"#,
     );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("######## part first (budget 20 s)") && out.contains("######## part second (budget 100 s)"), "{out}");
+    assert!(out.contains("==== long (limit 5 s)"), "the limit is cut to the part's budget:\n{out}");
+    assert!(out.contains("NOT RUN  after: the budget is spent (part first's)"), "{out}");
+    assert!(out.contains("==== next (limit 85 s)") && out.contains("PASS  next"), "{out}");
+}
+
+#[test]
+fn the_gpu_check_refuses_an_unknown_part() {
+    let out = Command::new("bash").arg(scripts().join("gpu-check.sh")).arg("bogus").output().expect("bash runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(64), "{err}");
+    assert!(err.contains("usage:") && err.contains("--dry-run") && err.contains("all|correctness|bench"), "{err}");
+}
+
+/// The parts `gpu-check.sh --dry-run PART` prints: (name, budget seconds)
+/// in order, and the total it states.
+fn plan(part: &str) -> (Vec<(String, u64)>, u64, String) {
+    let out = Command::new("bash").arg(scripts().join("gpu-check.sh")).args(["--dry-run", part]).output().expect("bash runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "--dry-run {part}: {:?}\n{text}{}", out.status, String::from_utf8_lossy(&out.stderr));
+    let mut parts = Vec::new();
+    let mut total = None;
+    for line in text.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            [n, name, secs, "s", ..] if n.ends_with('.') => {
+                assert_eq!(n.trim_end_matches('.').parse::<usize>().ok(), Some(parts.len() + 1), "numbered in order: {line}");
+                parts.push(((*name).to_owned(), secs.parse().unwrap_or_else(|_| panic!("a budget in seconds: {line}"))));
+            }
+            ["total", secs, "s", ..] => total = secs.parse().ok(),
+            _ => {}
+        }
+    }
+    (parts, total.unwrap_or_else(|| panic!("no total line:\n{text}")), text)
+}
+
+#[test]
+fn the_gpu_check_plan_fits_one_command_with_time_for_a_rerun() {
+    // No bundle and no GPU needed: the plan only.
+    let (parts, total, text) = plan("all");
+    let names: Vec<&str> = parts.iter().map(|p| p.0.as_str()).collect();
+    assert_eq!(names, ["machine", "probe", "kernels", "device-tests", "benchmarks", "ncu"], "the order:\n{text}");
+    let sum: u64 = parts.iter().map(|p| p.1).sum();
+    assert_eq!(sum, total, "the total is the budgets' sum:\n{text}");
+    assert!(total <= 540, "one command of at most 10 minutes, leaving a rerun in the lease:\n{text}");
+    assert!(parts.iter().all(|p| p.1 >= 30), "every part has a budget that can run it:\n{text}");
+    // The two halves are the same parts, in the same order, same budgets.
+    for (half, want) in
+        [("correctness", &["machine", "probe", "kernels", "device-tests"]), ("bench", &["machine", "probe", "benchmarks", "ncu"])]
+    {
+        let (got, total, text) = plan(half);
+        assert_eq!(got.iter().map(|p| p.0.as_str()).collect::<Vec<_>>(), want, "{text}");
+        assert!(got.iter().all(|p| parts.contains(p)), "{text}");
+        assert_eq!(got.iter().map(|p| p.1).sum::<u64>(), total, "{text}");
+    }
+}
+
+#[test]
+fn the_gpu_check_stops_at_once_when_the_probe_finds_no_device() {
+    // A bundle whose wm-bench fails the probe as it does without a GPU, and
+    // whose later programs leave a mark if they run.
+    let dir = std::env::temp_dir().join(format!("wm-gpu-check-no-device.{}", std::process::id()));
+    let (bundle, out_dir) = (dir.join("bundle"), dir.join("out"));
+    std::fs::create_dir_all(bundle.join("kernels")).expect("a scratch bundle");
+    let stub = |name: &str, body: &str| {
+        let path = bundle.join(name);
+        std::fs::write(&path, format!("#!/usr/bin/env bash\n{body}\n")).expect("a stub");
+        let executable = std::os::unix::fs::PermissionsExt::from_mode(0o755);
+        std::fs::set_permissions(&path, executable).expect("an executable stub");
+    };
+    stub("wm-run", r#"while [ "$1" != -- ]; do shift; done; shift; exec "$@""#);
+    stub("wm-bench", "echo \"stub wm-bench $*\"; echo 'continuous device: the CUDA driver sees no GPU on this host' >&2; exit 4");
+    for later in ["kernel-tests", "device-tests"] {
+        stub(later, &format!("touch '{}/{later}-ran'", dir.display()));
+    }
+    let out = Command::new("bash")
+        .arg(scripts().join("gpu-check.sh"))
+        .arg("all")
+        .arg(&bundle)
+        .env("OUT", &out_dir)
+        .env_remove("WM_GPU_CHECK_ONLY")
+        .output()
+        .expect("bash runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    let log = std::fs::read_to_string(out_dir.join("gpu-check.log")).unwrap_or_default();
+    let ran: Vec<String> =
+        ["kernel-tests", "device-tests"].iter().filter(|l| dir.join(format!("{l}-ran")).exists()).map(|l| (*l).to_owned()).collect();
+    let _ = std::fs::remove_dir_all(&dir);
+    let code = out.status.code();
+    assert!(code.is_some_and(|c| c != 0 && c != 64), "a failed check, not a usage error: {code:?}\n{text}");
+    // The machine's facts first, then the probe's refusal, then the stop.
+    let uname = text.find("$ uname -a").unwrap_or_else(|| panic!("uname -a first:\n{text}"));
+    let probe = text.find("stub wm-bench probe --active").unwrap_or_else(|| panic!("the probe ran:\n{text}"));
+    let stop = text.find("STOP: no usable device").unwrap_or_else(|| panic!("a clear stop:\n{text}"));
+    assert!(uname < probe && probe < stop, "{text}");
+    assert!(text.contains("the CUDA driver sees no GPU on this host"), "the probe's reason is shown:\n{text}");
+    assert!(ran.is_empty(), "later parts ran after the probe failed: {ran:?}\n{text}");
+    for part in ["kernels", "device-tests", "benchmarks", "ncu"] {
+        assert!(text.contains(&format!("NOT RUN  part {part}: the check stopped")), "{part}:\n{text}");
+    }
+    assert!(!text.contains("######## part kernels"), "{text}");
+    // The same in the one log under $OUT.
+    assert!(log.contains("STOP: no usable device") && log.contains("$ uname -a") && log.contains("failed steps:"), "the log:\n{log}");
 }
 
 /// Every test of `tests/tests/device.rs` that runs device scenarios is a

@@ -16,6 +16,8 @@ use crate::types::{Location, MemoryType};
 use crate::{Error, Result};
 
 mod portion;
+#[cfg(feature = "cuda")]
+mod reach;
 mod rows;
 mod written;
 
@@ -137,6 +139,10 @@ pub struct WholeMemory {
     /// This rank's GPU, or why it has none.
     #[cfg(feature = "cuda")]
     gpu: std::result::Result<Arc<crate::device::driver::Gpu>, String>,
+    /// Why this rank's host rows are not registered with CUDA although it
+    /// has a GPU (the driver refused).
+    #[cfg(feature = "cuda")]
+    registration_refused: Option<String>,
     /// NCCL over the table's ranks (device distributed and hierarchy
     /// memory), or why rows travel through the host instead.
     #[cfg(feature = "cuda")]
@@ -295,6 +301,8 @@ impl WholeMemory {
             #[cfg(feature = "cuda")]
             gpu: Err(String::new()),
             #[cfg(feature = "cuda")]
+            registration_refused: None,
+            #[cfg(feature = "cuda")]
             nccl: Err("host memory".into()),
         };
         #[cfg(feature = "cuda")]
@@ -362,41 +370,41 @@ impl WholeMemory {
             portion_fds: Vec::new(),
             mapped_huge_bytes: 0,
             gpu: Ok(gpu),
+            registration_refused: None,
             nccl,
         })
     }
 
     /// With a GPU at hand, registers the host storage with CUDA (portable,
     /// device-mapped) so kernels read it directly. Not collective, and never
-    /// an error: without it, host memory is simply reached by the CPU.
+    /// an error: should the driver refuse, the table keeps its GPU (device
+    /// buffers, the device cache and device outputs work, copying host rows
+    /// instead of reading them in place), and the reason is reported on
+    /// stderr and kept ([`host_registration`](Self::host_registration)).
     #[cfg(feature = "cuda")]
     fn register_host(&mut self) {
-        if let Err(why) = crate::device::status() {
-            self.gpu = Err(why);
-            return;
-        }
-        self.gpu = crate::device::bind(Self::local_rank(self.comm.as_ref()));
-        let Ok(gpu) = &self.gpu else { return };
+        let bound = match crate::device::status() {
+            Err(why) => Err(why),
+            Ok(_) => crate::device::bind(Self::local_rank(self.comm.as_ref())),
+        };
         let Storage::Host(storage) = &self.storage else { return };
         let regions: Vec<(usize, *mut u8, usize)> = match storage {
             HostStorage::Continuous(res) => vec![(0, res.ptr(), res.len())],
             HostStorage::Chunked(maps) => maps.iter().enumerate().filter_map(|(r, m)| m.as_ref().map(|m| (r, m.ptr(), m.len()))).collect(),
             HostStorage::Local(m) => m.as_ref().map(|m| (self.comm.rank(), m.ptr(), m.len())).into_iter().collect(),
         };
-        let mut regs = Vec::with_capacity(regions.len());
-        for (r, ptr, len) in regions {
+        let reach = reach::reach_host(bound, &regions, |gpu, ptr, len| {
             // SAFETY: the region is mapped by `self.storage`, which outlives
             // the registration (registrations are declared, so dropped,
             // first).
-            match unsafe { crate::device::HostRegistration::new(gpu, ptr, len) } {
-                Ok(reg) => regs.push((r, reg)),
-                Err(e) => {
-                    self.gpu = Err(format!("host memory could not be registered with CUDA: {e}"));
-                    return;
-                }
-            }
+            unsafe { crate::device::HostRegistration::new(gpu, ptr, len) }
+        });
+        self.gpu = reach.gpu;
+        if let Some(why) = &reach.refused {
+            wm_comm::warn(&format!("rank {}'s {} host table: {why}", self.comm.world_rank(), self.ty));
         }
-        for (r, reg) in regs {
+        self.registration_refused = reach.refused;
+        for (r, reg) in reach.registered {
             if let HostStorage::Continuous(_) = storage {
                 for q in 0..self.device_ptrs.len() {
                     self.device_ptrs[q] = Some(reg.device_ptr() + (self.partition.offset(q) * self.granularity) as u64);
@@ -407,12 +415,34 @@ impl WholeMemory {
             self.registrations.push(reg);
         }
         // Ranks without rows have nothing to register and nothing to reach.
-        if let HostStorage::Chunked(_) = storage {
+        if let HostStorage::Chunked(_) = storage
+            && self.gpu.is_ok()
+            && self.registration_refused.is_none()
+        {
             for (r, p) in self.device_ptrs.iter_mut().enumerate() {
                 if p.is_none() && self.partition.count(r) == 0 {
                     *p = Some(0);
                 }
             }
+        }
+    }
+
+    /// Whether this rank's GPU reads the host rows it maps of this table in
+    /// place (registered with CUDA: page-locked and mapped for the GPU), or
+    /// why not — no GPU (its reason), or the driver refused the
+    /// registration (its reason, also reported on stderr when the table was
+    /// allocated). A refusal only costs speed: device buffers, the device
+    /// cache and gathers into device memory still work, copying host rows
+    /// up instead. Always `Ok` for device memory.
+    #[cfg(feature = "cuda")]
+    pub fn host_registration(&self) -> std::result::Result<(), &str> {
+        if self.loc == Location::Device {
+            return Ok(());
+        }
+        match (&self.gpu, &self.registration_refused) {
+            (Err(why), _) => Err(if why.is_empty() { "this rank is bound to no GPU" } else { why }),
+            (Ok(_), Some(why)) => Err(why),
+            (Ok(_), None) => Ok(()),
         }
     }
 

@@ -134,8 +134,8 @@ pub struct DeviceCache {
 
 impl DeviceCache {
     /// A device cache of `ratio` of this rank's rows of `mem` (a host table
-    /// whose rows this rank's GPU can reach: registered with CUDA), read
-    /// with `layout`, and of the same rows of `side` (a second host table
+    /// on a rank with a GPU; registered with CUDA or not: the cache copies
+    /// rows between the host and its slots), read with `layout`, and of the same rows of `side` (a second host table
     /// with the same partition) read with its layout. Collective over the
     /// table's ranks, so a bad ratio or a rank without a GPU is every
     /// rank's error.
