@@ -157,6 +157,7 @@ fn launch_gather(mem: &WholeMemory, layout: &RowLayout, reach: Reach, ids: (u64,
         out,
         out_stride_bytes: (layout.cols() * out_dtype.size()) as u64,
         out_dtype,
+        status: 0,
     };
     let k = kernels(mem)?;
     // SAFETY: the owner table holds every rank's (or this rank's) base as
@@ -200,6 +201,7 @@ fn launch_scatter(
         src_stride_bytes: (layout.cols() * src_dtype.size()) as u64,
         src_dtype,
         keep: mask.addr(),
+        status: 0,
     };
     let k = kernels(mem)?;
     // SAFETY: as for the gather; in addition `keep` marks at most one
@@ -372,6 +374,7 @@ fn gather_nccl(
         src_stride_bytes: rb as u64,
         src_dtype: out_dtype,
         keep: 0,
+        status: 0,
     };
     // SAFETY: positions are a permutation of 0..ids.len (below i32::MAX,
     // checked), so every row of `out` is written once; `staged` holds that
@@ -530,6 +533,7 @@ pub(crate) fn read_slots(
         out: dense.addr(),
         out_stride_bytes: rb as u64,
         out_dtype: layout.dtype(),
+        status: 0,
     };
     let k = kernels(mem)?;
     // SAFETY: the owner table holds the slot buffer's address with rows
@@ -583,6 +587,7 @@ pub(crate) fn write_slots(
         src_stride_bytes: rb as u64,
         src_dtype: layout.dtype(),
         keep: 0,
+        status: 0,
     };
     let k = kernels(mem)?;
     // SAFETY: as in `read_slots`; the slots are distinct (checked), so no
