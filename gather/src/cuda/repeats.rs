@@ -10,6 +10,7 @@
 //! position) for `n` ids: 24–48 bytes per id, bounded by the batch rather
 //! than by the table's rows.
 
+#[cfg(test)]
 /// A slot no key has claimed (`WM_EMPTY_KEY`).
 pub(crate) const EMPTY_KEY: u64 = u64::MAX;
 
@@ -21,6 +22,7 @@ pub(crate) fn capacity(n: usize) -> usize {
     n.saturating_mul(2).max(16).checked_next_power_of_two().unwrap_or(1 << (usize::BITS - 1))
 }
 
+#[cfg(test)]
 /// `wm_repeat_hash`: the murmur3 64-bit finaliser.
 pub(crate) fn hash(mut x: u64) -> u64 {
     x ^= x >> 33;
@@ -31,6 +33,7 @@ pub(crate) fn hash(mut x: u64) -> u64 {
     x
 }
 
+#[cfg(test)]
 /// The table: keys and positions, as the device holds them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Table {
@@ -38,6 +41,7 @@ pub(crate) struct Table {
     pub(crate) vals: Vec<u32>,
 }
 
+#[cfg(test)]
 impl Table {
     /// An empty table of `capacity` slots (a power of two), as the device
     /// path fills it before `mark`.
@@ -82,6 +86,7 @@ impl Table {
     }
 }
 
+#[cfg(test)]
 /// What `mark` then `keep` leave in the keep mask for `ids` (ids outside
 /// `lo..hi` skipped), inserting in the order `order` gives (a permutation
 /// of the positions: the device's threads run in any order).
@@ -96,6 +101,7 @@ pub(crate) fn keep_mask_in_order(ids: &[i64], lo: i64, hi: i64, order: impl Into
     ids.iter().enumerate().map(|(i, &id)| u8::from(inside(id) && t.is_last(id as u64, i as u32))).collect()
 }
 
+#[cfg(test)]
 /// [`keep_mask_in_order`] with the inserts in position order.
 pub(crate) fn keep_mask(ids: &[i64], lo: i64, hi: i64) -> Vec<u8> {
     keep_mask_in_order(ids, lo, hi, 0..ids.len())
