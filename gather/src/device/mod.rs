@@ -4,17 +4,17 @@
 //! | memory | [`gather`](crate::gather) / [`scatter`](crate::scatter), host buffers | [`gather_device`] / [`scatter_device`], device buffers |
 //! |---|---|---|
 //! | device Continuous, Chunked | ids up (page-locked), check, one kernel over the mapping, rows down | check, one kernel over the mapping: one wait per call |
-//! | device Distributed, Hierarchy, ranks of one node that map each other's GPU memory | ids (and rows) up, then as with device buffers | the peer exchange ([`peers`]): ids and rows move between the ranks' shared device buffers (CUDA IPC), own rows included, never through the host |
+//! | device Distributed, Hierarchy, ranks of one node that map each other's GPU memory | ids (and rows) up, then as with device buffers | the peer exchange (`peers.rs`): ids and rows move between the ranks' shared device buffers (CUDA IPC), own rows included, never through the host |
 //! | device Distributed, Hierarchy, otherwise | the host exchange; each owner's rows read by a kernel | NCCL where every rank has its own GPU, else the host exchange, staged through page-locked memory |
 //! | host (registered) Continuous, Chunked | the CPU path | rows copied by the CPU into page-locked buffers, each sent up while the next is filled (`WM_HOST_GATHER=mapped`: one kernel reading host memory over the bus) |
 //!
 //! Ids are checked on the device, in the call: a check kernel records the
 //! first bad position in a status word that stops the row kernels before
-//! any row moves ([`checks`]), read when the call waits for the stream; a
+//! any row moves (`checks.rs`), read when the call waits for the stream; a
 //! scatter resolves repeated ids on the device (`cuda::repeats`). The
-//! buffers a call needs are kept between calls ([`staging`]), and with
+//! buffers a call needs are kept between calls (`staging.rs`), and with
 //! `wm_gather::profile` recording, the device phases are timed with CUDA
-//! events ([`timing`]): they are named `gpu …`, and lie inside the host
+//! events (`timing.rs`): they are named `gpu …`, and lie inside the host
 //! phases of the same call.
 
 mod checks;

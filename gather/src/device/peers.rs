@@ -28,12 +28,13 @@
 //! it received — in rank order, so the highest rank's last occurrence wins,
 //! as on the host — and writes its rows; then the verdicts are agreed.
 //!
-//! Before step 6 writes an owner's buffer, every rank has met in step 5 of
-//! the same call, so no peer still reads what the last call left there;
-//! the ids a rank pushes (step 4) land beside the rows peers may still be
-//! reading (step 8 of the last call). The buffers are only regrown after
-//! step 2's collective, which no rank passes before every rank has
-//! finished the call before.
+//! No rank passes step 2's collective before every rank has finished the
+//! call before (its last wait included), so nothing a call pushes or
+//! gathers into a buffer can meet a peer still reading the last call's
+//! rows there, and a buffer regrown in step 3 is no longer read by anyone.
+//! Within a call, step 5's meeting orders the pushes before the owners'
+//! reads, and step 7's collective the owners' rows before the reads of
+//! step 8.
 
 use wholemem::WholeMemory;
 use wholemem::agree::Rule;
