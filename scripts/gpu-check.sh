@@ -226,6 +226,7 @@ run_part() {
     device-tests)
       for t in device_memory_of_every_type_fills_and_reads_back_on_1_to_4_ranks \
         device_gather_and_scatter_match_the_reference_on_1_to_4_ranks \
+        device_buffers_gather_and_scatter_checked_and_deduplicated_on_the_device_on_1_to_4_ranks \
         device_hierarchy_and_distributed_cross_simulated_nodes \
         device_tables_store_and_load_sharded_files_on_1_to_4_ranks \
         device_embeddings_train_like_the_reference_on_1_to_4_ranks \

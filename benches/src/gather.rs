@@ -258,6 +258,8 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 wm_gather::gather(&mem, &layout, id_arg(), &mut buf, out_dt)?;
                 t0.elapsed().as_secs_f64()
             }
+            #[cfg(feature = "cuda")]
+            Op::Scatter if gpu.is_some() => gpu.as_mut().expect("checked").scatter(&mut mem, &layout, id_arg(), &buf, out_dt)?,
             Op::Scatter => {
                 let t0 = Instant::now();
                 wm_gather::scatter(&mut mem, &layout, id_arg(), &buf, out_dt)?;
@@ -533,6 +535,16 @@ impl DeviceRun {
         let dt = t0.elapsed().as_secs_f64();
         self.out.download(buf)?;
         Ok(dt)
+    }
+
+    /// Uploads the ids and the rows (untimed), scatters them from device
+    /// memory (timed). Seconds.
+    fn scatter(&mut self, mem: &mut WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &[u8], src: DType) -> Result<f64> {
+        let dev_ids = wm_gather::device::DeviceIds::upload(mem, ids)?;
+        self.out.upload(buf)?;
+        let t0 = Instant::now();
+        wm_gather::device::scatter_device(mem, layout, &dev_ids, &self.out, src)?;
+        Ok(t0.elapsed().as_secs_f64())
     }
 
     /// One timed copy of the batch's bytes to the GPU: device to device for

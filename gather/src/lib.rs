@@ -139,7 +139,7 @@ pub enum Ids<'a> {
     I64(&'a [i64]),
 }
 
-impl Ids<'_> {
+impl<'a> Ids<'a> {
     /// Number of ids.
     pub fn len(&self) -> usize {
         match self {
@@ -161,6 +161,15 @@ impl Ids<'_> {
         match self {
             Ids::I32(v) => find(v, rows),
             Ids::I64(v) => find(v, rows),
+        }
+    }
+
+    /// `count` ids from position `first`.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn slice(self, first: usize, count: usize) -> Ids<'a> {
+        match self {
+            Ids::I32(v) => Ids::I32(&v[first..first + count]),
+            Ids::I64(v) => Ids::I64(&v[first..first + count]),
         }
     }
 
@@ -322,23 +331,45 @@ pub fn threads(mem: &wholemem::WholeMemory) -> usize {
 /// [`Error::Conversion`]; [`Error::Comm`] for a lost peer or a timeout.
 pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
     let mut clock = profile::Clock::start();
-    let problem = check_call(mem, layout, ids, out.len(), out_dtype, "output");
+    // Device tables check their ids on the device.
+    let problem = if on_device(mem) {
+        check_shape(mem, layout, ids.len(), out.len(), out_dtype, "output")
+    } else {
+        check_call(mem, layout, ids, out.len(), out_dtype, "output")
+    };
     clock.lap("checks");
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => {
             let conv = problem?;
             #[cfg(feature = "cuda")]
-            if mem.location() == wholemem::Location::Device {
-                return device::gather_mapped(mem, layout, conv, ids, out);
+            if on_device(mem) {
+                return device::gather_mapped(mem, layout, conv, ids, out, &mut clock);
             }
             let done = mapped::gather(mem, layout, conv, ids, out);
             clock.lap("copy");
             done
         }
-        // The checks' outcomes travel with the first exchange.
-        wholemem::MemoryType::Distributed => exchange::gather_distributed(mem, layout, problem, ids, out, clock, &mut || {}),
-        wholemem::MemoryType::Hierarchy => exchange::gather_hierarchy(mem, layout, problem, ids, out, clock, &mut || {}),
+        wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
+            #[cfg(feature = "cuda")]
+            if device::peer_route(mem)? {
+                return device::gather_collective(mem, layout, problem, ids, out, out_dtype, &mut clock);
+            }
+            // The host exchange: the ids are checked here, and their
+            // outcome travels with the first exchange.
+            let problem = problem.and_then(|c| check_ids(mem, ids).map(|()| c));
+            if mem.memory_type() == wholemem::MemoryType::Distributed {
+                exchange::gather_distributed(mem, layout, problem, ids, out, clock, &mut || {})
+            } else {
+                exchange::gather_hierarchy(mem, layout, problem, ids, out, clock, &mut || {})
+            }
+        }
     }
+}
+
+/// Whether `mem` is device memory (whose gathers and scatters check their
+/// ids on the device).
+fn on_device(mem: &wholemem::WholeMemory) -> bool {
+    cfg!(feature = "cuda") && mem.location() == wholemem::Location::Device
 }
 
 /// Scatters `src` (`ids.len()` rows of `layout.cols` elements of
@@ -355,14 +386,19 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
 /// As [`gather`].
 pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
     let mut clock = profile::Clock::start();
-    let problem = check_call(mem, layout, ids, src.len(), src_dtype, "input").map(|c| c.reversed());
+    let problem = if on_device(mem) {
+        check_shape(mem, layout, ids.len(), src.len(), src_dtype, "input")
+    } else {
+        check_call(mem, layout, ids, src.len(), src_dtype, "input")
+    }
+    .map(|c| c.reversed());
     clock.lap("checks");
     match mem.memory_type() {
         wholemem::MemoryType::Continuous | wholemem::MemoryType::Chunked => {
             let conv = problem?;
             #[cfg(feature = "cuda")]
-            if mem.location() == wholemem::Location::Device {
-                let done = device::scatter_mapped(mem, layout, conv, ids, src);
+            if on_device(mem) {
+                let done = device::scatter_mapped(mem, layout, conv, ids, src, &mut clock);
                 mem.note_written(span(&ids.to_rows()));
                 return done;
             }
@@ -371,6 +407,11 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
             done
         }
         wholemem::MemoryType::Distributed | wholemem::MemoryType::Hierarchy => {
+            #[cfg(feature = "cuda")]
+            if device::peer_route(mem)? {
+                return device::scatter_collective(mem, layout, problem, ids, src, src_dtype, &mut clock);
+            }
+            let problem = problem.and_then(|c| check_ids(mem, ids).map(|()| c));
             exchange::scatter_distributed(mem, layout, problem, ids, src, clock)
         }
     }
@@ -488,22 +529,37 @@ fn check_call(
     what: &str,
 ) -> Result<kernel::RowConv> {
     layout.check_fits(mem.granularity())?;
-    if let Some((position, index)) = ids.first_out_of_range(mem.rows()) {
-        return Err(Error::IndexOutOfRange { index, position, rank: mem.comm().world_rank(), rows: mem.rows() });
+    check_ids(mem, ids)?;
+    check_shape(mem, layout, ids.len(), buf_len, buf_dtype, what)
+}
+
+/// The first id of `ids` out of range for `mem`, as an error.
+fn check_ids(mem: &wholemem::WholeMemory, ids: Ids<'_>) -> Result<()> {
+    match ids.first_out_of_range(mem.rows()) {
+        Some((position, index)) => Err(Error::IndexOutOfRange { index, position, rank: mem.comm().world_rank(), rows: mem.rows() }),
+        None => Ok(()),
     }
+}
+
+/// [`check_call`] but for the ids: the layout fits a row, the conversion is
+/// allowed and the buffer holds exactly `n` rows.
+fn check_shape(
+    mem: &wholemem::WholeMemory,
+    layout: &RowLayout,
+    n: usize,
+    buf_len: usize,
+    buf_dtype: DType,
+    what: &str,
+) -> Result<kernel::RowConv> {
+    layout.check_fits(mem.granularity())?;
     // Scatter converts the other way; the rule is symmetric.
     let conv = kernel::RowConv::new(layout.dtype(), buf_dtype, layout.cols())?;
-    let Some(want) = layout.cols().checked_mul(buf_dtype.size()).and_then(|row| ids.len().checked_mul(row)) else {
-        return Err(Error::InvalidArgument(format!(
-            "{} ids of {} {buf_dtype} elements are more than usize::MAX bytes",
-            ids.len(),
-            layout.cols()
-        )));
+    let Some(want) = layout.cols().checked_mul(buf_dtype.size()).and_then(|row| n.checked_mul(row)) else {
+        return Err(Error::InvalidArgument(format!("{n} ids of {} {buf_dtype} elements are more than usize::MAX bytes", layout.cols())));
     };
     if buf_len != want {
         return Err(Error::InvalidArgument(format!(
-            "the {what} buffer has {buf_len} bytes; {} ids of {} {buf_dtype} elements need {want}",
-            ids.len(),
+            "the {what} buffer has {buf_len} bytes; {n} ids of {} {buf_dtype} elements need {want}",
             layout.cols()
         )));
     }

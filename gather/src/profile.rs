@@ -27,6 +27,18 @@
 //! `exchange` (with `pack`, the senders' sums written into their parts,
 //! split out), `agree`, `merge`, `read rows`, `update`, `write rows` and
 //! `finish`.
+//!
+//! Device calls (`wm_gather::device`, and `gather`/`scatter` on device
+//! tables) add device phases, timed with CUDA events and named `gpu …`,
+//! which lie inside their host phases (so [`Profile::total`] counts them
+//! twice): a mapped table has `checks`, `enqueue and wait` (with `gpu ids
+//! up`, `gpu check`, `gpu repeats` and `gpu rows` inside) and `rows down`
+//! for a host output; the peer exchange of distributed and hierarchy
+//! device memory has `checks`, `bucket`, `agree counts`, `reserve`, `push`,
+//! `owner rows`, `agree` and `rows` (with `gpu ids`, `gpu push`, `gpu owner
+//! rows`, `gpu rows`); a host table gathered into device memory has
+//! `checks`, `ids down`, `cpu rows` (the CPU copying rows into page-locked
+//! buffers), `wait for a buffer` and `rows up`.
 
 use std::cell::{Cell, RefCell};
 use std::time::{Duration, Instant};

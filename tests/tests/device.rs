@@ -51,6 +51,18 @@ fn device_gather_and_scatter_match_the_reference_on_1_to_4_ranks() {
 }
 
 #[test]
+fn device_buffers_gather_and_scatter_checked_and_deduplicated_on_the_device_on_1_to_4_ranks() {
+    if !gpu_or_skip("device calls") {
+        return;
+    }
+    for n in 1..=4 {
+        World::new(n).run_ok(RANK, &["device-calls"]);
+    }
+    // Across simulated nodes: the host route of the collective types.
+    World::new(4).nodes_of(2).run_ok(RANK, &["device-calls"]);
+}
+
+#[test]
 fn device_hierarchy_and_distributed_cross_simulated_nodes() {
     if !gpu_or_skip("device gather on two nodes") {
         return;
@@ -115,9 +127,10 @@ fn require_gpu_turns_every_device_skip_of_every_rank_program_into_a_failure() {
     let dir = std::env::temp_dir().join(format!("wm-test-require-gpu.{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("a scratch directory");
     let dir_arg = dir.to_str().expect("a UTF-8 path");
-    let programs: [(&str, Vec<&str>); 6] = [
+    let programs: [(&str, Vec<&str>); 7] = [
         (RANK, vec!["fill-read", "device"]),
         (RANK, vec!["gather", "device"]),
+        (RANK, vec!["device-calls"]),
         (LOAD, vec!["round-trip", dir_arg, "device"]),
         (EMB, vec!["optimizers", "device"]),
         (CACHE, vec!["device"]),

@@ -59,7 +59,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "gather/src/rows.rs",
     "gather/src/column.rs",
     "gather/src/cuda/",
-    "gather/src/device.rs",
+    "gather/src/device/",
     "onesided/src/shm.rs",
     "onesided/src/fabric/",
     "onesided/src/mpi_rma.rs",

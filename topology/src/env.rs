@@ -143,6 +143,13 @@ pub const WM_FABRIC_PROVIDER: EnvVar = EnvVar {
 pub const WM_REQUIRE_GPU: EnvVar =
     EnvVar { name: "WM_REQUIRE_GPU", default: "0", doc: "`1` makes tests that need a GPU fail instead of skipping" };
 
+/// How rows of a host table reach device memory.
+pub const WM_HOST_GATHER: EnvVar = EnvVar {
+    name: "WM_HOST_GATHER",
+    default: "staged",
+    doc: "`staged`: a gather of a host table into device memory copies the rows with the CPU into page-locked buffers that the copy engine sends up while the next is filled; `mapped`: one kernel reads the registered rows over the bus",
+};
+
 /// Where compiled CUDA kernels are cached.
 pub const WM_KERNEL_CACHE: EnvVar = EnvVar {
     name: "WM_KERNEL_CACHE",
@@ -203,6 +210,7 @@ pub const ALL: &[EnvVar] = &[
     WM_PROFILE,
     WM_FABRIC_PROVIDER,
     WM_REQUIRE_GPU,
+    WM_HOST_GATHER,
     WM_KERNEL_CACHE,
     WM_UNTAGGED,
     WM_MALLOC_TUNE,

@@ -147,6 +147,10 @@ pub struct WholeMemory {
     /// memory), or why rows travel through the host instead.
     #[cfg(feature = "cuda")]
     nccl: std::result::Result<Arc<wm_comm::nccl::NcclComm>, String>,
+    /// The device buffers this table's ranks share for their device
+    /// exchanges, created on first use.
+    #[cfg(feature = "cuda")]
+    peer: std::sync::Mutex<crate::device::PeerBuffers>,
 }
 
 #[cfg(feature = "cuda")]
@@ -154,6 +158,8 @@ impl Drop for WholeMemory {
     /// A table dropped without [`free`](Self::free) still gives device
     /// memory back in CUDA's order (see `DeviceStorage::release_on_drop`).
     fn drop(&mut self) {
+        let peer = self.peer.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner);
+        peer.release_on_drop(self.comm.as_ref());
         if let Storage::Device(s) = &mut self.storage {
             s.release_on_drop(self.comm.as_ref());
         }
@@ -304,6 +310,8 @@ impl WholeMemory {
             registration_refused: None,
             #[cfg(feature = "cuda")]
             nccl: Err("host memory".into()),
+            #[cfg(feature = "cuda")]
+            peer: Default::default(),
         };
         #[cfg(feature = "cuda")]
         mem.register_host();
@@ -372,6 +380,7 @@ impl WholeMemory {
             gpu: Ok(gpu),
             registration_refused: None,
             nccl,
+            peer: Default::default(),
         })
     }
 
@@ -457,6 +466,16 @@ impl WholeMemory {
         }
     }
 
+    /// The device buffers this table's ranks share for the device exchanges
+    /// of distributed and hierarchy memory (`wm_gather`'s), locked for one
+    /// collective call: see [`PeerBuffers`](crate::device::PeerBuffers).
+    /// A poisoned lock (a panic during an earlier call) is taken over: the
+    /// buffers themselves stay valid.
+    #[cfg(feature = "cuda")]
+    pub fn peer_buffers(&self) -> std::sync::MutexGuard<'_, crate::device::PeerBuffers> {
+        self.peer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
     /// This rank's GPU, when it has one for this table.
     #[cfg(feature = "cuda")]
     pub(crate) fn gpu(&self) -> Option<&Arc<crate::device::driver::Gpu>> {
@@ -481,8 +500,13 @@ impl WholeMemory {
         // own mapping: device storage is given back in the order CUDA
         // requires (peers' mappings closed, every rank met, then freed).
         #[cfg(feature = "cuda")]
-        if let Storage::Device(s) = &mut self.storage {
-            s.release(comm.as_ref())?;
+        {
+            // The shared exchange buffers first, in the same order.
+            let peer = self.peer.get_mut().unwrap_or_else(std::sync::PoisonError::into_inner).release(comm.as_ref());
+            if let Storage::Device(s) = &mut self.storage {
+                s.release(comm.as_ref())?;
+            }
+            peer?;
         }
         drop(self);
         comm.barrier().map_err(Error::from)

@@ -3,7 +3,7 @@
 //! host code, tested without a GPU.
 
 use super::source::{COPY_WIDTHS, Direction, Entry};
-use super::{BLOCK_THREADS, BucketArgs, GatherArgs, KernelError, LaunchPlan, ScatterArgs};
+use super::{BLOCK_THREADS, BucketArgs, CheckArgs, GatherArgs, KernelError, LaunchPlan, RepeatArgs, ScatterArgs};
 use crate::DType;
 
 /// The most dynamic shared memory a launch asks for (staged `first_rows`,
@@ -33,6 +33,41 @@ pub(crate) struct RowParams {
     pub units: u64,
     pub row_bytes: u64,
     pub lanes_log2: u64,
+    pub status: u64,
+}
+
+/// The kernel parameters of the id check: the mirror of `WmCheckParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct CheckParams {
+    pub ids: u64,
+    pub n_ids: u64,
+    pub lo: u64,
+    pub hi: u64,
+    pub status: u64,
+}
+
+/// The kernel parameters of the repeat kernels: the mirror of `WmRepeatParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct RepeatParams {
+    pub ids: u64,
+    pub n_ids: u64,
+    pub lo: u64,
+    pub hi: u64,
+    pub keys: u64,
+    pub vals: u64,
+    pub mask: u64,
+    pub keep: u64,
+}
+
+/// The kernel parameters of the scan: the mirror of `WmScanParams`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct ScanParams {
+    pub counts: u64,
+    pub cursors: u64,
+    pub n: u64,
 }
 
 /// The kernel parameters of the bucket kernels: the mirror of `WmBucketParams`.
@@ -81,6 +116,7 @@ struct Rows {
     buf_stride: u64,
     buf_dtype: DType,
     keep: u64,
+    status: u64,
 }
 
 impl Rows {
@@ -163,6 +199,7 @@ impl Rows {
             units,
             row_bytes,
             lanes_log2: u64::from(lanes_log2),
+            status: self.status,
         };
         Ok((plan, params))
     }
@@ -200,6 +237,7 @@ impl GatherArgs {
             buf_stride: self.out_stride_bytes,
             buf_dtype: self.out_dtype,
             keep: 0,
+            status: self.status,
         }
         .plan(sm_count)
     }
@@ -230,6 +268,7 @@ impl ScatterArgs {
             buf_stride: self.src_stride_bytes,
             buf_dtype: self.src_dtype,
             keep: self.keep,
+            status: self.status,
         }
         .plan(sm_count)
     }
@@ -287,6 +326,93 @@ impl BucketArgs {
     }
 }
 
+impl BucketArgs {
+    /// The scan between the two bucket steps, on the device: `counts` into
+    /// `cursors`, by one thread.
+    pub(crate) fn scan_plan(&self) -> (LaunchPlan, ScanParams) {
+        let plan = LaunchPlan { kernel: Entry::Scan.name(), blocks: 1, lanes: 1, copy_width: 0, shared_bytes: 0 };
+        (plan, ScanParams { counts: self.counts, cursors: self.cursors, n: u64::from(self.ranks) })
+    }
+}
+
+impl CheckArgs {
+    /// Checks the arguments and lays out the launch.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] for an empty range or a null
+    /// address (with ids).
+    pub(crate) fn plan_params(&self, sm_count: u32) -> Result<(LaunchPlan, CheckParams), KernelError> {
+        if self.lo > self.hi {
+            return Err(invalid(format!("the id range {}..{} is reversed", self.lo, self.hi)));
+        }
+        if self.n_ids > 0 {
+            nonzero("ids", self.ids)?;
+            nonzero("status", self.status)?;
+        }
+        let plan = LaunchPlan {
+            kernel: Entry::CheckIds { id: self.id_type }.name(),
+            blocks: blocks_for(self.n_ids, u64::from(BLOCK_THREADS), sm_count),
+            lanes: 1,
+            copy_width: 0,
+            shared_bytes: 0,
+        };
+        let params = CheckParams { ids: self.ids, n_ids: self.n_ids, lo: self.lo as u64, hi: self.hi as u64, status: self.status };
+        Ok((plan, params))
+    }
+}
+
+/// The two repeat launches: (mark, keep).
+#[derive(Debug)]
+pub(crate) struct RepeatPlan {
+    pub mark: LaunchPlan,
+    pub keep: LaunchPlan,
+    pub params: RepeatParams,
+}
+
+impl RepeatArgs {
+    /// Checks the arguments and lays out the two launches.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] for more ids than `u32` positions
+    /// hold, a capacity that is not a power of two above the ids, a
+    /// reversed range or a null address (with ids).
+    pub(crate) fn plan_params(&self, sm_count: u32) -> Result<RepeatPlan, KernelError> {
+        if self.n_ids > u64::from(u32::MAX) {
+            return Err(invalid(format!("{} ids do not fit the u32 positions of the repeat table", self.n_ids)));
+        }
+        if !self.capacity.is_power_of_two() || self.capacity <= self.n_ids {
+            return Err(invalid(format!(
+                "a repeat table of {} slots for {} ids; it needs a power of two above them",
+                self.capacity, self.n_ids
+            )));
+        }
+        if self.lo > self.hi {
+            return Err(invalid(format!("the id range {}..{} is reversed", self.lo, self.hi)));
+        }
+        if self.n_ids > 0 {
+            for (what, addr) in [("ids", self.ids), ("keys", self.keys), ("vals", self.vals), ("keep", self.keep)] {
+                nonzero(what, addr)?;
+            }
+        }
+        let blocks = blocks_for(self.n_ids, u64::from(BLOCK_THREADS), sm_count);
+        let plan = |entry: Entry| LaunchPlan { kernel: entry.name(), blocks, lanes: 1, copy_width: 0, shared_bytes: 0 };
+        Ok(RepeatPlan {
+            mark: plan(Entry::RepeatMark { id: self.id_type }),
+            keep: plan(Entry::RepeatKeep { id: self.id_type }),
+            params: RepeatParams {
+                ids: self.ids,
+                n_ids: self.n_ids,
+                lo: self.lo as u64,
+                hi: self.hi as u64,
+                keys: self.keys,
+                vals: self.vals,
+                mask: self.capacity - 1,
+                keep: self.keep,
+            },
+        })
+    }
+}
+
 /// Exclusive prefix sum of bucket counts: the cursors of `bucket_place`.
 pub(crate) fn exclusive_prefix_sum(counts: &[u32]) -> Vec<u32> {
     counts
@@ -318,6 +444,7 @@ mod tests {
             out: 0x7300_0000_0000,
             out_stride_bytes: u64::from(dim) * out.size() as u64,
             out_dtype: out,
+            status: 0,
         }
     }
 
@@ -364,11 +491,13 @@ mod tests {
             src_stride_bytes: 5,
             src_dtype: DType::I8,
             keep: 5 << 40,
+            status: 6 << 40,
         };
         let (p, params) = s.plan_params(10).unwrap();
         // Scatter names read-side type first: i8 input into an i64 table.
         assert_eq!((p.kernel.as_str(), p.lanes, p.blocks), ("wm_scatter_i32_i8_i64", 8, 1));
         assert_eq!((params.keep, params.staged, p.shared_bytes), (5 << 40, 0, 0), "one owner needs no staging");
+        assert_eq!(params.status, 6 << 40, "the status word reaches the kernel");
         s.src_dtype = DType::F32;
         assert_eq!(s.plan(10).unwrap_err(), KernelError::UnsupportedPair { from: DType::F32, to: DType::I64 });
     }
@@ -428,5 +557,46 @@ mod tests {
         assert!(BucketArgs { n_ids: 1 << 32, ..b }.plan_params(4).is_err());
         assert!(BucketArgs { counts: 0, ..b }.plan_params(4).unwrap_err().to_string().contains("counts"));
         assert_eq!(exclusive_prefix_sum(&[3, 0, 5, 1]), vec![0, 3, 3, 8]);
+    }
+
+    #[test]
+    fn id_checks_and_repeat_tables_refuse_what_the_kernels_cannot_do() {
+        let c = CheckArgs { ids: 1, id_type: IdType::I64, n_ids: 1000, lo: 0, hi: 10, status: 2 };
+        let (p, params) = c.plan_params(4).unwrap();
+        assert_eq!((p.kernel.as_str(), p.blocks, params.lo, params.hi), ("wm_check_ids_i64", 4, 0, 10));
+        // A negative bound travels as its bits.
+        let (_, params) = CheckArgs { lo: -5, ..c }.plan_params(4).unwrap();
+        assert_eq!(params.lo as i64, -5);
+        assert!(CheckArgs { lo: 11, ..c }.plan_params(4).unwrap_err().to_string().contains("11..10"));
+        assert!(CheckArgs { status: 0, ..c }.plan_params(4).unwrap_err().to_string().contains("status"));
+        assert!(CheckArgs { n_ids: 0, ids: 0, status: 0, ..c }.plan_params(4).is_ok(), "no ids: nothing launched");
+
+        let r = RepeatArgs { ids: 1, id_type: IdType::I32, n_ids: 100, lo: 0, hi: 50, keys: 2, vals: 3, capacity: 256, keep: 4 };
+        let p = r.plan_params(2).unwrap();
+        assert_eq!((p.mark.kernel.as_str(), p.keep.kernel.as_str(), p.params.mask), ("wm_repeat_mark_i32", "wm_repeat_keep_i32", 255));
+        for (bad, want) in [
+            (RepeatArgs { capacity: 100, ..r }, "100 slots"),
+            (RepeatArgs { capacity: 64, ..r }, "64 slots for 100 ids"),
+            (RepeatArgs { n_ids: 1 << 32, capacity: 1 << 33, ..r }, "u32 positions"),
+            (RepeatArgs { keep: 0, ..r }, "keep"),
+            (RepeatArgs { lo: 60, ..r }, "60..50"),
+        ] {
+            let e = bad.plan_params(2).unwrap_err().to_string();
+            assert!(e.contains(want), "{e:?} lacks {want:?}");
+        }
+        let b = BucketArgs {
+            first_rows: 1,
+            ranks: 3,
+            ids: 2,
+            id_type: IdType::I64,
+            n_ids: 9,
+            owner: 3,
+            counts: 4,
+            cursors: 5,
+            out_ids: 6,
+            positions: 7,
+        };
+        let (p, params) = b.scan_plan();
+        assert_eq!((p.kernel.as_str(), p.blocks, params.counts, params.cursors, params.n), ("wm_exclusive_scan", 1, 4, 5, 3));
     }
 }

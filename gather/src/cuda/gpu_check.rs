@@ -1,6 +1,9 @@
 //! The kernels on a real GPU, against the CPU kernels: every conversion
 //! pair and both id types through gather and scatter over a table of three
-//! owners (one of them empty), and the two bucket steps. The kernels load
+//! owners (one of them empty), and the two bucket steps; the id check, the
+//! status word that stops the row kernels, the resolution of repeated ids
+//! against its host reference, and the bucket steps with the scan on the
+//! device. The kernels load
 //! as users load them (`Kernels::load`: prebuilt, else NVRTC). Prints a
 //! skip line where there is no driver or GPU or the kernels do not load
 //! (`WM_REQUIRE_GPU=1` makes that a failure).
@@ -10,7 +13,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr};
 
 use super::source::allowed_pairs;
-use super::{BucketArgs, GatherArgs, IdType, Kernels, ScatterArgs};
+use super::{BucketArgs, CheckArgs, GatherArgs, IdType, Kernels, RepeatArgs, STATUS_OK, ScatterArgs};
 use crate::DType;
 use crate::kernel::RowConv;
 
@@ -23,10 +26,10 @@ struct Gpu {
     kernels: Kernels,
 }
 
-fn gpu() -> Option<Gpu> {
+fn gpu(test: &str) -> Option<Gpu> {
     let skip = |why: String| {
         assert!(!wm_topology::env::require_gpu(), "WM_REQUIRE_GPU is set but {why}");
-        println!("SKIP kernels_run_like_the_cpu_kernels: {why}");
+        println!("SKIP {test}: {why}");
         None
     };
     // SAFETY: only tries to dlopen the library.
@@ -44,7 +47,7 @@ fn gpu() -> Option<Gpu> {
         Ok(k) => k,
         Err(e) => return skip(format!("the kernels do not load: {e}")),
     };
-    println!("kernels_run_like_the_cpu_kernels: {} {:?} image on a GPU with {} SMs", kernels.arch(), kernels.format(), kernels.sm_count());
+    println!("{test}: {} {:?} image on a GPU with {} SMs", kernels.arch(), kernels.format(), kernels.sm_count());
     Some(Gpu { _ctx: ctx, stream, kernels })
 }
 
@@ -115,7 +118,7 @@ fn owner_of(row: usize) -> (usize, usize) {
 
 #[test]
 fn kernels_run_like_the_cpu_kernels() {
-    let Some(g) = gpu() else { return };
+    let Some(g) = gpu("kernels_run_like_the_cpu_kernels") else { return };
     let rows: usize = OWNER_ROWS.iter().sum();
     let ids: Vec<usize> = (0..40).map(|i| (i * 7 + 3) % rows).collect();
     let fr = g.upload(bytemuck::cast_slice(&first_rows()));
@@ -149,6 +152,7 @@ fn kernels_run_like_the_cpu_kernels() {
                     out: g.addr(&out),
                     out_stride_bytes: out_row as u64,
                     out_dtype: to,
+                    status: 0,
                 };
                 // SAFETY: every address is a live allocation of the sizes in `args`; ids are in range.
                 unsafe { g.kernels.gather(&g.stream, &args) }.unwrap();
@@ -193,6 +197,7 @@ fn kernels_run_like_the_cpu_kernels() {
                     src_stride_bytes: src_row as u64,
                     src_dtype: from,
                     keep: g.addr(&dev_keep),
+                    status: 0,
                 };
                 // SAFETY: as for the gather; kept ids are distinct.
                 unsafe { g.kernels.scatter(&g.stream, &args) }.unwrap();
@@ -247,6 +252,168 @@ fn kernels_run_like_the_cpu_kernels() {
                 assert_eq!(owner_of(ids[p]).0, r, "slot {s} is in owner {r}'s bucket");
             }
             slot += c as usize;
+        }
+    }
+}
+
+#[test]
+fn checks_repeats_and_device_buckets_run_like_their_references() {
+    let Some(g) = gpu("checks_repeats_and_device_buckets_run_like_their_references") else { return };
+    let rows: usize = OWNER_ROWS.iter().sum();
+    let fr = g.upload(bytemuck::cast_slice(&first_rows()));
+    for id_type in [IdType::I32, IdType::I64] {
+        // ---- the check: the first position of an id outside 0..rows.
+        let mut ids: Vec<i64> = (0..5000).map(|i| (i * 7 + 3) as i64 % rows as i64).collect();
+        let bytes = |ids: &[i64]| -> Vec<u8> {
+            match id_type {
+                IdType::I32 => ids.iter().flat_map(|&i| (i as i32).to_le_bytes()).collect(),
+                IdType::I64 => ids.iter().flat_map(|&i| i.to_le_bytes()).collect(),
+            }
+        };
+        for bad in [None, Some((4000usize, -3i64)), Some((17, rows as i64))] {
+            let mut with = ids.clone();
+            if let Some((at, v)) = bad {
+                with[at] = v;
+                with[4999] = -1; // a later bad one: the first is reported
+            }
+            let dev_ids = g.upload(&bytes(&with));
+            let status = g.upload(&[0u8; 8]);
+            // SAFETY: `status` holds one u64; `dev_ids` the ids.
+            unsafe {
+                g.kernels.reset_status(&g.stream, g.addr(&status), 1).unwrap();
+                g.kernels
+                    .check_ids(
+                        &g.stream,
+                        &CheckArgs {
+                            ids: g.addr(&dev_ids),
+                            id_type,
+                            n_ids: with.len() as u64,
+                            lo: 0,
+                            hi: rows as i64,
+                            status: g.addr(&status),
+                        },
+                    )
+                    .unwrap();
+            }
+            let word = u64::from_le_bytes(g.download(&status, 8).try_into().unwrap());
+            assert_eq!(word, bad.map_or(STATUS_OK, |(at, _)| at as u64), "{id_type:?} {bad:?}");
+            // ---- a row kernel given a set status word moves nothing.
+            let out = g.upload(&vec![0u8; with.len() * 4]);
+            let table = g.upload(&vec![0xabu8; rows * 4]);
+            let bases = g.upload(&g.addr(&table).to_le_bytes());
+            let one_owner = g.upload(bytemuck::cast_slice(&[0i64, rows as i64]));
+            if bad.is_none() {
+                let args = GatherArgs {
+                    bases: g.addr(&bases),
+                    first_rows: g.addr(&one_owner),
+                    ranks: 1,
+                    row_stride_bytes: 4,
+                    table_dtype: DType::F32,
+                    dim: 1,
+                    ids: g.addr(&dev_ids),
+                    id_type,
+                    n_ids: with.len() as u64,
+                    out: g.addr(&out),
+                    out_stride_bytes: 4,
+                    out_dtype: DType::F32,
+                    status: g.addr(&status),
+                };
+                // SAFETY: every address is a live allocation of the sizes in `args`; ids are in range.
+                unsafe { g.kernels.gather(&g.stream, &args) }.unwrap();
+                assert!(g.download(&out, with.len() * 4).iter().all(|&b| b == 0xab), "a clean status lets the gather run");
+            } else {
+                // Bad ids, but the status word stops the launch before any row is read.
+                let args = ScatterArgs {
+                    bases: g.addr(&bases),
+                    first_rows: g.addr(&one_owner),
+                    ranks: 1,
+                    row_stride_bytes: 4,
+                    table_dtype: DType::F32,
+                    dim: 1,
+                    ids: g.addr(&dev_ids),
+                    id_type,
+                    n_ids: with.len() as u64,
+                    src: g.addr(&out),
+                    src_stride_bytes: 4,
+                    src_dtype: DType::F32,
+                    keep: 0,
+                    status: g.addr(&status),
+                };
+                // SAFETY: as above; the bad ids are never used (the status word is set).
+                unsafe { g.kernels.scatter(&g.stream, &args) }.unwrap();
+                assert!(g.download(&table, rows * 4).iter().all(|&b| b == 0xab), "a set status word stops the scatter");
+            }
+        }
+
+        // ---- repeats: the keep mask is the host reference's (many repeats, a few out of range).
+        ids = (0..20_000).map(|i| ((i * 2_654_435_761u64 as usize) >> 7) as i64 % 9 - 1).collect();
+        let (lo, hi) = (0i64, 7i64);
+        let cap = super::repeats::capacity(ids.len());
+        let dev_ids = g.upload(&bytes(&ids));
+        let keys = g.upload(&vec![0u8; cap * 8]);
+        let vals = g.upload(&vec![0u8; cap * 4]);
+        let keep = g.upload(&vec![0x55u8; ids.len()]);
+        let args = RepeatArgs {
+            ids: g.addr(&dev_ids),
+            id_type,
+            n_ids: ids.len() as u64,
+            lo,
+            hi,
+            keys: g.addr(&keys),
+            vals: g.addr(&vals),
+            capacity: cap as u64,
+            keep: g.addr(&keep),
+        };
+        // SAFETY: every buffer is sized as RepeatArgs documents.
+        unsafe { g.kernels.resolve_repeats(&g.stream, &args) }.unwrap();
+        assert_eq!(g.download(&keep, ids.len()), super::repeats::keep_mask(&ids, lo, hi), "{id_type:?} keep mask");
+
+        // ---- buckets with the scan on the device: the same as the host-scan steps.
+        let ids: Vec<usize> = (0..3000).map(|i| (i * 11 + 5) % rows).collect();
+        let dev_ids = g.upload(&ids_bytes(id_type, &ids));
+        let n = ids.len();
+        let owner = g.upload(&vec![0u8; n * 4]);
+        let counts = g.upload(&[0xffu8; 12]);
+        let cursors = g.upload(&[0u8; 12]);
+        let out_ids = g.upload(&vec![0u8; n * 8]);
+        let positions = g.upload(&vec![0u8; n * 4]);
+        let args = BucketArgs {
+            first_rows: g.addr(&fr),
+            ranks: OWNER_ROWS.len() as u32,
+            ids: g.addr(&dev_ids),
+            id_type,
+            n_ids: n as u64,
+            owner: g.addr(&owner),
+            counts: g.addr(&counts),
+            cursors: g.addr(&cursors),
+            out_ids: g.addr(&out_ids),
+            positions: g.addr(&positions),
+        };
+        // SAFETY: every address is a live allocation of the sizes in `args`; ids are in range.
+        unsafe { g.kernels.bucket_on_device(&g.stream, &args) }.unwrap();
+        let got: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&counts, 12));
+        let mut want = vec![0u32; OWNER_ROWS.len()];
+        ids.iter().for_each(|&id| want[owner_of(id).0] += 1);
+        assert_eq!(got, want, "device bucket counts {id_type:?}");
+        let ends: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&cursors, 12));
+        let mut acc = 0;
+        let want_ends: Vec<u32> = want
+            .iter()
+            .map(|&c| {
+                acc += c;
+                acc
+            })
+            .collect();
+        assert_eq!(ends, want_ends, "after place, each cursor is its bucket's end");
+        let out: Vec<i64> = bytemuck::pod_collect_to_vec(&g.download(&out_ids, n * 8));
+        let pos: Vec<u32> = bytemuck::pod_collect_to_vec(&g.download(&positions, n * 4));
+        let mut start = 0usize;
+        for (r, &c) in want.iter().enumerate() {
+            for s in start..start + c as usize {
+                assert_eq!(out[s], ids[pos[s] as usize] as i64);
+                assert_eq!(owner_of(ids[pos[s] as usize]).0, r);
+            }
+            start += c as usize;
         }
     }
 }

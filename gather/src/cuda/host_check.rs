@@ -3,13 +3,16 @@
 //! PTX bit casts and f16 conversions get host stand-ins with the same IEEE
 //! rounding). It covers everything the device code decides itself: the
 //! routing through f32 or f64, half's bf16 algorithms, integer narrowing.
+//! The hash table of `repeats.cuh` is compiled the same way (sequential
+//! stand-ins for the atomics) and run against its Rust reference
+//! (`cuda::repeats`) and the rule "the last occurrence wins".
 //! Skipped, with a line saying so, when no C++ compiler is installed.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use super::source::{CONVERT, allowed_pairs, c_type};
+use super::source::{CONVERT, REPEATS, allowed_pairs, c_type};
 use crate::DType;
 use crate::kernel::RowConv;
 
@@ -180,5 +183,85 @@ fn device_conversions_match_the_cpu_kernels_bit_for_bit() {
         checked += n;
     }
     assert!(checked > 1_000_000, "only {checked} values checked");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Reads `n` i64 ids and `lo hi` from its arguments, inserts the ids in
+/// position order (`forward`) or backwards (`backward`), and writes the keep
+/// mask: what the `mark` and `keep` kernels do, one id at a time.
+const REPEATS_MAIN: &str = r#"
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+int main(int argc, char** argv) {
+    if (argc != 5) return 2;
+    const long long lo = atoll(argv[1]), hi = atoll(argv[2]);
+    const unsigned long long capacity = strtoull(argv[3], 0, 10);
+    const bool backward = !strcmp(argv[4], "backward");
+    std::vector<long long> ids;
+    long long id;
+    while (fread(&id, sizeof id, 1, stdin) == 1) ids.push_back(id);
+    std::vector<wm_u64> keys(capacity, WM_EMPTY_KEY);
+    std::vector<wm_u32> vals(capacity, 0);
+    const size_t n = ids.size();
+    for (size_t k = 0; k < n; ++k) {
+        const size_t i = backward ? n - 1 - k : k;
+        if (ids[i] >= lo && ids[i] < hi) wm_repeat_insert(keys.data(), vals.data(), capacity - 1, (wm_u64)ids[i], (wm_u32)i);
+    }
+    for (size_t i = 0; i < n; ++i) {
+        const wm_u8 keep = (ids[i] >= lo && ids[i] < hi) ? wm_repeat_is_last(keys.data(), vals.data(), capacity - 1, (wm_u64)ids[i], (wm_u32)i) : 0;
+        fwrite(&keep, 1, 1, stdout);
+    }
+    return 0;
+}
+"#;
+
+#[test]
+fn the_repeat_table_of_the_device_keeps_the_last_occurrences_like_its_reference() {
+    use super::repeats::{capacity, keep_mask, keep_mask_in_order};
+    let Some(cxx) = compiler() else {
+        println!("SKIP the_repeat_table_of_the_device_keeps_the_last_occurrences_like_its_reference: no C++ compiler");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("wm-repeat-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let src = dir.join("repeat_harness.cpp");
+    let text = format!("#define WM_HOST_TEST 1\n#define __device__\n#define __forceinline__ inline\n{CONVERT}{REPEATS}{REPEATS_MAIN}");
+    std::fs::write(&src, text).unwrap();
+    let exe = dir.join("repeat_harness");
+    let out = Command::new(cxx).args(["-std=c++17", "-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(out.status.success(), "{cxx} could not compile repeats.cuh as host C++:\n{}", String::from_utf8_lossy(&out.stderr));
+    let mut rng = Rng(0x07e9_ea75);
+    // Many repeats (a span of 5), some, and almost none; ids out of range on both sides.
+    for (n, span) in [(0usize, 5u64), (1, 5), (2_000, 5), (20_000, 1_000), (50_000, 1 << 40)] {
+        let ids: Vec<i64> = (0..n).map(|_| (rng.next() % span) as i64 - 1).collect();
+        let (lo, hi) = (0i64, span as i64 - 2);
+        let mut last = std::collections::HashMap::new();
+        for (i, &id) in ids.iter().enumerate() {
+            if id >= lo && id < hi {
+                last.insert(id, i);
+            }
+        }
+        let rule: Vec<u8> = ids.iter().enumerate().map(|(i, id)| u8::from(last.get(id) == Some(&i))).collect();
+        assert_eq!(keep_mask(&ids, lo, hi), rule, "the reference, {n} ids over {span}");
+        for order in ["forward", "backward"] {
+            let mut child = Command::new(&exe)
+                .args([lo.to_string(), hi.to_string(), capacity(n).to_string(), order.to_string()])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .unwrap();
+            let mut stdin = child.stdin.take().unwrap();
+            let input: Vec<u8> = bytemuck::cast_slice(&ids).to_vec();
+            let writer = std::thread::spawn(move || stdin.write_all(&input));
+            let got = child.wait_with_output().unwrap();
+            writer.join().unwrap().unwrap();
+            assert!(got.status.success(), "the repeat harness exited with {}", got.status);
+            assert_eq!(got.stdout, rule, "repeats.cuh, {order}, {n} ids over {span}");
+        }
+        let backward = keep_mask_in_order(&ids, lo, hi, (0..n).rev());
+        assert_eq!(backward, rule, "the reference inserting backwards");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

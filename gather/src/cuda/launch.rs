@@ -11,9 +11,9 @@ use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 
-use super::geometry::{self, BucketParams, RowParams};
+use super::geometry::{self, BucketParams, CheckParams, RepeatParams, RowParams, ScanParams};
 use super::nvrtc::{self, Compiled, ImageFormat};
-use super::{Arch, BLOCK_THREADS, BucketArgs, GatherArgs, KernelError, LaunchPlan, ScatterArgs, source};
+use super::{Arch, BLOCK_THREADS, BucketArgs, CheckArgs, GatherArgs, KernelError, LaunchPlan, RepeatArgs, STATUS_OK, ScatterArgs, source};
 
 // SAFETY: RowParams is #[repr(C)] with only u64 fields, the same fields in
 // the same order as `WmRowParams` in kernels.cu, so the bytes cudarc copies
@@ -21,6 +21,64 @@ use super::{Arch, BLOCK_THREADS, BucketArgs, GatherArgs, KernelError, LaunchPlan
 unsafe impl DeviceRepr for RowParams {}
 // SAFETY: as above, mirroring `WmBucketParams`.
 unsafe impl DeviceRepr for BucketParams {}
+// SAFETY: as above, mirroring `WmCheckParams`.
+unsafe impl DeviceRepr for CheckParams {}
+// SAFETY: as above, mirroring `WmRepeatParams`.
+unsafe impl DeviceRepr for RepeatParams {}
+// SAFETY: as above, mirroring `WmScanParams`.
+unsafe impl DeviceRepr for ScanParams {}
+
+/// One copy enqueued on a stream by [`Kernels::copy`]. Host memory is
+/// named by raw pointers: page-locked memory (`cuMemHostAlloc`,
+/// `cuMemHostRegister`) for a copy that runs asynchronously; for pageable
+/// memory the driver stages the bytes itself and the call returns only once
+/// the host side is done with them (host → device: after waiting for the
+/// stream's earlier work; device → host: once the copy has landed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamCopy {
+    /// `len` bytes from host `src` to device `dst`.
+    ToDevice {
+        /// Device address.
+        dst: u64,
+        /// Host address.
+        src: *const u8,
+        /// Bytes.
+        len: usize,
+    },
+    /// `len` bytes from device `src` to host `dst`.
+    ToHost {
+        /// Host address.
+        dst: *mut u8,
+        /// Device address.
+        src: u64,
+        /// Bytes.
+        len: usize,
+    },
+    /// `len` bytes from device `src` to device `dst` (another process's
+    /// memory opened through CUDA IPC included).
+    OnDevice {
+        /// Device address.
+        dst: u64,
+        /// Device address.
+        src: u64,
+        /// Bytes.
+        len: usize,
+    },
+}
+
+impl StreamCopy {
+    /// Bytes moved.
+    pub fn len(&self) -> usize {
+        match *self {
+            StreamCopy::ToDevice { len, .. } | StreamCopy::ToHost { len, .. } | StreamCopy::OnDevice { len, .. } => len,
+        }
+    }
+
+    /// Whether it moves nothing.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 fn driver(e: cudarc::driver::DriverError) -> KernelError {
     KernelError::Driver(e.to_string())
@@ -240,6 +298,143 @@ impl Kernels {
         unsafe { self.bucket_place(stream, args) }?;
         stream.synchronize().map_err(driver)?;
         Ok(counts)
+    }
+
+    /// Enqueues the range check of `args.ids` on `stream`: the status word
+    /// ends as the first position of an id outside `lo..hi`, or stays as it
+    /// was ([`STATUS_OK`] when the caller reset it, [`Kernels::reset_status`]).
+    ///
+    /// # Safety
+    /// On the device of `stream`: `ids` is readable for `n_ids` ids and
+    /// `status` writable for one `u64`, until the launch completes.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] before anything is enqueued;
+    /// [`KernelError::Driver`].
+    pub unsafe fn check_ids(&self, stream: &Arc<CudaStream>, args: &CheckArgs) -> Result<(), KernelError> {
+        let (plan, params) = args.plan_params(self.sm_count)?;
+        self.check_stream(stream)?;
+        if args.n_ids == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract covers both addresses.
+        unsafe { self.launch(stream, &plan, params) }
+    }
+
+    /// Enqueues the setting of `words` status words at `status` to
+    /// [`STATUS_OK`] on `stream`.
+    ///
+    /// # Safety
+    /// `status` is device memory of the stream's device, writable for
+    /// `words` `u64`.
+    ///
+    /// # Errors
+    /// [`KernelError::Driver`].
+    pub unsafe fn reset_status(&self, stream: &Arc<CudaStream>, status: u64, words: usize) -> Result<(), KernelError> {
+        debug_assert_eq!(STATUS_OK, u64::MAX, "all bits set: a byte fill of 0xff");
+        // SAFETY: forwarded.
+        unsafe { self.fill(stream, status, 0xff, words * 8) }
+    }
+
+    /// Enqueues the resolution of repeated ids on `stream`: the table is
+    /// filled (keys empty, positions 0), `mark` records each id's highest
+    /// position, `keep` writes the mask.
+    ///
+    /// # Safety
+    /// On the device of `stream`, until the launches complete: `ids`
+    /// readable for `n_ids` ids; `keys` (`capacity` u64), `vals`
+    /// (`capacity` u32) and `keep` (`n_ids` u8) writable, overlapping
+    /// nothing else of the launch.
+    ///
+    /// # Errors
+    /// [`KernelError::InvalidArgument`] before anything is enqueued;
+    /// [`KernelError::Driver`].
+    pub unsafe fn resolve_repeats(&self, stream: &Arc<CudaStream>, args: &RepeatArgs) -> Result<(), KernelError> {
+        let plan = args.plan_params(self.sm_count)?;
+        self.check_stream(stream)?;
+        if args.n_ids == 0 {
+            return Ok(());
+        }
+        let cap = args.capacity as usize;
+        // SAFETY: the caller's contract: `keys` and `vals` hold `capacity` entries.
+        unsafe {
+            self.fill(stream, args.keys, 0xff, cap * 8)?;
+            self.fill(stream, args.vals, 0, cap * 4)?;
+        }
+        // SAFETY: the caller's contract covers every address of the parameters.
+        unsafe {
+            self.launch(stream, &plan.mark, plan.params)?;
+            self.launch(stream, &plan.keep, plan.params)
+        }
+    }
+
+    /// Both bucket steps and the prefix sum between them, all on `stream`
+    /// with nothing waited for: `counts` (ids per owner), `cursors` (the
+    /// end of each owner's bucket once `place` has run), `out_ids` and
+    /// `positions` are written when the stream gets there.
+    ///
+    /// # Safety
+    /// As [`bucket`](Self::bucket).
+    ///
+    /// # Errors
+    /// As [`bucket_count`](Self::bucket_count).
+    pub unsafe fn bucket_on_device(&self, stream: &Arc<CudaStream>, args: &BucketArgs) -> Result<(), KernelError> {
+        // SAFETY: the caller's contract.
+        unsafe { self.bucket_count(stream, args) }?;
+        if args.n_ids == 0 {
+            return Ok(());
+        }
+        let (plan, params) = args.scan_plan();
+        // SAFETY: `counts` and `cursors` hold `ranks` u32 (the caller's contract).
+        unsafe { self.launch(stream, &plan, params) }?;
+        // SAFETY: the caller's contract; the cursors are the prefix sum of these counts.
+        unsafe { self.bucket_place(stream, args) }
+    }
+
+    /// Enqueues one copy on `stream` (nothing for an empty one).
+    ///
+    /// # Safety
+    /// The device ranges are memory of the stream's device (or mapped
+    /// into its context) valid for `len` bytes; the host range is valid
+    /// for `len` bytes until the stream has passed the copy (page-locked
+    /// memory), or until the call returns (pageable memory, see
+    /// [`StreamCopy`]); nothing else writes the destination meanwhile.
+    ///
+    /// # Errors
+    /// [`KernelError::Driver`].
+    pub unsafe fn copy(&self, stream: &Arc<CudaStream>, op: StreamCopy) -> Result<(), KernelError> {
+        if op.is_empty() {
+            return Ok(());
+        }
+        self.check_stream(stream)?;
+        let s = stream.cu_stream();
+        use cudarc::driver::sys;
+        let r = match op {
+            // SAFETY: the caller vouches for both ranges.
+            StreamCopy::ToDevice { dst, src, len } => unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, s) },
+            // SAFETY: as above.
+            StreamCopy::ToHost { dst, src, len } => unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, s) },
+            // SAFETY: as above.
+            StreamCopy::OnDevice { dst, src, len } => unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, s) },
+        };
+        r.result().map_err(driver)
+    }
+
+    /// Enqueues `len` bytes of `byte` at `dst` on `stream`.
+    ///
+    /// # Safety
+    /// `dst` is device memory of the stream's device, writable for `len`
+    /// bytes.
+    ///
+    /// # Errors
+    /// [`KernelError::Driver`].
+    pub unsafe fn fill(&self, stream: &Arc<CudaStream>, dst: u64, byte: u8, len: usize) -> Result<(), KernelError> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.check_stream(stream)?;
+        // SAFETY: the caller's contract; ordered on `stream`.
+        unsafe { cudarc::driver::result::memset_d8_async(dst, byte, len, stream.cu_stream()) }.map_err(driver)
     }
 
     /// Checks that `stream` is of the kernels' context, and makes that

@@ -1,5 +1,6 @@
-//! CUDA kernels for gather, scatter and the bucketing of the distributed
-//! exchange, compiled at run time with NVRTC.
+//! CUDA kernels for gather, scatter, the id checks, the resolution of
+//! repeated ids and the bucketing of the distributed exchange, compiled at
+//! run time with NVRTC.
 //!
 //! - [`compile`] turns the CUDA C source (`kernels.cu` plus generated entry
 //!   points, no headers) into a CUBIN for one [`Arch`], cached in the
@@ -7,8 +8,10 @@
 //!   caches, for `wm-bench kernels --check`.
 //! - [`Kernels`] is that module loaded into a CUDA context, with one launch
 //!   method per operation. Arguments are plain values ([`GatherArgs`],
-//!   [`ScatterArgs`], [`BucketArgs`]); device memory is named by raw `u64`
-//!   addresses, which the caller promises are valid (hence `unsafe`).
+//!   [`ScatterArgs`], [`BucketArgs`], [`CheckArgs`], [`RepeatArgs`]); device
+//!   memory is named by raw `u64` addresses, which the caller promises are
+//!   valid (hence `unsafe`). [`Kernels`] also enqueues the copies and fills
+//!   of the device paths on the launch stream ([`StreamCopy`]).
 //!
 //! Table rows are found through a small per-owner table: `bases[r]` is the
 //! address of the first row that owner `r` holds, and owner `r` holds rows
@@ -38,9 +41,10 @@ mod host_check;
 mod launch;
 #[allow(unsafe_code)]
 mod nvrtc;
+pub(crate) mod repeats;
 mod source;
 
-pub use launch::Kernels;
+pub use launch::{Kernels, StreamCopy};
 pub use nvrtc::{CacheHit, Compiled, ImageFormat, cache_dir, check, compile, nvrtc_version, prebuild};
 
 /// Threads per block of every kernel.
@@ -190,6 +194,10 @@ pub struct GatherArgs {
     pub out_stride_bytes: u64,
     /// The output's element type.
     pub out_dtype: DType,
+    /// Device address of a status word ([`STATUS_OK`] or the first bad
+    /// position, as [`Kernels::check_ids`] leaves it), or 0: the launch
+    /// moves nothing when the word is not [`STATUS_OK`].
+    pub status: u64,
 }
 
 /// A scatter: `n_ids` dense rows into table rows.
@@ -226,6 +234,59 @@ pub struct ScatterArgs {
     /// The input's element type.
     pub src_dtype: DType,
     /// Device address of `n_ids` `u8` (0 = skip that row), or 0 to write every row.
+    pub keep: u64,
+    /// As [`GatherArgs::status`].
+    pub status: u64,
+}
+
+/// The value of a status word while no bad id was found.
+pub const STATUS_OK: u64 = u64::MAX;
+
+/// A range check of ids: [`Kernels::check_ids`] lowers the status word to
+/// the position of every id outside `lo..hi`, so it ends as the first bad
+/// position (or stays [`STATUS_OK`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckArgs {
+    /// Device address of `n_ids` ids of `id_type`.
+    pub ids: u64,
+    /// The ids' type.
+    pub id_type: IdType,
+    /// Ids (0 launches nothing).
+    pub n_ids: u64,
+    /// The first valid id.
+    pub lo: i64,
+    /// One past the last valid id.
+    pub hi: i64,
+    /// Device address of the status word (one `u64`), which the caller set
+    /// to [`STATUS_OK`] before (several checks may share one word).
+    pub status: u64,
+}
+
+/// The resolution of repeated ids for a scatter ("the last occurrence of
+/// an id wins"): a hash table of `capacity` slots records each id's highest
+/// position, then `keep[i]` is set to 1 where position `i` is that highest
+/// one, 0 elsewhere (and for ids outside `lo..hi`). The algorithm is
+/// `repeats.cuh`; `cuda::repeats` holds its host reference.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RepeatArgs {
+    /// Device address of `n_ids` ids of `id_type`.
+    pub ids: u64,
+    /// The ids' type.
+    pub id_type: IdType,
+    /// Ids (0 launches nothing; below 2^32).
+    pub n_ids: u64,
+    /// The first id inserted; ids outside `lo..hi` are skipped.
+    pub lo: i64,
+    /// One past the last id inserted.
+    pub hi: i64,
+    /// Device address of `capacity` `u64` keys (filled by the launch).
+    pub keys: u64,
+    /// Device address of `capacity` `u32` positions (filled by the launch).
+    pub vals: u64,
+    /// Slots: a power of two above `n_ids` (the device paths take twice
+    /// `n_ids`, rounded up).
+    pub capacity: u64,
+    /// Device address of `n_ids` `u8`: the keep mask written.
     pub keep: u64,
 }
 

@@ -9,6 +9,8 @@ use crate::DType;
 
 /// Element types and conversions (first in the translation unit).
 pub(crate) const CONVERT: &str = include_str!("convert.cuh");
+/// The hash table of repeated ids (second).
+pub(crate) const REPEATS: &str = include_str!("repeats.cuh");
 /// The kernel templates.
 const TEMPLATES: &str = include_str!("kernels.cu");
 
@@ -45,6 +47,14 @@ pub(crate) enum Entry {
     BucketCount { id: IdType },
     /// Ids grouped by owner, with their positions.
     BucketPlace { id: IdType },
+    /// The exclusive prefix sum of the bucket counts.
+    Scan,
+    /// The first position of an id out of range, into a status word.
+    CheckIds { id: IdType },
+    /// Every id's highest position, into the hash table.
+    RepeatMark { id: IdType },
+    /// The keep mask: 1 at each id's highest position.
+    RepeatKeep { id: IdType },
 }
 
 impl Entry {
@@ -55,6 +65,10 @@ impl Entry {
             Entry::Copy { dir, id, width } => format!("wm_{}_copy{width}_{}", dir.name(), id.name()),
             Entry::BucketCount { id } => format!("wm_bucket_count_{}", id.name()),
             Entry::BucketPlace { id } => format!("wm_bucket_place_{}", id.name()),
+            Entry::Scan => "wm_exclusive_scan".to_owned(),
+            Entry::CheckIds { id } => format!("wm_check_ids_{}", id.name()),
+            Entry::RepeatMark { id } => format!("wm_repeat_mark_{}", id.name()),
+            Entry::RepeatKeep { id } => format!("wm_repeat_keep_{}", id.name()),
         }
     }
 
@@ -67,6 +81,10 @@ impl Entry {
             Entry::Copy { dir, id, width } => ("WmRowParams", format!("wm_{}_copy<{}, {}>(p);", dir.name(), c_id(id), c_unit(width))),
             Entry::BucketCount { id } => ("WmBucketParams", format!("wm_bucket_count<{}>(p);", c_id(id))),
             Entry::BucketPlace { id } => ("WmBucketParams", format!("wm_bucket_place<{}>(p);", c_id(id))),
+            Entry::Scan => ("WmScanParams", "wm_exclusive_scan_body(p);".to_owned()),
+            Entry::CheckIds { id } => ("WmCheckParams", format!("wm_check_ids<{}>(p);", c_id(id))),
+            Entry::RepeatMark { id } => ("WmRepeatParams", format!("wm_repeat_mark<{}>(p);", c_id(id))),
+            Entry::RepeatKeep { id } => ("WmRepeatParams", format!("wm_repeat_keep<{}>(p);", c_id(id))),
         };
         format!("extern \"C\" __global__ void __launch_bounds__(WM_BLOCK) {}(const {params} p) {{ {body} }}\n", self.name())
     }
@@ -88,14 +106,19 @@ pub(crate) fn entries() -> Vec<Entry> {
         }
         v.push(Entry::BucketCount { id });
         v.push(Entry::BucketPlace { id });
+        v.push(Entry::CheckIds { id });
+        v.push(Entry::RepeatMark { id });
+        v.push(Entry::RepeatKeep { id });
     }
+    v.push(Entry::Scan);
     v
 }
 
 /// The whole translation unit handed to NVRTC.
 pub(crate) fn source() -> String {
-    let mut s = String::with_capacity(CONVERT.len() + TEMPLATES.len() + 32 * 1024);
+    let mut s = String::with_capacity(CONVERT.len() + REPEATS.len() + TEMPLATES.len() + 32 * 1024);
     s.push_str(CONVERT);
+    s.push_str(REPEATS);
     s.push_str(TEMPLATES);
     for e in entries() {
         s.push_str(&e.definition());
@@ -148,8 +171,9 @@ mod tests {
         let names: HashSet<String> = all.iter().map(Entry::name).collect();
         assert_eq!(names.len(), all.len(), "duplicate kernel names");
         // 16 float pairs + 16 integer pairs, both directions, both id types;
-        // 5 copy widths, both directions, both id types; 2 bucket kernels per id type.
-        assert_eq!(all.len(), 2 * 2 * 32 + 2 * 2 * 5 + 2 * 2);
+        // 5 copy widths, both directions, both id types; per id type 2
+        // bucket kernels, the id check and the 2 repeat kernels; one scan.
+        assert_eq!(all.len(), 2 * 2 * 32 + 2 * 2 * 5 + 2 * 5 + 1);
         let src = source();
         for id in ["i32", "i64"] {
             for dir in ["gather", "scatter"] {
@@ -166,7 +190,11 @@ mod tests {
                 }
             }
             assert!(src.contains(&format!(" wm_bucket_count_{id}(")) && src.contains(&format!(" wm_bucket_place_{id}(")));
+            for k in ["check_ids", "repeat_mark", "repeat_keep"] {
+                assert!(src.contains(&format!(" wm_{k}_{id}(")), "wm_{k}_{id}");
+            }
         }
+        assert!(src.contains(" wm_exclusive_scan("));
         assert!(src.ends_with(&format!("// {} entry points\n", all.len())));
     }
 

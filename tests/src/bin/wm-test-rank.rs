@@ -30,6 +30,7 @@ fn main() {
             "bad-input" => bad_input(&world),
             "lose-peer" => lose_peer(&world, rest),
             "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
+            "device-calls" => device_calls(&world),
             "concurrent-scatter" => concurrent_scatter(&world),
             "scatter-rank-order" => scatter_rank_order(&world),
             "column" => columns(&world),
@@ -842,6 +843,139 @@ fn gather_scatter(world: &Comm, loc: Location) -> Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// `gather_device` and `scatter_device` (ids and rows in device memory)
+/// on every type of device memory: rows against the reference values over
+/// batches that grow and shrink (the buffers a call keeps serve the smaller
+/// ones, and grow for the larger), a rank with no ids; scatters with
+/// repeats, where the last occurrence wins — for collective types the
+/// highest rank's, over ids every rank writes; a bad id named by the device
+/// check (on every rank of a collective call) with nothing written, and the
+/// next call working; and the device phases recorded for `--profile`.
+fn device_calls(world: &Comm) -> Result<()> {
+    use wholemem::device::DeviceBuffer;
+    use wm_gather::device::{DeviceIds, gather_device, scatter_device};
+    use wm_gather::{DType, Error as GErr, Ids, RowLayout};
+    let (me, n) = (world.rank(), world.size());
+    let loc = Location::Device;
+    let mut own = Rng(0xd1ce_0000 + me as u64);
+    for ty in MemoryType::ALL {
+        if let Some(reason) = query(world.as_ref(), ty, loc).reason() {
+            wm_tests::skip(world.as_ref(), ty, loc, &format!("device calls on {ty}"), reason).map_err(anyhow::Error::msg)?;
+            continue;
+        }
+        let (rows, cols) = (3001usize, 24usize);
+        let ctx = format!("device calls on {ty}");
+        let mut t = WholeTensor::<f32>::matrix(world, ty, loc, rows, cols, None).context(ctx.clone())?;
+        fill_rows(&mut t, cols, fvalue)?;
+        world.barrier()?;
+        let layout = RowLayout::of(&t)?;
+        let gather = |t: &WholeTensor<f32>, ids: &[i64]| -> std::result::Result<Vec<f32>, GErr> {
+            let dev_ids = DeviceIds::upload(t.memory(), Ids::I64(ids))?;
+            let mut out = DeviceBuffer::new(t.memory(), ids.len() * cols * 4)?;
+            gather_device(t.memory(), &layout, &dev_ids, &mut out, DType::F32)?;
+            let mut bytes = vec![0u8; ids.len() * cols * 4];
+            out.download(&mut bytes)?;
+            Ok(bytemuck::pod_collect_to_vec(&bytes))
+        };
+        // Gathers: batches that grow and shrink; rank 1 asks for nothing once.
+        for (k, count) in [10usize, 2000, 7, 6000, 0, 300].into_iter().enumerate() {
+            let count = if me == 1 && k == 1 { 0 } else { count };
+            let ids: Vec<i64> = (0..count).map(|_| own.below(rows as u64) as i64).collect();
+            if k == 3 {
+                wm_gather::profile::record();
+            }
+            let got = gather(&t, &ids).with_context(|| format!("{ctx}: batch {k} of {count} ids"))?;
+            if k == 3 {
+                let p = wm_gather::profile::take();
+                let names: Vec<&str> = p.phases.iter().map(|(n, _)| *n).collect();
+                ensure!(p.calls == 1 && names.contains(&"checks"), "{ctx}: rank {me} recorded {p:?}");
+                // The device phases, timed with CUDA events: the row kernel of a mapped
+                // table, the owners' kernel of the peer exchange (when it runs).
+                let gpu =
+                    if ty.is_mapped() { Some("gpu rows") } else { names.iter().any(|n| n.starts_with("gpu")).then_some("gpu owner rows") };
+                if let Some(phase) = gpu {
+                    ensure!(names.contains(&phase), "{ctx}: rank {me}'s profile lacks {phase:?}: {names:?}");
+                }
+            }
+            for (i, &id) in ids.iter().enumerate() {
+                for c in 0..cols {
+                    let (g, w) = (got[i * cols + c], fvalue(id as usize, c));
+                    ensure!(g.to_bits() == w.to_bits(), "{ctx}: batch {k}: rank {me} out[{i}][{c}] for id {id} = {g}, want {w}");
+                }
+            }
+        }
+        world.barrier()?;
+
+        // Scatters with repeats. Mapped memory is written by each rank alone
+        // (its rows r % n == me); collective memory by every rank, over the
+        // same rows, from seeds every rank knows.
+        let ids_of = |r: usize| -> Vec<i64> {
+            let mut g = Rng(0x5ca7_0000 + r as u64);
+            if ty.is_mapped() {
+                let mine: Vec<i64> = (0..rows as i64).filter(|x| *x as usize % n == r).collect();
+                (0..mine.len() * 2).map(|_| mine[g.below(mine.len() as u64) as usize]).collect()
+            } else {
+                (0..rows).map(|_| g.below(rows as u64 / 4) as i64 * 4).collect()
+            }
+        };
+        let value = |r: usize, k: usize, c: usize| (r * 1_000_000 + k * 100 + c) as f32;
+        let ids = ids_of(me);
+        let src: Vec<f32> = (0..ids.len()).flat_map(|k| (0..cols).map(move |c| value(me, k, c))).collect();
+        let dev_ids = DeviceIds::upload(t.memory(), Ids::I64(&ids))?;
+        let mut dev_src = DeviceBuffer::new(t.memory(), src.len() * 4)?;
+        dev_src.upload(bytemuck::cast_slice(&src))?;
+        scatter_device(t.memory_mut(), &layout, &dev_ids, &dev_src, DType::F32).context(ctx.clone())?;
+        world.barrier()?;
+        let writers: Vec<usize> = if ty.is_mapped() { vec![me] } else { (0..n).collect() };
+        let mut winner: Vec<Option<(usize, usize)>> = vec![None; rows];
+        for &r in &writers {
+            for (k, &id) in ids_of(r).iter().enumerate() {
+                winner[id as usize] = Some((r, k));
+            }
+        }
+        let written: Vec<i64> = (0..rows as i64).filter(|&id| winner[id as usize].is_some()).collect();
+        let back = gather(&t, &written).context(ctx.clone())?;
+        for (i, &id) in written.iter().enumerate() {
+            let (r, k) = winner[id as usize].expect("written");
+            ensure!(
+                (0..cols).all(|c| back[i * cols + c] == value(r, k, c)),
+                "{ctx}: row {id} holds {} (rank {}, occurrence {}), want rank {r}'s occurrence {k}",
+                back[i * cols],
+                back[i * cols] as usize / 1_000_000,
+                back[i * cols] as usize % 1_000_000 / 100
+            );
+        }
+        world.barrier()?;
+
+        // A bad id on rank 0, at position 1: named by the device check, nothing
+        // written (the rows keep the scattered values), and the next call works.
+        // (The other ranks scatter nothing: on mapped memory their calls
+        // would succeed and write.)
+        let bad: Vec<i64> = if me == 0 { vec![written[0], -3, rows as i64] } else { vec![written[0]] };
+        let bad_scatter: &[i64] = if me == 0 { &bad } else { &[] };
+        let dev_bad = DeviceIds::upload(t.memory(), Ids::I64(bad_scatter))?;
+        let junk = DeviceBuffer::new(t.memory(), bad.len() * cols * 4)?;
+        let r = scatter_device(t.memory_mut(), &layout, &dev_bad, &junk, DType::F32);
+        let r2 = gather(&t, &bad);
+        for r in [r.map(drop), r2.map(drop)] {
+            if ty.is_mapped() && me != 0 {
+                r.context(ctx.clone())?;
+            } else {
+                let e = r.err().with_context(|| format!("{ctx}: the bad id must fail on rank {me}"))?;
+                ensure!(
+                    matches!(e, GErr::IndexOutOfRange { .. }) && e.to_string().contains("id -3 at position 1 on rank 0"),
+                    "{ctx}: rank {me}: {e}"
+                );
+            }
+        }
+        world.barrier()?;
+        let again = gather(&t, &written).context(ctx.clone())?;
+        ensure!(again == back, "{ctx}: rank {me}: the rows changed after the failed scatter, or the next call differs");
+        t.free().context(ctx)?;
     }
     Ok(())
 }

@@ -3,18 +3,24 @@
 //!
 //! Three levels, as in cudarc itself: `driver` turns status codes into
 //! results in exactly one place and binds this process to its GPU;
-//! `memory` holds RAII handles over VMM, IPC, plain allocations and host
-//! registration; `storage` builds each memory type from them, collectively.
+//! `memory` (and `pinned`, page-locked host memory) holds RAII handles over
+//! VMM, IPC, plain allocations and host registration; `storage` builds each
+//! memory type from them, collectively, and `peer` the buffers a table's
+//! ranks share for their device exchanges ([`PeerBuffers`]).
 //! No cudarc or driver type appears in this crate's public API except in
 //! [`raw`], the documented integration point for `wm-gather`'s kernels.
 
 pub(crate) mod driver;
 pub(crate) mod memory;
+pub(crate) mod peer;
+pub(crate) mod pinned;
 pub(crate) mod storage;
 
 use std::sync::Arc;
 
 use memory::{DeviceAlloc, copy};
+pub use peer::PeerBuffers;
+use pinned::PinnedAlloc;
 
 use crate::{Error, Result, WholeMemory};
 
@@ -102,6 +108,69 @@ impl DeviceBuffer {
 
     fn gpu(&self) -> &driver::Gpu {
         self.alloc.gpu()
+    }
+}
+
+/// Page-locked host memory, for copies between host and device that run
+/// asynchronously at the host link's speed (`cuMemHostAlloc`, portable).
+/// Zeroed when allocated; freed on drop.
+///
+/// The buffer is plain host memory to Rust: [`as_slice`](Self::as_slice)
+/// and [`as_mut_slice`](Self::as_mut_slice) read and write it. A copy the
+/// GPU makes into or out of it is enqueued through its raw pointer by an
+/// `unsafe` call whose caller keeps those slices away until the stream has
+/// passed the copy.
+#[derive(Debug)]
+pub struct PinnedBuffer {
+    alloc: PinnedAlloc,
+}
+
+impl PinnedBuffer {
+    /// `len` bytes of page-locked memory, for the GPU `mem`'s rank uses.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when the rank has no GPU; [`Error::Cuda`] when
+    /// the driver cannot allocate.
+    pub fn new(mem: &WholeMemory, len: usize) -> Result<Self> {
+        let gpu = mem.gpu().ok_or_else(|| Error::Unsupported {
+            what: "page-locked host memory".into(),
+            reason: mem.no_gpu_reason().unwrap_or_else(|| "this rank is bound to no GPU".into()),
+        })?;
+        Ok(Self { alloc: PinnedAlloc::new(gpu, len)? })
+    }
+
+    /// Its size in bytes.
+    pub fn len(&self) -> usize {
+        self.alloc.len()
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.alloc.len() == 0
+    }
+
+    /// The bytes.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `len` initialised (zeroed) bytes owned by this value; `&self`
+        // keeps writers through this API away, and device copies into it are
+        // ordered by their `unsafe` callers (see the type's docs).
+        unsafe { std::slice::from_raw_parts(self.alloc.ptr(), self.alloc.len()) }
+    }
+
+    /// The bytes, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, with `&mut self` excluding every other access.
+        unsafe { std::slice::from_raw_parts_mut(self.alloc.ptr(), self.alloc.len()) }
+    }
+
+    /// The first byte, for enqueuing a copy.
+    pub fn as_ptr(&self) -> *const u8 {
+        self.alloc.ptr()
+    }
+
+    /// The first byte, writable, for enqueuing a copy into it.
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.alloc.ptr()
     }
 }
 

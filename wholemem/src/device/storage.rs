@@ -121,7 +121,7 @@ fn split(byte_offsets: &[usize], total: usize, r: usize, unit: usize) -> usize {
 
 /// Every rank's GPU, as a CUDA ordinal of this process, checked for P2P
 /// access from this rank's GPU.
-fn node_gpus(comm: &dyn Communicator, gpu: &Gpu) -> Result<Vec<usize>> {
+pub(crate) fn node_gpus(comm: &dyn Communicator, gpu: &Gpu) -> Result<Vec<usize>> {
     let ids = comm.allgatherv(gpu.bus_id.as_bytes())?;
     let ranks = comm.world_ranks();
     let mine = (|| -> std::result::Result<Vec<usize>, String> {
