@@ -16,6 +16,9 @@
 //!   tables forced through one): readers in and outside the job see the
 //!   snapshot until `publish_from`, `publish` is refused, free is seen.
 //!   `tests/tests/device.rs` runs the same scenario on device tables.
+//! - a reader used in a forked child (no exec): refused with `Forked`
+//!   naming `Reader::reopen()`, the parent's connections untouched, the
+//!   reopened reader reading;
 //! - a fake read server (a process of its own, holding the job's key)
 //!   that answers a request with another request's answer — refused as
 //!   `Malformed`, never taken for rows, the connection closed — or with an
@@ -69,6 +72,13 @@ fn a_host_mirror_serves_snapshots_until_publish_from_on_1_to_4_ranks() {
 fn an_outside_reader_reads_a_mirrored_table_and_sees_it_freed() {
     outside_with(World::new(2), "auto", "distributed", "free", true);
     outside_with(World::new(2).nodes_of(1).tcp(), "socket", "hierarchy", "free", true);
+}
+
+#[test]
+fn a_reader_used_in_a_forked_child_is_refused_naming_reopen() {
+    World::new(2).run_ok(PROG, &["fork"]);
+    World::new(2).run_ok(PROG, &["fork", "socket"]);
+    World::new(2).nodes_of(1).tcp().run_ok(PROG, &["fork"]);
 }
 
 /// A fake read server (`impostor MODE`) and a reader that joins it
@@ -142,6 +152,11 @@ mod fabric {
     #[test]
     fn fabric_reads_a_host_mirror() {
         tcp(World::new(2).nodes_of(1)).run_ok(PROG, &["mirror", "host", "fabric"]);
+    }
+
+    #[test]
+    fn a_fabric_reader_used_in_a_forked_child_is_refused_naming_reopen() {
+        tcp(World::new(2).nodes_of(1)).run_ok(PROG, &["fork", "fabric"]);
     }
 
     #[test]

@@ -15,6 +15,11 @@
 //!   `publish` refused naming `publish_from`; readers see the snapshot,
 //!   not writes made after it, until `publish_from`; a memory of another
 //!   shape refused; an error after free.
+//! - `fork [METHOD]` — every rank reads, then forks a child (no exec)
+//!   that tries the parent's reader: every call must fail with `Forked`
+//!   naming `Reader::reopen()`; the child then reopens and reads on its
+//!   own, and exits with a status the parent checks; the parent reads on
+//!   through its own reader.
 //! - `job DIR NAME ROUNDS METHOD TYPE MODE [mirror]` — the job an outside
 //!   reader joins: writes epoch `e`'s values, publishes, and waits for the
 //!   reader (files in `DIR`) before the next; then `free` (frees and
@@ -64,6 +69,7 @@ fn main() {
     let result = match scenario.as_str() {
         "reads" => method(rest.first()).and_then(|m| rank(|w| reads(w, m))),
         "busy" => method(rest.first()).and_then(|m| rank(|w| busy(w, m))),
+        "fork" => method(rest.first()).and_then(|m| rank(|w| fork(w, m))),
         "mirror" => method(rest.get(1)).and_then(|m| rank(|w| mirror(w, rest.first().map(String::as_str), m))),
         "job" => rank(|w| job(w, rest)),
         "reader" => outside_reader(rest),
@@ -483,6 +489,89 @@ fn busy(world: &Comm, forced: Option<Method>) -> Result<()> {
     world.barrier()?;
     table.free()?;
     mem.free()?;
+    Ok(())
+}
+
+// ------------------------------------------------------------------ fork
+
+/// Every rank reads (so its reader holds connections, mappings and
+/// endpoints), forks, and checks that the child cannot use them.
+fn fork(world: &Comm, forced: Option<Method>) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (300 * n + 7, 8usize);
+    let mut mem = allocate(world, MemoryType::Distributed, rows, cols, DType::F32, None)?;
+    fill(&mut mem, cols, DType::F32, 1)?;
+    let table = Table::new(&mem, "fork", DType::F32, &Options { method: forced, ..Options::default() })?;
+    table.publish()?;
+    let reader = table.reader()?;
+    let mut g = Rng::new(&[0xf0, me as u64]);
+    let ids: Vec<usize> = (0..400).map(|_| g.below(rows as u64) as usize).collect();
+    read_epoch(&reader, rows, cols, 1, &ids, "the parent, before the fork")?;
+    // SAFETY: the child runs only `in_child` (reads through this process's
+    // copies of the reader, prints) and leaves by `_exit`, running no
+    // destructor of the parent's objects (the table, the communicator).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = match in_child(&reader, rows, cols, &ids) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("FAILED in rank {me}'s forked child: {e:#}");
+                1
+            }
+        };
+        // SAFETY: ends the child at once; nothing of the parent's is
+        // dropped or flushed twice.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `pid` is this process's child; `status` is writable.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        ensure!(e.kind() == std::io::ErrorKind::Interrupted, "waitpid({pid}): {e}");
+    }
+    ensure!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "rank {me}'s forked child ended with wait status {status:#x} (see its FAILED line)"
+    );
+    // The child touched nothing of the parent's: its reader reads on.
+    read_epoch(&reader, rows, cols, 1, &ids, "the parent, after its child exited")?;
+    if me == 0 {
+        println!("forked children were refused the parents' readers and read through their own ({})", reader.method_names());
+    }
+    world.barrier()?;
+    table.free()?;
+    mem.free()?;
+    Ok(())
+}
+
+/// The forked child: every call through the parent's reader is refused,
+/// naming what to do; a reopened reader reads.
+fn in_child(reader: &Reader, rows: usize, cols: usize, ids: &[usize]) -> Result<()> {
+    let refused = |what: &str, r: std::result::Result<(), OErr>| -> Result<()> {
+        match r {
+            Err(e @ OErr::Forked { .. }) => {
+                ensure!(e.to_string().contains("Reader::reopen()"), "{what}: the error does not say what to do: {e}");
+                Ok(())
+            }
+            Ok(()) => bail!("{what} through the parent's reader worked in a forked child, on the parent's connections"),
+            Err(e) => bail!("{what} through the parent's reader in a forked child gave {e:?}, not Forked"),
+        }
+    };
+    let mut one = vec![0u8; cols * 4];
+    refused("get_batch", reader.get_batch(Ids::I64(&[ids[0] as i64]), &mut one, DType::F32))?;
+    refused("get", reader.get(rows - 1, 1, &mut one, DType::F32))?;
+    refused("epoch", reader.epoch().map(drop))?;
+    refused("register_recv", reader.register_recv(one.len()).map(drop))?;
+    let own = reader.reopen().context("reopening in the child")?;
+    read_epoch(&own, rows, cols, 1, ids, "the child's own reader")?;
+    ensure!(own.epoch()? == 1, "the child's reader sees epoch {}", own.epoch()?);
     Ok(())
 }
 
