@@ -14,29 +14,43 @@ use wm_comm::auth::{self, ReaderId, Timed};
 use crate::wire::{self, Request, Response};
 use crate::{Error, Result};
 
-/// One connection to a read server.
+/// One connection to a read server, and where it stands in the
+/// request/answer sequence.
 #[derive(Debug)]
-pub(crate) enum Conn {
+pub(crate) struct Conn {
+    stream: Stream,
+    /// Requests sent so far: the id of the next one.
+    sent: u64,
+    /// Answers read in full so far: the id of the one due next.
+    answered: u64,
+}
+
+#[derive(Debug)]
+enum Stream {
     Unix(UnixStream),
     Tcp(TcpStream),
 }
 
 impl Read for Conn {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.read(buf),
-            Conn::Tcp(s) => s.read(buf),
+        match &mut self.stream {
+            Stream::Unix(s) => s.read(buf),
+            Stream::Tcp(s) => s.read(buf),
         }
     }
     fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.read_vectored(bufs),
-            Conn::Tcp(s) => s.read_vectored(bufs),
+        match &mut self.stream {
+            Stream::Unix(s) => s.read_vectored(bufs),
+            Stream::Tcp(s) => s.read_vectored(bufs),
         }
     }
 }
 
 impl Conn {
+    fn new(stream: Stream) -> Self {
+        Self { stream, sent: 0, answered: 0 }
+    }
+
     /// Fills every buffer of `bufs`, in order, with one `readv` for up to
     /// a thousand of them at a time: rows straight into their places.
     pub(crate) fn read_into(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<()> {
@@ -52,13 +66,56 @@ impl Conn {
         }
         Ok(())
     }
+
+    /// Sends one request, header and body in one write; returns its id.
+    pub(crate) fn send(&mut self, request: &[u8]) -> io::Result<u64> {
+        let id = self.sent;
+        // Counted before the write: a request cut short is still one the
+        // connection owes an answer to, so it is out of step.
+        self.sent += 1;
+        self.write_all(request)?;
+        Ok(id)
+    }
+
+    /// Reads the header of the answer due next, which must say `expect`
+    /// bytes of rows follow (or an error message). The caller reads what
+    /// follows, then calls [`settled`](Self::settled).
+    ///
+    /// # Errors
+    /// [`Error::Malformed`] for an answer to another request, of another
+    /// length or status; the error of a lost connection.
+    pub(crate) fn answer(&mut self, table: &str, owner: usize, at: &Addr, expect: usize) -> Result<Response> {
+        let mut h = [0u8; wire::HEADER];
+        self.read_exact(&mut h).map_err(|e| lost(table, owner, at, "reading an answer", &e))?;
+        self.check(&h, owner, expect)
+    }
+
+    /// Checks an answer's header `h` (read by the caller) as
+    /// [`answer`](Self::answer) does.
+    fn check(&self, h: &[u8; wire::HEADER], owner: usize, expect: usize) -> Result<Response> {
+        if self.answered >= self.sent {
+            return Err(Error::Malformed { from: format!("rank {owner}'s read server"), detail: "an answer to no request".into() });
+        }
+        Response::decode(h, self.answered, expect).map_err(|d| Error::Malformed { from: format!("rank {owner}'s read server"), detail: d })
+    }
+
+    /// Records that the answer due has been read in full.
+    pub(crate) fn settled(&mut self) {
+        self.answered += 1;
+    }
+
+    /// Whether every answer asked for has been read in full: only such a
+    /// connection may carry another request.
+    pub(crate) fn in_step(&self) -> bool {
+        self.answered == self.sent
+    }
 }
 
 impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match self {
-            Conn::Unix(s) => s.write(buf),
-            Conn::Tcp(s) => s.write(buf),
+        match &mut self.stream {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
         }
     }
     fn flush(&mut self) -> io::Result<()> {
@@ -68,9 +125,9 @@ impl Write for Conn {
 
 impl Timed for Conn {
     fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        match self {
-            Conn::Unix(s) => s.set_timeouts(t),
-            Conn::Tcp(s) => s.set_timeouts(t),
+        match &self.stream {
+            Stream::Unix(s) => s.set_timeouts(t),
+            Stream::Tcp(s) => s.set_timeouts(t),
         }
     }
 }
@@ -138,14 +195,14 @@ pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Ide
             if uid != wm_comm::fdpass::effective_uid() {
                 return Err(Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") });
             }
-            Conn::Unix(s)
+            Conn::new(Stream::Unix(s))
         }
         Addr::Tcp(a) => {
             wm_comm::tcp::choice()?;
             let s =
                 wm_comm::tcp::connect(*a, id.timeout.min(Duration::from_secs(30))).map_err(|e| lost(table, owner, at, "connecting", &e))?;
             let _ = s.set_nodelay(true);
-            Conn::Tcp(s)
+            Conn::new(Stream::Tcp(s))
         }
     };
     auth::call_as_reader(&mut conn, &id.key, id.who, nonce, deadline)
@@ -157,18 +214,21 @@ pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Ide
 impl Conn {
     /// Asks for the owner's `count` memfds (Unix connections).
     pub(crate) fn portion(&mut self, table: &str, owner: usize, at: &Addr, count: usize, timeout: Duration) -> Result<Vec<OwnedFd>> {
-        let Conn::Unix(s) = self else {
+        let Stream::Unix(s) = &mut self.stream else {
             return Err(Error::Unsupported { what: "receiving a portion".into(), reason: "only over a Unix socket".into() });
         };
+        // As `send`, on the stream that carries descriptors.
+        self.sent += 1;
         s.write_all(&Request::Portion.encode()).map_err(|e| lost(table, owner, at, "asking for its portion", &e))?;
         let mut h = [0u8; wire::HEADER];
         let fds = wm_comm::fdpass::recv_fds(s, &mut h, count, Instant::now() + timeout)
             .map_err(|e| lost(table, owner, at, "receiving its portion", &e))?;
-        let r = Response::decode(&h, 0).map_err(|d| Error::Malformed { from: format!("rank {owner}'s read server"), detail: d })?;
+        let r = self.check(&h, owner, 0)?;
         if !r.ok {
             let msg = self.message(r.bytes, table, owner, at)?;
             return Err(Error::PeerFailed { rank: owner, detail: msg });
         }
+        self.settled();
         if fds.len() != count {
             return Err(Error::Malformed {
                 from: format!("rank {owner}'s read server"),
@@ -178,28 +238,33 @@ impl Conn {
         Ok(fds)
     }
 
-    /// Reads an error message of `n` bytes (bounded by the header check).
+    /// Reads the error message of `n` bytes that follows an answer's
+    /// header (bounded by the header's check): the answer is then settled.
     pub(crate) fn message(&mut self, n: usize, table: &str, owner: usize, at: &Addr) -> Result<String> {
         let mut m = vec![0u8; n.min(wire::MAX_MESSAGE)];
         self.read_exact(&mut m).map_err(|e| lost(table, owner, at, "reading an error message", &e))?;
+        self.settled();
         Ok(String::from_utf8_lossy(&m).into_owned())
     }
 
     /// The server's epoch.
     pub(crate) fn ping(&mut self, table: &str, owner: usize, at: &Addr) -> Result<u64> {
-        self.write_all(&Request::Ping.encode()).map_err(|e| lost(table, owner, at, "pinging", &e))?;
-        let mut h = [0u8; wire::HEADER];
-        self.read_exact(&mut h).map_err(|e| lost(table, owner, at, "pinging", &e))?;
-        let r = Response::decode(&h, 0).map_err(|d| Error::Malformed { from: format!("rank {owner}'s read server"), detail: d })?;
+        self.send(&Request::Ping.encode()).map_err(|e| lost(table, owner, at, "pinging", &e))?;
+        let r = self.answer(table, owner, at, 0)?;
+        if !r.ok {
+            let msg = self.message(r.bytes, table, owner, at)?;
+            return Err(Error::PeerFailed { rank: owner, detail: msg });
+        }
+        self.settled();
         Ok(r.epoch)
     }
 
     /// Makes the connection a liveness probe: non-blocking, never used for
     /// requests again.
     pub(crate) fn into_probe(self) -> Result<Probe> {
-        match &self {
-            Conn::Unix(s) => s.set_nonblocking(true),
-            Conn::Tcp(s) => s.set_nonblocking(true),
+        match &self.stream {
+            Stream::Unix(s) => s.set_nonblocking(true),
+            Stream::Tcp(s) => s.set_nonblocking(true),
         }
         .map_err(|e| Error::io("making a connection non-blocking", e))?;
         Ok(Probe(self))
@@ -218,9 +283,9 @@ impl Probe {
         let mut b = [0u8; 1];
         // Nothing is ever expected on a probe, so reading (not peeking)
         // loses nothing.
-        let r = match &self.0 {
-            Conn::Unix(s) => (&*s).read(&mut b),
-            Conn::Tcp(s) => (&*s).read(&mut b),
+        let r = match &self.0.stream {
+            Stream::Unix(s) => (&*s).read(&mut b),
+            Stream::Tcp(s) => (&*s).read(&mut b),
         };
         matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
     }

@@ -48,6 +48,23 @@ pub enum Error {
         /// What was found instead.
         detail: String,
     },
+    /// A reader was used in a process forked from the one that opened it:
+    /// its connections, mappings and endpoints are the parent's (a socket
+    /// shared by two processes mixes their requests and answers). Nothing
+    /// was read, and nothing of the parent's was touched.
+    #[error(
+        "this reader of table {table:?} was opened by process {opened_by}, and this is process {this}, a fork of it: \
+         the parent's connections are not this process's to use; call Reader::reopen() in the child for a reader of its own \
+         (or Reader::join after exec)"
+    )]
+    Forked {
+        /// The table.
+        table: String,
+        /// The process that opened the reader.
+        opened_by: u32,
+        /// This process.
+        this: u32,
+    },
     /// A server, catalogue or record sent something the protocol does not
     /// allow.
     #[error("{from} sent malformed data: {detail}")]

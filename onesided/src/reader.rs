@@ -53,9 +53,11 @@ pub struct Info {
 /// `WM_TIMEOUT_S`), never a crash (mapped portions stay mapped until the
 /// last clone is dropped).
 ///
-/// A process that `fork`s (a loader worker) opens its own connections
-/// with [`reopen`](Self::reopen) in the child, or, after `exec`,
-/// [`join`](Self::join)s again.
+/// A reader belongs to the process that opened it. A process that `fork`s
+/// (a loader worker) opens its own connections with
+/// [`reopen`](Self::reopen) in the child, or, after `exec`,
+/// [`join`](Self::join)s again; the parent's reader used in the child
+/// fails with [`Error::Forked`] and touches nothing of the parent's.
 #[derive(Debug, Clone)]
 pub struct Reader {
     inner: Arc<Inner>,
@@ -91,6 +93,26 @@ struct Inner {
     gone: OnceLock<String>,
     profile: Option<Counters>,
     origin: Origin,
+    /// The process that opened the reader: a forked child has another.
+    pid: u32,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if std::process::id() != self.pid {
+            // A forked child's copy. Its libfabric and MPI objects are the
+            // parent's: closing them here could end the parent's endpoints,
+            // or wait on locks of threads the child does not have. They go
+            // with the child's memory when it exits. (Sockets and mappings
+            // are the child's copies: closing them touches nothing of the
+            // parent's.)
+            for t in self.transports.drain(..) {
+                if matches!(t.method(), Method::Fabric | Method::Mpi) {
+                    std::mem::forget(t);
+                }
+            }
+        }
+    }
 }
 
 /// Threads for local copies: `WM_THREADS`, else the cores divided by the
@@ -155,7 +177,9 @@ impl Reader {
 
     /// A reader with connections, mappings and endpoints of its own, for
     /// the same table: what a process calls after `fork` (the parent's
-    /// connections are not the child's to use).
+    /// connections are not the child's to use: the parent's reader fails
+    /// there with [`Error::Forked`]). Works in the process that opened the
+    /// reader too.
     ///
     /// # Errors
     /// As [`join`](Self::join), once the record is known.
@@ -257,6 +281,7 @@ impl Reader {
                 gone: OnceLock::new(),
                 profile,
                 origin,
+                pid: std::process::id(),
             }),
         })
     }
@@ -304,7 +329,9 @@ impl Reader {
     /// times the job has published it.
     ///
     /// # Errors
-    /// [`Error::Gone`] when the job freed the table or ended.
+    /// [`Error::Gone`] when the job freed the table or ended;
+    /// [`Error::Forked`] in a process forked from the one that opened the
+    /// reader.
     pub fn epoch(&self) -> Result<u64> {
         self.live()?;
         let i = &self.inner;
@@ -330,9 +357,11 @@ impl Reader {
     /// Transports that register nothing hand out a plain buffer.
     ///
     /// # Errors
-    /// When the memory cannot be registered.
+    /// When the memory cannot be registered; [`Error::Forked`] in a process
+    /// forked from the one that opened the reader.
     pub fn register_recv(&self, bytes: usize) -> Result<RecvBuffer> {
-        let mut buf = RecvBuffer { buf: vec![0u8; bytes], regs: Vec::new() };
+        self.own()?;
+        let mut buf = RecvBuffer { buf: vec![0u8; bytes], regs: Vec::new(), pid: std::process::id() };
         for t in &self.inner.transports {
             if let Some(reg) = t.register(&mut buf.buf)? {
                 buf.regs.push(reg);
@@ -368,7 +397,11 @@ impl Reader {
     /// # Errors
     /// [`Error::IndexOutOfRange`]; [`Error::InvalidArgument`] for a wrongly
     /// sized `out`; a conversion between float and int; [`Error::Gone`]
-    /// after the job freed the table or ended; [`Error::Timeout`].
+    /// after the job freed the table or ended; [`Error::Timeout`];
+    /// [`Error::Forked`] in a process forked from the one that opened the
+    /// reader; [`Error::Malformed`] for a server whose answer does not
+    /// answer the request (its connection is closed; the next call opens
+    /// another).
     pub fn get_batch(&self, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
         if let Some((position, index)) = ids.first_out_of_range(self.inner.c.rows) {
             return Err(Error::IndexOutOfRange { table: self.inner.record.name.clone(), index, position, rows: self.inner.c.rows });
@@ -388,8 +421,19 @@ impl Reader {
         self.get_batch(I::ids(ids), bytemuck::cast_slice_mut(out), O::DTYPE)
     }
 
-    /// Fails if the table is known to be gone.
+    /// Fails in a process forked from the one that opened the reader.
+    fn own(&self) -> Result<()> {
+        let (opened_by, this) = (self.inner.pid, std::process::id());
+        if opened_by != this {
+            return Err(Error::Forked { table: self.inner.record.name.clone(), opened_by, this });
+        }
+        Ok(())
+    }
+
+    /// Fails if the reader is not this process's, or the table is known
+    /// to be gone.
     fn live(&self) -> Result<()> {
+        self.own()?;
         let i = &self.inner;
         if let Some(d) = i.gone.get() {
             return Err(Error::Gone { table: i.record.name.clone(), detail: d.clone() });
@@ -487,6 +531,8 @@ pub struct RecvBuffer {
     // Registrations before the memory: dropped first.
     regs: Vec<Box<dyn crate::transport::Registration>>,
     buf: Vec<u8>,
+    /// The process that registered it.
+    pid: u32,
 }
 
 impl std::ops::Deref for RecvBuffer {
@@ -504,7 +550,15 @@ impl std::ops::DerefMut for RecvBuffer {
 
 impl Drop for RecvBuffer {
     fn drop(&mut self) {
-        self.regs.clear();
+        if std::process::id() == self.pid {
+            self.regs.clear();
+        } else {
+            // A forked child's copy: the registrations are the parent's
+            // (as `Inner`'s transports are).
+            for r in self.regs.drain(..) {
+                std::mem::forget(r);
+            }
+        }
     }
 }
 

@@ -278,13 +278,20 @@ fn serve(sh: &Shared, s: Stream, from: &str) {
 /// Answers requests until the reader hangs up (`Ok`) or breaks the
 /// protocol (`Err`, after telling it why). `unix` is the connection again
 /// when it can carry descriptors.
+///
+/// Every answer carries the id of the request it answers: its sequence
+/// number on this connection, counted from 0 (`wire`). A request the
+/// server can parse but not serve (a row it does not own) is answered with
+/// an error and the connection stays in step; after a header it cannot
+/// parse it cannot tell where the next request starts, so it answers and
+/// hangs up.
 fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&UnixStream>) -> io::Result<()> {
     // Idle readers wait as long as they like; a reader that stops reading
     // an answer is given up on after the timeout.
     s.set_timeouts(sh.timeout)?;
     let mut ids: Vec<u64> = Vec::new();
     let mut rows: Vec<usize> = Vec::new();
-    loop {
+    for id in 0u64.. {
         let mut h = [0u8; wire::HEADER];
         match read_idle(s, &mut h) {
             Ok(true) => {}
@@ -295,20 +302,20 @@ fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&
             Ok(r) => r,
             Err(why) => {
                 // The stream cannot be trusted past a bad header.
-                let _ = answer_error(s, sh, &why);
+                let _ = answer_error(s, sh, id, &why);
                 return Err(io::Error::other(format!("a bad request: {why}")));
             }
         };
         let epoch = sh.epoch.load(Ordering::Acquire);
         match request {
-            Request::Ping => s.write_all(&Response { ok: true, epoch, bytes: 0 }.encode())?,
+            Request::Ping => s.write_all(&Response { id, ok: true, epoch, bytes: 0 }.encode())?,
             Request::Portion => match unix {
                 Some(u) => {
-                    let h = Response { ok: true, epoch, bytes: 0 }.encode();
+                    let h = Response { id, ok: true, epoch, bytes: 0 }.encode();
                     let fds: Vec<_> = sh.portion.iter().map(AsFd::as_fd).collect();
                     wm_comm::fdpass::send_fds(u, &h, &fds, Instant::now() + sh.timeout)?;
                 }
-                None => answer_error(s, sh, "a portion is handed out over a Unix socket only")?,
+                None => answer_error(s, sh, id, "a portion is handed out over a Unix socket only")?,
             },
             Request::Read { rows: n, skip, len } => {
                 ids.resize(n, 0);
@@ -316,14 +323,15 @@ fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&
                 rows.clear();
                 rows.extend(ids.iter().map(|&i| usize::try_from(i).unwrap_or(usize::MAX)));
                 if let Some((i, &r)) = rows.iter().enumerate().find(|&(_, &r)| r >= sh.count) {
-                    answer_error(s, sh, &format!("row {r} at position {i} is not one of its {} rows", sh.count))?;
+                    answer_error(s, sh, id, &format!("row {r} at position {i} is not one of its {} rows", sh.count))?;
                     continue;
                 }
-                let head = Response { ok: true, epoch, bytes: n * len }.encode();
+                let head = Response { id, ok: true, epoch, bytes: n * len }.encode();
                 sh.rows.send_rows(s.fd(), &head, &rows, skip, len)?;
             }
         }
     }
+    Ok(())
 }
 
 /// A stream whose descriptor rows are sent on.
@@ -360,8 +368,9 @@ fn read_idle<S: Read + Timed>(s: &mut S, h: &mut [u8; wire::HEADER]) -> io::Resu
     Ok(true)
 }
 
-fn answer_error<W: Write>(s: &mut W, sh: &Shared, why: &str) -> io::Result<()> {
+/// Answers request `id` with an error message (the connection stays in step).
+fn answer_error<W: Write>(s: &mut W, sh: &Shared, id: u64, why: &str) -> io::Result<()> {
     let msg = &why.as_bytes()[..why.len().min(wire::MAX_MESSAGE)];
-    s.write_all(&Response { ok: false, epoch: sh.epoch.load(Ordering::Acquire), bytes: msg.len() }.encode())?;
+    s.write_all(&Response { id, ok: false, epoch: sh.epoch.load(Ordering::Acquire), bytes: msg.len() }.encode())?;
     s.write_all(msg)
 }

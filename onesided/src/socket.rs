@@ -1,19 +1,22 @@
 //! The socket transport: each owner's read server answers requests for
 //! its rows. One request per owner is in flight at once — every owner's
 //! sent before any answer is read — and a call larger than one request
-//! goes in rounds.
+//! goes in rounds. Every answer is checked against the request it must
+//! answer (`wire`) before any of it is placed; a connection goes back to
+//! the pool only in step (every answer read in full, an error answer
+//! included), and is closed otherwise.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use wm_gather::RowLayout;
 use wm_gather::rows::{RowSource, gather_from};
+use wm_gather::{DType, RowLayout};
 
 use crate::client::{self, Addr, Conn, Identity};
 use crate::profile::{Counters, Span, timed};
 use crate::transport::{ReadRequest, Transport};
-use crate::wire::{self, Request, Response};
+use crate::wire::{self, Request};
 use crate::{Error, Method, Result};
 
 /// One owner's server, and idle connections to it.
@@ -116,10 +119,35 @@ impl Transport for SocketTransport {
             let conn = timed(profile, Span::LockWait, || self.take(target))?;
             shares.push(Share { target, conn, rows, slots, dest });
         }
-        let (skip, len) = (req.layout.skip_bytes(), req.layout.bytes());
+        let result = self.exchange(&mut shares, req.layout, req.out_dtype, &mut out, profile);
+        // Connections whose every answer was read in full (an error
+        // answer included) carry the next call; the others — an answer
+        // still on its way, or out of step — are closed.
+        for s in shares {
+            if s.conn.in_step() {
+                self.give_back(s.target, s.conn);
+            }
+        }
+        result
+    }
+}
+
+impl SocketTransport {
+    /// Every share's requests and answers, in rounds: each round sends
+    /// every owner's request, then reads every answer, checking that it
+    /// answers that request before placing a byte of it.
+    fn exchange(
+        &self,
+        shares: &mut [Share<'_, '_>],
+        layout: &RowLayout,
+        out_dtype: DType,
+        out: &mut Option<&mut [u8]>,
+        profile: Option<&Counters>,
+    ) -> Result<()> {
+        let (skip, len) = (layout.skip_bytes(), layout.bytes());
         let per = wire::MAX_ROWS.min(wire::MAX_BYTES / len).max(1);
         let rounds = shares.iter().map(|s| s.rows.len().div_ceil(per)).max().unwrap_or(0);
-        let staged = RowLayout::new(req.layout.dtype(), req.layout.cols(), 0)?;
+        let staged = RowLayout::new(layout.dtype(), layout.cols(), 0)?;
         let mut request = Vec::new();
         for round in 0..rounds {
             // Every owner's request first...
@@ -129,7 +157,7 @@ impl Transport for SocketTransport {
                 request.clear();
                 request.extend_from_slice(&Request::Read { rows: chunk.len(), skip, len }.encode());
                 request.extend_from_slice(bytemuck::cast_slice(chunk));
-                s.conn.write_all(&request).map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "sending a read", &e))?;
+                s.conn.send(&request).map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "sending a read", &e))?;
             }
             if let Some(p) = profile {
                 p.add(Span::Post, t);
@@ -140,10 +168,7 @@ impl Transport for SocketTransport {
                 let (n, first) = (chunk.len(), round * per);
                 let bytes = n * len;
                 let t = Instant::now();
-                let mut h = [0u8; wire::HEADER];
-                s.conn.read_exact(&mut h).map_err(|e| client::lost(&self.table, s.target.rank, &s.target.at, "reading rows", &e))?;
-                let r = Response::decode(&h, bytes)
-                    .map_err(|d| Error::Malformed { from: format!("rank {}'s read server", s.target.rank), detail: d })?;
+                let r = s.conn.answer(&self.table, s.target.rank, &s.target.at, bytes)?;
                 if !r.ok {
                     let msg = s.conn.message(r.bytes, &self.table, s.target.rank, &s.target.at)?;
                     return Err(Error::PeerFailed { rank: s.target.rank, detail: msg });
@@ -152,6 +177,7 @@ impl Transport for SocketTransport {
                 match &mut s.dest {
                     Dest::Direct(places) => {
                         s.conn.read_into(&mut places[first..first + n]).map_err(lost)?;
+                        s.conn.settled();
                         if let Some(p) = profile {
                             p.add(Span::Wait, t);
                         }
@@ -159,6 +185,7 @@ impl Transport for SocketTransport {
                     Dest::Staged(staging) => {
                         staging.resize(bytes, 0);
                         s.conn.read_exact(staging).map_err(lost)?;
+                        s.conn.settled();
                         if let Some(p) = profile {
                             p.add(Span::Wait, t);
                         }
@@ -166,14 +193,11 @@ impl Transport for SocketTransport {
                         let order: Vec<usize> = (0..n).collect();
                         let out = out.as_deref_mut().ok_or_else(|| Error::InvalidArgument("no output to convert into".into()))?;
                         timed(profile, Span::Copy, || {
-                            gather_from(&src, &staged, &order, Some(&s.slots[first..first + n]), out, req.out_dtype, 1)
+                            gather_from(&src, &staged, &order, Some(&s.slots[first..first + n]), out, out_dtype, 1)
                         })?;
                     }
                 }
             }
-        }
-        for s in shares {
-            self.give_back(s.target, s.conn);
         }
         Ok(())
     }

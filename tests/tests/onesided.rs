@@ -16,8 +16,16 @@
 //!   tables forced through one): readers in and outside the job see the
 //!   snapshot until `publish_from`, `publish` is refused, free is seen.
 //!   `tests/tests/device.rs` runs the same scenario on device tables.
+//! - a reader used in a forked child (no exec): refused with `Forked`
+//!   naming `Reader::reopen()`, the parent's connections untouched, the
+//!   reopened reader reading;
+//! - a fake read server (a process of its own, holding the job's key)
+//!   that answers a request with another request's answer — refused as
+//!   `Malformed`, never taken for rows, the connection closed — or with an
+//!   error answer, after which the reader reads on over the same
+//!   connection.
 
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::thread;
 
 use wm_tests::{Scratch, World, random_key as key};
@@ -66,6 +74,59 @@ fn an_outside_reader_reads_a_mirrored_table_and_sees_it_freed() {
     outside_with(World::new(2).nodes_of(1).tcp(), "socket", "hierarchy", "free", true);
 }
 
+#[test]
+fn a_reader_used_in_a_forked_child_is_refused_naming_reopen() {
+    World::new(2).run_ok(PROG, &["fork"]);
+    World::new(2).run_ok(PROG, &["fork", "socket"]);
+    World::new(2).nodes_of(1).tcp().run_ok(PROG, &["fork"]);
+}
+
+/// A fake read server (`impostor MODE`) and a reader that joins it
+/// (`impostor-reader MODE`), two processes meeting in a scratch
+/// directory; both must succeed. Returns the reader's output.
+fn against_impostor(mode: &str) -> String {
+    let dir = Scratch::new(&format!("impostor-{mode}"));
+    let d = dir.0.to_string_lossy().into_owned();
+    let key = key();
+    let start = |args: &[&str]| {
+        let mut c = Command::new(wm_tests::relocated(PROG));
+        c.args(args)
+            .env("WM_JOB_KEY", &key)
+            .env("WM_TIMEOUT_S", "60")
+            .env_remove("WM_RANK")
+            .env_remove("WM_WORLD_SIZE")
+            .env_remove("WM_RENDEZVOUS")
+            .env_remove("WM_NODE_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    let mut server = start(&["impostor", &d, mode]).spawn().unwrap();
+    let reader = start(&["impostor-reader", &d, mode]).output().unwrap();
+    if !reader.status.success() {
+        // It may wait for a reader that will not come: its output so far.
+        let _ = server.kill();
+    }
+    let server = server.wait_with_output().unwrap();
+    let (r, s) = (wm_tests::output_text(&reader), wm_tests::output_text(&server));
+    assert!(reader.status.success() && server.status.success(), "reader: {:?}\n{r}\nimpostor: {:?}\n{s}", reader.status, server.status);
+    eprintln!("{r}{s}");
+    r
+}
+
+#[test]
+fn an_answer_to_another_request_is_an_error_never_rows() {
+    let out = against_impostor("stale");
+    assert!(out.contains("a stale answer: ") && out.contains("the connection is out of step"), "{out}");
+}
+
+#[test]
+fn an_error_answer_leaves_the_connection_open_and_the_reader_reading() {
+    let out = against_impostor("refuse");
+    assert!(out.contains("an error answer: rank 0 failed: row 3 at position 0"), "{out}");
+}
+
 #[cfg(feature = "fabric")]
 mod fabric {
     use super::*;
@@ -91,6 +152,11 @@ mod fabric {
     #[test]
     fn fabric_reads_a_host_mirror() {
         tcp(World::new(2).nodes_of(1)).run_ok(PROG, &["mirror", "host", "fabric"]);
+    }
+
+    #[test]
+    fn a_fabric_reader_used_in_a_forked_child_is_refused_naming_reopen() {
+        tcp(World::new(2).nodes_of(1)).run_ok(PROG, &["fork", "fabric"]);
     }
 
     #[test]

@@ -275,23 +275,30 @@ impl Endpoint {
         Ok(buf)
     }
 
-    /// Reaps up to [`REAP`] completions: how many, or an error entry.
-    fn reap(&self, what: &str) -> Result<usize> {
+    /// Reaps up to [`REAP`] completions, pushing onto `done` the context
+    /// each operation was posted with. An error entry completes its
+    /// operation too: its context is pushed (when the entry could be read)
+    /// before the error is returned.
+    fn reap(&self, what: &str, done: &mut Vec<usize>) -> Result<()> {
         let mut entries = [fi::fi_cq_entry::default(); REAP];
         // SAFETY: the queue is open and of the context format; `entries`
         // holds REAP of them.
         let r = unsafe { fi::fi_cq_read(self.cq, entries.as_mut_ptr().cast(), REAP) };
         if r >= 0 {
-            return Ok(r as usize);
+            done.extend(entries[..(r as usize).min(REAP)].iter().map(|e| e.op_context as usize));
+            return Ok(());
         }
         if r == -(fi::FI_EAGAIN as isize) {
-            return Ok(0);
+            return Ok(());
         }
         if r == -(fi::FI_EAVAIL as isize) {
             let mut err = fi::fi_cq_err_entry::default();
             // SAFETY: an error entry is available; `err` is a valid buffer.
             let n = unsafe { fi::fi_cq_readerr(self.cq, &mut err, 0) };
             let mut text = [0 as std::ffi::c_char; 256];
+            if n > 0 {
+                done.push(err.op_context as usize);
+            }
             let detail = if n > 0 {
                 // SAFETY: the entry came from this queue; `text` is
                 // writable for its length.

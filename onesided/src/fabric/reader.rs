@@ -317,7 +317,9 @@ impl FabricTransport {
     fn post_and_wait(&self, ep: &Endpoint, ops: &Ops, profile: Option<&Counters>) -> (Option<Error>, bool) {
         let deadline = Instant::now() + self.timeout;
         let total = ops.msgs.len();
-        let (mut posted, mut done) = (0usize, 0usize);
+        let mut posted = 0usize;
+        let mut done = Completions::new(&ops.ctx);
+        let mut reaped: Vec<usize> = Vec::new();
         let mut first_err: Option<Error> = None;
         let t = Instant::now();
         while posted < total && first_err.is_none() {
@@ -328,9 +330,8 @@ impl FabricTransport {
             if r == 0 {
                 posted += 1;
             } else if r == -(fi::FI_EAGAIN as isize) {
-                match ep.reap("reading rows") {
-                    Ok(k) => done += k,
-                    Err(e) => first_err = Some(e),
+                if let Err(e) = reap(ep, &mut done, &mut reaped, &mut first_err) {
+                    return (Some(e), true);
                 }
                 if Instant::now() > deadline {
                     first_err.get_or_insert(Error::Timeout {
@@ -347,26 +348,25 @@ impl FabricTransport {
         }
         let t = Instant::now();
         let mut spins = 0u32;
-        while done < posted {
-            match ep.reap("reading rows") {
-                Ok(0) => {
-                    if Instant::now() > deadline {
-                        let e = first_err.unwrap_or(Error::Timeout {
-                            what: format!("libfabric reads of table {:?} ({} of {total} done)", self.table, done),
-                            secs: self.timeout.as_secs_f64(),
-                        });
-                        return (Some(e), true);
-                    }
-                    spins += 1;
-                    if spins % 1024 == 0 {
-                        std::thread::yield_now();
-                    }
+        loop {
+            let finished = done.finished();
+            if finished >= posted {
+                break;
+            }
+            if let Err(e) = reap(ep, &mut done, &mut reaped, &mut first_err) {
+                return (Some(e), true);
+            }
+            if done.finished() == finished {
+                if Instant::now() > deadline {
+                    let e = first_err.unwrap_or(Error::Timeout {
+                        what: format!("libfabric reads of table {:?} ({finished} of {total} done)", self.table),
+                        secs: self.timeout.as_secs_f64(),
+                    });
+                    return (Some(e), true);
                 }
-                Ok(k) => done += k,
-                // An error entry completes its operation.
-                Err(e) => {
-                    done += 1;
-                    first_err.get_or_insert(e);
+                spins += 1;
+                if spins % 1024 == 0 {
+                    std::thread::yield_now();
                 }
             }
         }
@@ -374,5 +374,86 @@ impl FabricTransport {
             p.add(Span::Wait, t);
         }
         (first_err, false)
+    }
+}
+
+/// Reaps once: the completions matched to the call's operations in
+/// `done`, the first error kept in `first_err`. `Err` when a completion is
+/// none of them: the endpoint is out of step and must be closed.
+fn reap(ep: &Endpoint, done: &mut Completions, reaped: &mut Vec<usize>, first_err: &mut Option<Error>) -> Result<()> {
+    reaped.clear();
+    let r = ep.reap("reading rows", reaped);
+    for &c in reaped.iter() {
+        done.complete(c).map_err(|d| Error::Fabric { call: "fi_cq_read", detail: format!("reading rows: {d}") })?;
+    }
+    if let Err(e) = r {
+        first_err.get_or_insert(e);
+    }
+    Ok(())
+}
+
+/// Which operations of one call have completed, each known by the context
+/// it was posted with (its place in the call's `fi_context2`s): the
+/// libfabric counterpart of a socket answer's request id. A completion
+/// that names no operation of the call, or one already complete, is
+/// refused — counting it would end the wait while a read may still be
+/// writing into the output.
+struct Completions {
+    /// The address of the first context, and how many there are.
+    base: usize,
+    count: usize,
+    done: Vec<bool>,
+    finished: usize,
+}
+
+impl Completions {
+    fn new(contexts: &[fi::fi_context2]) -> Self {
+        Self { base: contexts.as_ptr() as usize, count: contexts.len(), done: vec![false; contexts.len()], finished: 0 }
+    }
+
+    /// Marks the operation posted with `context` complete.
+    fn complete(&mut self, context: usize) -> std::result::Result<(), String> {
+        let size = std::mem::size_of::<fi::fi_context2>();
+        let at = context.wrapping_sub(self.base);
+        let i = at / size;
+        if context < self.base || at % size != 0 || i >= self.count {
+            return Err(format!("a completion for context {context:#x}, which is none of this call's {} operations", self.count));
+        }
+        if std::mem::replace(&mut self.done[i], true) {
+            return Err(format!("a second completion for operation {i} of {}", self.count));
+        }
+        self.finished += 1;
+        Ok(())
+    }
+
+    /// How many operations have completed.
+    fn finished(&self) -> usize {
+        self.finished
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fabric_completions_are_matched_to_their_operations_once_each() {
+        let ctx = vec![fi::fi_context2::default(); 4];
+        let at = |i: usize| (&raw const ctx[i]) as usize;
+        let mut c = Completions::new(&ctx);
+        // In any order, each once.
+        for i in [2, 0, 3] {
+            c.complete(at(i)).unwrap();
+        }
+        assert_eq!(c.finished(), 3);
+        assert!(c.complete(at(0)).unwrap_err().contains("a second completion for operation 0 of 4"));
+        // Another call's context, one past the end, the middle of one, null.
+        let other = [fi::fi_context2::default()];
+        for bad in [(&raw const other[0]) as usize, at(3) + std::mem::size_of::<fi::fi_context2>(), at(1) + 1, 0] {
+            assert!(c.complete(bad).unwrap_err().contains("none of this call's 4 operations"), "{bad:#x}");
+        }
+        assert_eq!(c.finished(), 3);
+        c.complete(at(1)).unwrap();
+        assert_eq!(c.finished(), 4);
     }
 }

@@ -15,6 +15,11 @@
 //!   `publish` refused naming `publish_from`; readers see the snapshot,
 //!   not writes made after it, until `publish_from`; a memory of another
 //!   shape refused; an error after free.
+//! - `fork [METHOD]` — every rank reads, then forks a child (no exec)
+//!   that tries the parent's reader: every call must fail with `Forked`
+//!   naming `Reader::reopen()`; the child then reopens and reads on its
+//!   own, and exits with a status the parent checks; the parent reads on
+//!   through its own reader.
 //! - `job DIR NAME ROUNDS METHOD TYPE MODE [mirror]` — the job an outside
 //!   reader joins: writes epoch `e`'s values, publishes, and waits for the
 //!   reader (files in `DIR`) before the next; then `free` (frees and
@@ -29,7 +34,20 @@
 //!   (`free`) or after it kills the job's ranks with SIGKILL (`hold`).
 //! - `child DIR NAME EPOCH [JOIN_TIMEOUT_S]` — the loader worker: joins
 //!   and reads.
+//! - `impostor DIR MODE` — a fake read server that breaks the protocol one
+//!   way, publishing a record for it in `DIR` (the job's key from
+//!   `WM_JOB_KEY`): `stale` answers a connection's second request with
+//!   its first answer again (same length, same status, another request's
+//!   rows), then expects the reader to close that connection and serves a
+//!   new one honestly; `refuse` answers the first request with an error
+//!   and expects the next ones on the same connection.
+//! - `impostor-reader DIR MODE` — the reader that meets it: for `stale`,
+//!   the stale answer must be `Malformed` naming both request ids, never
+//!   rows, and the next read must work; for `refuse`, the error answer is
+//!   `PeerFailed` and the next reads work.
 
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -51,10 +69,13 @@ fn main() {
     let result = match scenario.as_str() {
         "reads" => method(rest.first()).and_then(|m| rank(|w| reads(w, m))),
         "busy" => method(rest.first()).and_then(|m| rank(|w| busy(w, m))),
+        "fork" => method(rest.first()).and_then(|m| rank(|w| fork(w, m))),
         "mirror" => method(rest.get(1)).and_then(|m| rank(|w| mirror(w, rest.first().map(String::as_str), m))),
         "job" => rank(|w| job(w, rest)),
         "reader" => outside_reader(rest),
         "child" => child(rest),
+        "impostor" => impostor(rest),
+        "impostor-reader" => impostor_reader(rest),
         other => Err(anyhow::anyhow!("unknown scenario {other:?}")),
     };
     if let Err(e) = result {
@@ -471,6 +492,89 @@ fn busy(world: &Comm, forced: Option<Method>) -> Result<()> {
     Ok(())
 }
 
+// ------------------------------------------------------------------ fork
+
+/// Every rank reads (so its reader holds connections, mappings and
+/// endpoints), forks, and checks that the child cannot use them.
+fn fork(world: &Comm, forced: Option<Method>) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (300 * n + 7, 8usize);
+    let mut mem = allocate(world, MemoryType::Distributed, rows, cols, DType::F32, None)?;
+    fill(&mut mem, cols, DType::F32, 1)?;
+    let table = Table::new(&mem, "fork", DType::F32, &Options { method: forced, ..Options::default() })?;
+    table.publish()?;
+    let reader = table.reader()?;
+    let mut g = Rng::new(&[0xf0, me as u64]);
+    let ids: Vec<usize> = (0..400).map(|_| g.below(rows as u64) as usize).collect();
+    read_epoch(&reader, rows, cols, 1, &ids, "the parent, before the fork")?;
+    // SAFETY: the child runs only `in_child` (reads through this process's
+    // copies of the reader, prints) and leaves by `_exit`, running no
+    // destructor of the parent's objects (the table, the communicator).
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        bail!("fork: {}", std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        let code = match in_child(&reader, rows, cols, &ids) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("FAILED in rank {me}'s forked child: {e:#}");
+                1
+            }
+        };
+        // SAFETY: ends the child at once; nothing of the parent's is
+        // dropped or flushed twice.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    loop {
+        // SAFETY: `pid` is this process's child; `status` is writable.
+        let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if r == pid {
+            break;
+        }
+        let e = std::io::Error::last_os_error();
+        ensure!(e.kind() == std::io::ErrorKind::Interrupted, "waitpid({pid}): {e}");
+    }
+    ensure!(
+        libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+        "rank {me}'s forked child ended with wait status {status:#x} (see its FAILED line)"
+    );
+    // The child touched nothing of the parent's: its reader reads on.
+    read_epoch(&reader, rows, cols, 1, &ids, "the parent, after its child exited")?;
+    if me == 0 {
+        println!("forked children were refused the parents' readers and read through their own ({})", reader.method_names());
+    }
+    world.barrier()?;
+    table.free()?;
+    mem.free()?;
+    Ok(())
+}
+
+/// The forked child: every call through the parent's reader is refused,
+/// naming what to do; a reopened reader reads.
+fn in_child(reader: &Reader, rows: usize, cols: usize, ids: &[usize]) -> Result<()> {
+    let refused = |what: &str, r: std::result::Result<(), OErr>| -> Result<()> {
+        match r {
+            Err(e @ OErr::Forked { .. }) => {
+                ensure!(e.to_string().contains("Reader::reopen()"), "{what}: the error does not say what to do: {e}");
+                Ok(())
+            }
+            Ok(()) => bail!("{what} through the parent's reader worked in a forked child, on the parent's connections"),
+            Err(e) => bail!("{what} through the parent's reader in a forked child gave {e:?}, not Forked"),
+        }
+    };
+    let mut one = vec![0u8; cols * 4];
+    refused("get_batch", reader.get_batch(Ids::I64(&[ids[0] as i64]), &mut one, DType::F32))?;
+    refused("get", reader.get(rows - 1, 1, &mut one, DType::F32))?;
+    refused("epoch", reader.epoch().map(drop))?;
+    refused("register_recv", reader.register_recv(one.len()).map(drop))?;
+    let own = reader.reopen().context("reopening in the child")?;
+    read_epoch(&own, rows, cols, 1, ids, "the child's own reader")?;
+    ensure!(own.epoch()? == 1, "the child's reader sees epoch {}", own.epoch()?);
+    Ok(())
+}
+
 // ------------------------------------------------------------------ outside
 
 fn touch(p: &Path) -> Result<()> {
@@ -696,5 +800,184 @@ fn child(rest: &[String]) -> Result<()> {
     let reader = Reader::join(&at, name, &Options { join_timeout: Some(Duration::from_secs(wait)), ..Options::default() })?;
     read_all(&reader, epoch.parse()?, 2)?;
     println!("child reader read epoch {epoch}");
+    Ok(())
+}
+
+// ------------------------------------------------------------------ impostor
+
+/// The impostor's table: one owner of `IMPOSTOR_ROWS` rows of
+/// `IMPOSTOR_COLS` f32 values (`value` at epoch 1).
+const IMPOSTOR: &str = "impostor";
+const IMPOSTOR_ROWS: usize = 64;
+const IMPOSTOR_COLS: usize = 4;
+
+/// A fake read server: the handshake as the real one does it (it holds
+/// the job's key), then answers of its own making, byte by byte as
+/// `onesided/src/wire.rs` lays them out.
+fn impostor(rest: &[String]) -> Result<()> {
+    let [dir, mode] = rest else { bail!("impostor DIR MODE") };
+    let key = JobKey::from_env()?.context("the impostor needs WM_JOB_KEY")?;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let port = listener.local_addr()?.port();
+    let nonce = 0x5ca1_ab1e_u64;
+    let row_bytes = IMPOSTOR_COLS * 4;
+    let record = format!(
+        r#"{{"version":2,"name":"{IMPOSTOR}","id":7,"rows":{IMPOSTOR_ROWS},"row_bytes":{row_bytes},"dtype":"f32","cols":{IMPOSTOR_COLS},"memory_type":"distributed","location":"host","counts":[{IMPOSTOR_ROWS}],"epoch":1,"owners":[{{"rank":0,"node_id":"impostor-node","hostname":"impostor","node_overridden":true,"unix_name":"wholemem.onesided.impostor","tcp_addr":"127.0.0.1:{port}","nonce":{nonce},"pieces":[{}],"offset":0,"fabric":null}}]}}"#,
+        IMPOSTOR_ROWS * row_bytes
+    );
+    let tmp = Path::new(dir).join(".impostor.tmp");
+    std::fs::write(&tmp, record)?;
+    std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
+    listener.set_nonblocking(true)?;
+    let accept = || -> Result<TcpStream> {
+        let start = Instant::now();
+        let mut c = loop {
+            match listener.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    ensure!(start.elapsed() < Duration::from_secs(60), "no reader connected within 60 s");
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        c.set_nonblocking(false)?;
+        wm_comm::auth::serve_reader(&mut c, &key, nonce, Instant::now() + Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
+        c.set_read_timeout(Some(Duration::from_secs(60)))?;
+        Ok(c)
+    };
+    match mode.as_str() {
+        "stale" => {
+            let mut c = accept()?;
+            let first = next_read(&mut c)?.context("the reader hung up before its first request")?;
+            let answer = rows_answer(0, &first);
+            c.write_all(&answer)?;
+            let second = next_read(&mut c)?.context("the reader hung up before its second request")?;
+            ensure!(second.len() == first.len(), "the reader's second request has {} rows, not {}", second.len(), first.len());
+            // The first answer again: the right length and status, the
+            // first request's id and rows.
+            c.write_all(&answer)?;
+            if let Some(more) = next_read(&mut c)? {
+                bail!("the reader sent another request ({more:?}) on the connection the stale answer came on");
+            }
+            println!("impostor: the reader closed the connection the stale answer came on");
+            let mut c = accept()?;
+            let served = serve_honestly(&mut c, 0)?;
+            ensure!(served > 0, "the reader asked nothing on its new connection");
+        }
+        "refuse" => {
+            let mut c = accept()?;
+            let first = next_read(&mut c)?.context("the reader hung up before its first request")?;
+            let msg = format!("row {} at position 0 is not one of its rows", first[0]);
+            let mut answer = header(0, false, msg.len());
+            answer.extend_from_slice(msg.as_bytes());
+            c.write_all(&answer)?;
+            let served = serve_honestly(&mut c, 1)?;
+            ensure!(served > 0, "the reader closed the connection after an error answer instead of reading on over it");
+            match listener.accept() {
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                other => bail!("the reader opened a second connection: {other:?}"),
+            }
+            println!("impostor: the reader read {served} more answers over the connection the error answer came on");
+        }
+        other => bail!("unknown impostor mode {other:?}"),
+    }
+    Ok(())
+}
+
+/// A response header: request `id`, ok or an error, `bytes` following.
+fn header(id: u64, ok: bool, bytes: usize) -> Vec<u8> {
+    let mut h = b"WMOR".to_vec();
+    h.extend_from_slice(&[u8::from(!ok), 0, 0, 0]);
+    h.extend_from_slice(&1u64.to_le_bytes());
+    h.extend_from_slice(&(bytes as u64).to_le_bytes());
+    h.extend_from_slice(&id.to_le_bytes());
+    h
+}
+
+/// The answer to request `id` for `rows`: a header and the rows' values.
+fn rows_answer(id: u64, rows: &[usize]) -> Vec<u8> {
+    let mut a = header(id, true, rows.len() * IMPOSTOR_COLS * 4);
+    for &r in rows {
+        a.extend_from_slice(&expected(r, IMPOSTOR_COLS, 1, DType::F32, DType::F32));
+    }
+    a
+}
+
+/// The next read request's rows, `None` when the reader hung up.
+fn next_read(c: &mut TcpStream) -> Result<Option<Vec<usize>>> {
+    let mut h = [0u8; 32];
+    match c.read(&mut h[..1]) {
+        Ok(0) => return Ok(None),
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    c.read_exact(&mut h[1..])?;
+    let word = |i: usize| u64::from_le_bytes(h[i..i + 8].try_into().unwrap_or([0; 8]));
+    ensure!(&h[..4] == b"WMOQ" && h[4] == 1, "not a read request: {h:?}");
+    let (n, skip, len) = (word(8) as usize, word(16), word(24));
+    ensure!(n <= IMPOSTOR_ROWS && skip == 0 && len == (IMPOSTOR_COLS * 4) as u64, "a read of {n} rows of {len} bytes from byte {skip}");
+    let mut ids = vec![0u8; n * 8];
+    c.read_exact(&mut ids)?;
+    Ok(Some(ids.chunks(8).map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])) as usize).collect()))
+}
+
+/// Answers reads correctly, ids from `first`, until the reader hangs up:
+/// how many.
+fn serve_honestly(c: &mut TcpStream, first: u64) -> Result<u64> {
+    let mut id = first;
+    while let Some(rows) = next_read(c)? {
+        ensure!(rows.iter().all(|&r| r < IMPOSTOR_ROWS), "rows {rows:?}");
+        c.write_all(&rows_answer(id, &rows))?;
+        id += 1;
+    }
+    Ok(id - first)
+}
+
+/// The reader that meets the impostor.
+fn impostor_reader(rest: &[String]) -> Result<()> {
+    let [dir, mode] = rest else { bail!("impostor-reader DIR MODE") };
+    let at = Rendezvous::parse(&format!("dir:{dir}"))?;
+    let reader = Reader::join(&at, IMPOSTOR, &Options { join_timeout: Some(Duration::from_secs(60)), ..Options::default() })?;
+    ensure!(reader.method_names() == "socket", "the impostor is read by {}", reader.method_names());
+    let read = |ids: &[usize]| -> std::result::Result<Vec<u8>, OErr> {
+        let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+        let mut out = vec![0u8; ids.len() * IMPOSTOR_COLS * 4];
+        reader.get_batch(Ids::I64(&v), &mut out, DType::F32).map(|()| out)
+    };
+    let check = |ids: &[usize], ctx: &str| -> Result<()> {
+        let out = read(ids).with_context(|| format!("{ctx}: get_batch of {ids:?}"))?;
+        verify(&out, ids, IMPOSTOR_COLS, 1, DType::F32, DType::F32, ctx)
+    };
+    match mode.as_str() {
+        "stale" => {
+            check(&[1, 2], "the first read")?;
+            match read(&[5, 6]) {
+                Err(e @ OErr::Malformed { .. }) => {
+                    ensure!(e.to_string().contains("the answer to request 0 where the answer to request 1 was due"), "{e}");
+                    println!("a stale answer: {e}");
+                }
+                Ok(out) => {
+                    let earlier = verify(&out, &[1, 2], IMPOSTOR_COLS, 1, DType::F32, DType::F32, "").is_ok();
+                    bail!(
+                        "get_batch of ids [5, 6] returned rows{}: an answer to another request taken for this one's",
+                        if earlier { " 1 and 2, the first request's" } else { "" }
+                    )
+                }
+                Err(e) => bail!("the stale answer gave {e:?}, not Malformed"),
+            }
+            check(&[5, 6, 63], "the read after the stale answer (a new connection)")?;
+        }
+        "refuse" => {
+            match read(&[3]) {
+                Err(e @ OErr::PeerFailed { .. }) if e.to_string().contains("row 3 at position 0") => println!("an error answer: {e}"),
+                other => bail!("the error answer gave {other:?}"),
+            }
+            check(&[3, 4], "the read after the error answer")?;
+            check(&[0, 63, 0], "the next read")?;
+        }
+        other => bail!("unknown impostor mode {other:?}"),
+    }
     Ok(())
 }
