@@ -52,6 +52,7 @@ const UNSAFE_ALLOWED: &[&str] = &[
     "wholemem/src/handle.rs",
     "wholemem/src/handle/rows.rs",
     "wholemem/src/tensor.rs",
+    "wholemem/src/files/mod.rs",
     "wholemem/src/device/",
     "gather/src/kernel.rs",
     "gather/src/mapped.rs",
