@@ -227,8 +227,25 @@ pub fn prefetch_slice<T>(v: &[T]) {
     prefetch(v.as_ptr().cast(), std::mem::size_of_val(v));
 }
 
+/// Rows a CPU row kernel gives each thread at least: a call over at most
+/// this many rows runs on the calling thread alone, whatever number of
+/// threads it is allowed. Below that, starting a thread costs more than
+/// it saves. What only one thread makes safe — a repeated output slot in
+/// [`gather_rows`], see [`crate::rows::gather_from`] — is allowed exactly
+/// when [`threads_for`] says one.
+pub const MIN_ROWS_PER_THREAD: usize = 2048;
+
+/// The threads a row kernel uses for `rows` rows when allowed `threads`:
+/// one per [`MIN_ROWS_PER_THREAD`] rows started, at most `threads`, at
+/// least one.
+#[inline]
+pub(crate) fn threads_for(rows: usize, threads: usize) -> usize {
+    threads.clamp(1, rows.div_ceil(MIN_ROWS_PER_THREAD).max(1))
+}
+
 /// Copies `rows[i]` of the source into output row `i` — or output row
-/// `to[i]` when `to` is given — for every `i`, split over `threads`.
+/// `to[i]` when `to` is given — for every `i`, split over `threads`
+/// ([`threads_for`] of them).
 ///
 /// # Safety
 /// Every `src.addr(rows[i])` is readable for `conv.src_bytes()`; `out` holds
@@ -249,7 +266,7 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
             unsafe { conv.row(src.addr(r), base.get().add(slot * db)) };
         }
     };
-    let threads = threads.clamp(1, rows.len().div_ceil(2048).max(1));
+    let threads = threads_for(rows.len(), threads);
     if threads == 1 {
         run(0, rows);
         return;
@@ -354,7 +371,7 @@ pub(crate) unsafe fn scatter_rows(
         }
         Ok(())
     };
-    let threads = threads.clamp(1, rows.len().div_ceil(2048).max(1));
+    let threads = threads_for(rows.len(), threads);
     if threads == 1 {
         return run(0, 1);
     }
@@ -411,6 +428,48 @@ mod tests {
     impl RowAddr for Slab {
         fn addr(&self, index: usize) -> *mut u8 {
             self.0.0.wrapping_add(index * self.1)
+        }
+    }
+
+    /// A slab that notes every thread that asks it for a row.
+    struct Watched {
+        slab: Slab,
+        seen: std::sync::Mutex<std::collections::HashSet<std::thread::ThreadId>>,
+    }
+    impl RowAddr for Watched {
+        fn addr(&self, index: usize) -> *mut u8 {
+            self.seen.lock().unwrap().insert(std::thread::current().id());
+            self.slab.addr(index)
+        }
+    }
+
+    /// What `rows::gather_from` relies on to accept repeated slots: the
+    /// kernels run on the calling thread alone up to `MIN_ROWS_PER_THREAD`
+    /// rows and split past it, as `threads_for` says.
+    #[test]
+    fn kernels_split_rows_over_threads_exactly_past_min_rows_per_thread() {
+        let m = MIN_ROWS_PER_THREAD;
+        let (rows, cols) = (2 * m + 1, 2usize);
+        let mut table: Vec<u32> = (0..rows * cols).map(|i| i as u32).collect();
+        let conv = RowConv::new(DType::I32, DType::I32, cols).unwrap();
+        for (n, want) in [(1, 1), (m - 1, 1), (m, 1), (m + 1, 2), (2 * m, 2), (2 * m + 1, 3)] {
+            assert_eq!(threads_for(n, 4), want, "{n} rows");
+            assert_eq!(threads_for(n, 1), 1, "{n} rows, one thread allowed");
+            let ids: Vec<usize> = (0..n).map(|i| (i * 7919) % rows).collect();
+            let watched = Watched { slab: Slab(SendPtr(table.as_mut_ptr().cast()), cols * 4), seen: Default::default() };
+            let mut out = vec![0u8; n * cols * 4];
+            // SAFETY: every id is below `rows`; `out` is sized for the ids.
+            unsafe { gather_rows(&watched, &ids, None, conv, &mut out, 4) };
+            let seen = std::mem::take(&mut *watched.seen.lock().unwrap());
+            assert_eq!(seen.len(), want, "gather of {n} rows ran on {} threads", seen.len());
+            if want == 1 {
+                assert!(seen.contains(&std::thread::current().id()), "gather of {n} rows left the calling thread");
+            }
+            let src = vec![0u8; n * cols * 4];
+            // SAFETY: as above; the table is only reached through `watched`.
+            unsafe { scatter_rows(&watched, &ids, conv, &src, 4, None) }.unwrap();
+            let seen = watched.seen.lock().unwrap();
+            assert_eq!(seen.len(), want, "scatter of {n} rows ran on {} threads", seen.len());
         }
     }
 

@@ -41,7 +41,7 @@ pub mod rows;
 pub mod sort;
 
 pub use column::{Column, Run};
-pub use kernel::{PREFETCH_DISTANCE, prefetch_slice};
+pub use kernel::{MIN_ROWS_PER_THREAD, PREFETCH_DISTANCE, prefetch_slice};
 pub use wholemem::{ConversionError, DType, Element};
 
 /// What can go wrong moving rows.

@@ -94,8 +94,9 @@ impl RowAddr for Skipped<'_, '_> {
 /// # Errors
 /// [`Error::InvalidArgument`] naming the value: a layout that does not fit
 /// the stride, a row past the source, an output of the wrong size, a slot
-/// past it, or (when the copy is split over threads) a slot repeated;
-/// [`Error::Conversion`] between float and int.
+/// past it, or (when the copy is split over threads: `threads > 1` and
+/// more than [`MIN_ROWS_PER_THREAD`](crate::MIN_ROWS_PER_THREAD) rows) a
+/// slot repeated; [`Error::Conversion`] between float and int.
 pub fn gather_from(
     src: &RowSource<'_>,
     layout: &RowLayout,
@@ -135,7 +136,9 @@ pub fn gather_from(
                 return Err(Error::InvalidArgument(format!("slot {s} at position {i} is past the {out_rows} output rows")));
             }
             // Threads write slots at once: each must be written by one.
-            if threads > 1 && rows.len() > 2048 {
+            // One thread (as the kernel splits the rows) writes a repeated
+            // slot twice, in order, which is no race.
+            if kernel::threads_for(rows.len(), threads) > 1 {
                 let mut seen = vec![false; out_rows];
                 for (i, &s) in slots.iter().enumerate() {
                     if std::mem::replace(&mut seen[s], true) {
@@ -157,6 +160,51 @@ pub fn gather_from(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The repeated-slot check and the kernel's split share one threshold:
+    /// up to `MIN_ROWS_PER_THREAD` rows one thread writes every slot, so a
+    /// repeated one is accepted and the output is that of one thread; past
+    /// it, threads would race on the slot, so it is refused. Distinct
+    /// slots give one thread's output on either side.
+    #[test]
+    fn repeated_slots_are_refused_exactly_where_the_kernel_splits_the_rows() {
+        let m = crate::MIN_ROWS_PER_THREAD;
+        let (cols, src_rows) = (2usize, 16usize);
+        let stride = cols * 4;
+        let table: Vec<u32> = (0..src_rows * cols).map(|i| 7 * i as u32 + 1).collect();
+        let src = RowSource::from_slice(bytemuck::cast_slice(&table), stride).unwrap();
+        let layout = RowLayout::new(DType::I32, cols, 0).unwrap();
+        let gather = |rows: &[usize], slots: &[usize], threads: usize| {
+            let mut out = vec![0u8; rows.len() * stride];
+            gather_from(&src, &layout, rows, Some(slots), &mut out, DType::I32, threads).map(|()| out)
+        };
+        for n in [m - 1, m, m + 1, m + 2] {
+            let rows: Vec<usize> = (0..n).map(|i| (i * 5 + 3) % src_rows).collect();
+            let distinct: Vec<usize> = (0..n).rev().collect();
+            let one = gather(&rows, &distinct, 1).unwrap();
+            for (i, (&r, &s)) in rows.iter().zip(&distinct).enumerate() {
+                assert_eq!(
+                    one[s * stride..][..stride],
+                    *bytemuck::cast_slice::<u32, u8>(&table[r * cols..][..cols]),
+                    "{n} rows: position {i}"
+                );
+            }
+            let mut repeated = distinct.clone();
+            repeated[n - 1] = repeated[0];
+            let alone = gather(&rows, &repeated, 1).unwrap();
+            for threads in [2, 4] {
+                assert_eq!(gather(&rows, &distinct, threads).unwrap(), one, "{n} distinct slots on {threads} threads");
+                match gather(&rows, &repeated, threads) {
+                    Ok(out) if n <= m => assert_eq!(out, alone, "{n} rows, a repeated slot, {threads} threads"),
+                    Ok(_) => panic!("{n} rows on {threads} threads: a repeated slot was accepted past {m} rows"),
+                    Err(e) if n > m => {
+                        assert!(e.to_string().contains(&format!("slot {} at position {} is repeated", n - 1, n - 1)), "{e}")
+                    }
+                    Err(e) => panic!("{n} rows on {threads} threads: a repeated slot was refused at or below {m} rows: {e}"),
+                }
+            }
+        }
+    }
 
     #[test]
     fn parts_slices_slots_and_conversions_match_a_plain_loop() {

@@ -46,7 +46,10 @@
 //!
 //! Unsafe code is denied except in `shm` (row sources over read-only
 //! mappings, rows sent from them), `fabric` (libfabric calls) and `mpi_rma`
-//! (MPI calls); ARCHITECTURE.md lists them.
+//! (MPI calls), and for the `unsafe fn Transport::register` (a buffer's
+//! registration must be dropped before the buffer), declared in
+//! `transport` and called by `Reader::register_recv`; ARCHITECTURE.md
+//! lists them.
 #![deny(unsafe_code)]
 
 mod catalog;

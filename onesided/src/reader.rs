@@ -359,11 +359,17 @@ impl Reader {
     /// # Errors
     /// When the memory cannot be registered; [`Error::Forked`] in a process
     /// forked from the one that opened the reader.
+    // Registers the buffer through the unsafe `Transport::register`.
+    #[allow(unsafe_code)]
     pub fn register_recv(&self, bytes: usize) -> Result<RecvBuffer> {
         self.own()?;
         let mut buf = RecvBuffer { buf: vec![0u8; bytes], regs: Vec::new(), pid: std::process::id() };
         for t in &self.inner.transports {
-            if let Some(reg) = t.register(&mut buf.buf)? {
+            // SAFETY: the registration goes into `buf.regs`, which
+            // `RecvBuffer` drops before `buf.buf` (its `Drop` clears it, and
+            // field order does too); `buf.buf` is never resized (RecvBuffer
+            // hands out slices only), so its allocation stays where it is.
+            if let Some(reg) = unsafe { t.register(&mut buf.buf) }? {
                 buf.regs.push(reg);
             }
         }

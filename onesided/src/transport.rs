@@ -35,9 +35,21 @@ pub(crate) trait Transport: Send + Sync + fmt::Debug {
     fn read(&self, req: &mut ReadRequest<'_>, profile: Option<&Counters>) -> Result<()>;
 
     /// Registers a destination buffer once (libfabric); `None` where the
-    /// transport registers nothing. The registration must be dropped
-    /// before the buffer is.
-    fn register(&self, buf: &mut [u8]) -> Result<Option<Box<dyn Registration>>> {
+    /// transport registers nothing.
+    ///
+    /// # Errors
+    /// The transport's, when it cannot register the memory.
+    ///
+    /// # Safety
+    /// `buf`'s memory must stay allocated, at the same address, until the
+    /// returned registration is dropped: drop the registration before the
+    /// buffer, and never grow, shrink or move the buffer's allocation while
+    /// it lives. The transport keeps the address, and the network device
+    /// may write there.
+    // The lint counts this default body as unsafe code, though it does
+    // nothing unsafe.
+    #[allow(unsafe_code)]
+    unsafe fn register(&self, buf: &mut [u8]) -> Result<Option<Box<dyn Registration>>> {
         let _ = buf;
         Ok(None)
     }

@@ -326,8 +326,9 @@ impl SocketComm {
     /// The in-place exchange: parts for other nodes whose `landings` match
     /// are received straight into `out`; `take` gets every part, in rank
     /// order, with `out`.
-    // Reads mailboxes through `shm::Mailbox::bytes`, whose contract the
-    // exchange's protocol keeps (see the SAFETY note at the call).
+    // Writes and reads mailboxes through `shm::Mailbox::bytes_mut` and
+    // `bytes`, whose contracts the exchange's protocol keeps (see the
+    // SAFETY notes at the calls).
     #[allow(unsafe_code)]
     fn in_place(
         &self,
@@ -355,7 +356,14 @@ impl SocketComm {
                 // A mailbox that cannot be made (out of memory or
                 // descriptors) only costs speed: the bytes go inline.
                 if let Ok((index, mailbox, fresh)) = channels.next_outbox(r, len) {
-                    fill(r, mailbox.bytes_mut(len));
+                    // SAFETY: `next_outbox` sized the mailbox for `len`. The
+                    // peer last read this outbox in an exchange at least two
+                    // before this one, and had finished before this rank's
+                    // previous exchange ended (`shm::Channels`); it reads it
+                    // next after the frame below, sent once `fill` has
+                    // returned and the slice is gone; it never writes it
+                    // (it maps it read-only).
+                    fill(r, unsafe { mailbox.bytes_mut(len) });
                     payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
                     new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
                     continue;

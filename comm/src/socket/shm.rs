@@ -32,7 +32,8 @@ pub(crate) struct Mailbox {
 
 // SAFETY: a Mailbox is plain shared memory plus a descriptor; it can move
 // between threads. Who may write it when is the protocol's business (see
-// `Channels`), and access goes through `&mut self` or the unsafe `bytes`.
+// `Channels`), and its bytes are reached only through the unsafe
+// `bytes_mut` (with `&mut self`) and `bytes`.
 unsafe impl Send for Mailbox {}
 // SAFETY: as above; `&Mailbox` hands out bytes only through `unsafe fn bytes`.
 unsafe impl Sync for Mailbox {}
@@ -115,13 +116,30 @@ impl Mailbox {
         self.fd.as_fd()
     }
 
-    /// The first `len` bytes, for the sender to fill (a mailbox it created).
-    pub fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
+    /// The first `len` bytes, for the sender to fill (a mailbox it
+    /// [created](Self::create)).
+    ///
+    /// The memory is shared: the peer holds the descriptor and maps it, so
+    /// `&mut self` alone cannot make this slice exclusive.
+    ///
+    /// # Safety
+    /// No other process may read or write the mailbox while the slice
+    /// lives. For an outbox of [`Channels`] that holds from the start of
+    /// this rank's in-place exchange until the frame announcing the bytes
+    /// is sent: the peer only reads a mailbox (it maps it read-only), and
+    /// only between the arrival of that frame and the start of its own
+    /// next exchange, by which time this rank has moved to the other
+    /// outbox (see [`Channels`]).
+    ///
+    /// # Panics
+    /// When `len` is more than the mailbox holds (the caller sized it with
+    /// [`Channels::next_outbox`]).
+    pub unsafe fn bytes_mut(&mut self, len: usize) -> &mut [u8] {
         assert!(len <= self.len, "{len} bytes do not fit in a mailbox of {}", self.len);
         // SAFETY: the range is inside the mapping, which is writable (only
-        // `create` makes mailboxes a sender fills). The peer reads it only
-        // between this call's frame and the next use of this mailbox, which
-        // cannot overlap this borrow (see `Channels`).
+        // `create` makes mailboxes a sender fills) and alive as long as the
+        // borrow of `self`; `&mut self` excludes other users in this
+        // process, the caller's contract other processes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), len) }
     }
 

@@ -177,13 +177,14 @@ impl Transport for FabricTransport {
         Method::Fabric
     }
 
-    fn register(&self, buf: &mut [u8]) -> Result<Option<Box<dyn Registration>>> {
+    unsafe fn register(&self, buf: &mut [u8]) -> Result<Option<Box<dyn Registration>>> {
         if buf.is_empty() {
             return Ok(None);
         }
         let id = self.shared.key();
-        // SAFETY: the RecvBuffer that owns `buf` drops this registration
-        // before its memory (see `RecvBuffer`).
+        // SAFETY: `buf` stays allocated where it is until the registration
+        // (which owns the memory region) is dropped: this function's
+        // contract, which `Mr::register` asks for.
         let mr = unsafe { Mr::register(&self.shared.fabric, buf.as_ptr(), buf.len(), fi::FI_READ, id) }?;
         let r = Registered { start: buf.as_ptr() as usize, len: buf.len(), desc: mr.desc() as usize, id };
         self.shared.recv.lock().unwrap_or_else(|p| p.into_inner()).push(r);

@@ -365,10 +365,16 @@ impl Staging {
 /// This rank's rows as bytes to load into: the one place that knows where
 /// the local rows live. With `staging`, its buffer, to be written to the
 /// device afterwards ([`finish_destination`]).
-fn local_destination<'a>(mem: &'a mut WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a mut [u8]> {
+///
+/// # Safety
+/// As [`WholeMemory::local_bytes_for_io`]: the slice only goes to
+/// positioned reads, which store into it; no Rust code touches its contents.
+#[allow(unsafe_code)]
+unsafe fn local_destination<'a>(mem: &'a mut WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a mut [u8]> {
     Ok(match staging {
         Some(s) => &mut s.buf,
-        None => mem.local_bytes_for_io(),
+        // SAFETY: the caller's contract is that of `local_bytes_for_io`.
+        None => unsafe { mem.local_bytes_for_io() },
     })
 }
 
@@ -382,13 +388,19 @@ fn finish_destination(mem: &mut WholeMemory, staging: Option<Staging>) -> Result
 
 /// This rank's rows as bytes to store, the counterpart of
 /// [`local_destination`]: device rows are first copied into `staging`.
-fn local_source<'a>(mem: &'a WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a [u8]> {
+///
+/// # Safety
+/// As [`WholeMemory::local_bytes_for_output`]: the slice only goes to
+/// positioned writes, which read it; no Rust code reads its contents.
+#[allow(unsafe_code)]
+unsafe fn local_source<'a>(mem: &'a WholeMemory, staging: &'a mut Option<Staging>) -> Result<&'a [u8]> {
     Ok(match staging {
         Some(s) => {
             mem.read_rows(mem.local_rows().start, &mut s.buf)?;
             &s.buf
         }
-        None => mem.local_bytes_for_output(),
+        // SAFETY: the caller's contract is that of `local_bytes_for_output`.
+        None => unsafe { mem.local_bytes_for_output() },
     })
 }
 
@@ -456,6 +468,8 @@ impl SplitRows for &[u8] {
 
 /// Reads this rank's rows from the files that hold them, with positioned
 /// reads straight into the table.
+// Takes the table's rows through the unsafe `local_destination`.
+#[allow(unsafe_code)]
 fn read_local(mem: &mut WholeMemory, layout: &Layout, threads: usize) -> Result<Loaded> {
     let rows = mem.local_rows();
     let rb = layout.row_bytes() as usize;
@@ -467,7 +481,10 @@ fn read_local(mem: &mut WholeMemory, layout: &Layout, threads: usize) -> Result<
         }
     }
     let mut staging = Staging::for_device(mem);
-    let dst = local_destination(mem, &mut staging)?;
+    // SAFETY: `dst` is split into chunks whose parts go to `read_exact_at`
+    // only (below); only their lengths are read here, and all of them are
+    // gone before `finish_destination`.
+    let dst = unsafe { local_destination(mem, &mut staging) }?;
     debug_assert_eq!(dst.len(), rows.len() * rb);
     let bytes = dst.len() as u64;
     let used = in_parallel(dst, rows, rb, threads, |first, chunk: &mut [u8]| {
@@ -511,11 +528,15 @@ fn prepare(target: &StoreTarget, world: usize, total: usize) -> Result<()> {
 }
 
 /// Writes this rank's rows: its own NPY file, or its range of the raw file.
+// Takes the table's rows through the unsafe `local_source`.
+#[allow(unsafe_code)]
 fn write_local(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget, threads: usize) -> Result<()> {
     let rows = mem.local_rows();
     let rb = row.row_bytes();
     let mut staging = Staging::for_device(mem);
-    let src = local_source(mem, &mut staging)?;
+    // SAFETY: `src` is split into chunks that go to `write_all_at` only
+    // (below); only their lengths are read here.
+    let src = unsafe { local_source(mem, &mut staging) }?;
     let (path, file, base) = match target {
         StoreTarget::NpyDir(dir) => {
             let path = dir.join(layout::shard_name(mem.comm().rank() as u64));

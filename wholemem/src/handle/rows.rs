@@ -68,28 +68,41 @@ impl WholeMemory {
         unsafe { std::slice::from_raw_parts_mut(p, len) }
     }
 
-    /// This rank's rows as a slice for a system call to fill (file loading):
-    /// only the kernel writes through it, and no Rust code reads or keeps
-    /// it, so nothing assumes its contents while other processes could
-    /// write them.
-    pub(crate) fn local_bytes_for_io(&mut self) -> &mut [u8] {
+    /// This rank's rows as a slice for a system call to fill (file
+    /// loading), without the exclusion [`local_bytes_mut`](Self::local_bytes_mut)
+    /// asks of other processes.
+    ///
+    /// # Safety
+    /// The slice (and every part of it) may only be handed to system calls
+    /// that store bytes into it (positioned reads); no Rust code may read
+    /// or write its contents, and none may keep it past those calls. Then
+    /// nothing in this process assumes what the memory holds while other
+    /// processes may write it.
+    pub(crate) unsafe fn local_bytes_for_io(&mut self) -> &mut [u8] {
         let (p, len) = self.own_rows();
         // A write of every row, counted as `local_bytes_mut` counts it.
         self.note_written(self.local_rows());
         // SAFETY: `p` starts this rank's rows, mapped read-write for `len`
-        // bytes and alive as long as the borrow of `self`; the slice goes
-        // only to positioned reads, which store bytes and assume nothing
-        // of what the memory held (see the doc above).
+        // bytes and alive as long as the borrow of `self`; only system
+        // calls touch the contents (the caller's contract).
         unsafe { std::slice::from_raw_parts_mut(p, len) }
     }
 
     /// This rank's rows as a slice for a system call or the CUDA driver to
-    /// read (file storing, uploads): only they read through it. Rows other processes
-    /// write meanwhile may be stored torn, as with [`read_rows`](Self::read_rows).
-    pub(crate) fn local_bytes_for_output(&self) -> &[u8] {
+    /// read (file storing, uploads), without the exclusion
+    /// [`local_bytes`](Self::local_bytes) asks of other processes. Rows
+    /// other processes write meanwhile may be stored torn, as with
+    /// [`read_rows`](Self::read_rows).
+    ///
+    /// # Safety
+    /// The slice (and every part of it) may only be handed to system calls
+    /// or driver copies that read it as plain bytes (positioned writes,
+    /// host-to-device copies); no Rust code may read its contents, and
+    /// none may keep it past those calls.
+    pub(crate) unsafe fn local_bytes_for_output(&self) -> &[u8] {
         let (p, len) = self.own_rows();
-        // SAFETY: as for `local_bytes_for_io`: the slice goes only to
-        // positioned writes, which copy bytes out and assume nothing.
+        // SAFETY: as for `local_bytes_for_io`: only system calls and the
+        // driver read the contents (the caller's contract).
         unsafe { std::slice::from_raw_parts(p, len) }
     }
 
@@ -140,7 +153,9 @@ impl WholeMemory {
         if self.loc != Location::Host {
             return Err(Error::InvalidArgument("upload_local copies host rows; this table is in device memory".into()));
         }
-        let src = self.local_bytes_for_output();
+        // SAFETY: the slice goes only to the driver's host-to-device copy,
+        // which reads it as bytes; it is dropped when this call returns.
+        let src = unsafe { self.local_bytes_for_output() };
         let n = src.len().min(dst.len());
         dst.upload(&src[..n])?;
         Ok(n)
