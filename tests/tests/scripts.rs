@@ -234,3 +234,18 @@ fn the_gpu_check_runs_every_device_test() {
     let missing: Vec<&&str> = names.iter().filter(|n| !check.contains(**n)).collect();
     assert!(missing.is_empty(), "device tests the GPU check does not run: {missing:?}");
 }
+
+/// Issue 30, item 9: CI tolerated warnings (a budget of 20 hid real ones).
+/// Every cargo command of `.ci/run` now runs with warnings denied: the
+/// flags are exported before the first one, and no line changes them after.
+#[test]
+fn every_ci_lane_builds_with_warnings_denied() {
+    let ci = std::fs::read_to_string(scripts().join("../.ci/run")).expect(".ci/run is readable");
+    let lines: Vec<&str> = ci.lines().map(str::trim).filter(|l| !l.starts_with('#')).collect();
+    let first_cargo = lines.iter().position(|l| l.split_whitespace().any(|w| w == "cargo")).expect(".ci/run runs cargo");
+    let export = lines.iter().position(|l| l.starts_with("export ") && l.contains(r#"RUSTFLAGS="-D warnings""#));
+    assert!(export.is_some_and(|e| e < first_cargo), "RUSTFLAGS=\"-D warnings\" is not exported before the first cargo command");
+    assert!(lines.iter().position(|l| l.contains(r#"RUSTDOCFLAGS="-D warnings""#)).is_some_and(|e| e < first_cargo), "RUSTDOCFLAGS");
+    let later: Vec<&&str> = lines.iter().skip(first_cargo).filter(|l| l.contains("RUSTFLAGS") || l.contains("--cap-lints")).collect();
+    assert!(later.is_empty(), "a later line changes the warning flags: {later:?}");
+}

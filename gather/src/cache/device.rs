@@ -39,7 +39,31 @@ struct Part {
     table: u64,
     /// The table's write generation of this rank's rows that the slots
     /// reflect.
-    seen: u64,
+    seen: Seen,
+}
+
+/// The write generation a cache's slots reflect, and how it follows the
+/// table's: the cache's own writes keep it current, any other write makes
+/// the cache stale. Kept apart from the device buffers so that the rule is
+/// tested without a GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen(u64);
+
+impl Seen {
+    /// Whether the table's generation is now `now` because of a write that
+    /// did not go through the cache.
+    fn stale(self, now: u64) -> bool {
+        now != self.0
+    }
+
+    /// After a write of the cache itself moved the table's generation from
+    /// `before` to `after`: still current, unless another write came before
+    /// or beside it.
+    fn took_own_write(&mut self, before: u64, after: u64) {
+        if self.0 == before && after.wrapping_sub(before) <= 1 {
+            self.0 = after;
+        }
+    }
 }
 
 impl Part {
@@ -58,23 +82,21 @@ impl Part {
             rows_of: mem.rows(),
             granularity: mem.granularity(),
             table: mem.serial(),
-            seen: mem.write_generation(),
+            seen: Seen(mem.write_generation()),
         })
     }
 
     /// Whether a path other than this cache wrote this rank's rows of
     /// `mem` since the slots were filled.
     fn written_elsewhere(&self, mem: &WholeMemory) -> bool {
-        mem.write_generation() != self.seen
+        self.seen.stale(mem.write_generation())
     }
 
     /// After a write of this cache to this rank's host rows, which moved the
     /// generation from `before` to `after`: the slots still reflect the
     /// rows, unless another write came before or beside it.
     fn took_own_write(&mut self, before: u64, after: u64) {
-        if self.seen == before && after.wrapping_sub(before) <= 1 {
-            self.seen = after;
-        }
+        self.seen.took_own_write(before, after);
     }
 
     fn shape(&self, slots: usize) -> SlotRows {
@@ -231,9 +253,9 @@ impl DeviceCache {
 
     /// The slots now reflect the tables' rows as they are.
     fn seen_now(&mut self, mem: &WholeMemory, side: Option<&WholeMemory>) {
-        self.main.seen = mem.write_generation();
+        self.main.seen = Seen(mem.write_generation());
         if let (Some(p), Some(s)) = (&mut self.side, side) {
-            p.seen = s.write_generation();
+            p.seen = Seen(s.write_generation());
         }
     }
 
@@ -253,7 +275,7 @@ impl DeviceCache {
                 "rank {}'s rows of the table were written by another path (write generation {}, the device cache's rows reflect {}) while the cache held {dirty} rows written through it: write them back first (writeback), or forget them (clear)",
                 mem.comm().world_rank(),
                 mem.write_generation(),
-                self.main.seen
+                self.main.seen.0
             )));
         }
         self.clear();
@@ -524,4 +546,42 @@ fn write_back_part(part: &Part, table: &mut WholeMemory, n: usize, slots: &[usiz
     let mut dense = vec![0u8; slots.len() * part.layout.bytes()];
     read_slots(table, &part.rows, part.shape(n), &part.layout, slots, &mut dense)?;
     mapped::scatter_own(table, &part.layout, rows, &dense)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Seen;
+
+    /// Issue 31, item 1: on the H200 the device cache never hit (641
+    /// lookups, 0 hits), because every training step left the table looking
+    /// written by another path, so the next read forgot every cached row.
+    /// The rule now: the cache's own writes, one generation each, keep its
+    /// rows; only a write it did not make (or one beside its own) drops them.
+    #[test]
+    fn steps_written_through_the_device_cache_keep_its_rows() {
+        let mut seen = Seen(7);
+        for step in 7..1007 {
+            // Each step writes through the cache: one write, one generation.
+            seen.took_own_write(step, step + 1);
+            assert!(!seen.stale(step + 1), "step {step} made the cache forget its own rows");
+        }
+        // A write the cache did not make: stale.
+        assert!(seen.stale(1008));
+        // A write beside its own (two generations for one write of its own):
+        // stale too, and staying so.
+        let mut seen = Seen(3);
+        seen.took_own_write(3, 5);
+        assert!(seen.stale(5));
+        // A write before its own: its own write does not hide it.
+        let mut seen = Seen(3);
+        seen.took_own_write(4, 5);
+        assert!(seen.stale(5));
+        // A write that moved nothing (no rows of this rank) keeps it current;
+        // generations wrap without a false alarm.
+        let mut seen = Seen(u64::MAX);
+        seen.took_own_write(u64::MAX, u64::MAX);
+        assert!(!seen.stale(u64::MAX));
+        seen.took_own_write(u64::MAX, 0);
+        assert!(!seen.stale(0));
+    }
 }

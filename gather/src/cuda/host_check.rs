@@ -127,7 +127,7 @@ fn build(cxx: &str, dir: &Path) -> PathBuf {
     let src = dir.join("convert_harness.cpp");
     std::fs::write(&src, harness()).unwrap();
     let exe = dir.join("convert_harness");
-    let out = Command::new(cxx).args(["-std=c++17", "-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    let out = Command::new(cxx).args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&exe).arg(&src).output().unwrap();
     assert!(out.status.success(), "{cxx} could not compile convert.cuh as host C++:\n{}", String::from_utf8_lossy(&out.stderr));
     exe
 }
@@ -230,7 +230,7 @@ fn the_repeat_table_of_the_device_keeps_the_last_occurrences_like_its_reference(
     let text = format!("#define WM_HOST_TEST 1\n#define __device__\n#define __forceinline__ inline\n{CONVERT}{REPEATS}{REPEATS_MAIN}");
     std::fs::write(&src, text).unwrap();
     let exe = dir.join("repeat_harness");
-    let out = Command::new(cxx).args(["-std=c++17", "-O1", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    let out = Command::new(cxx).args(["-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-o"]).arg(&exe).arg(&src).output().unwrap();
     assert!(out.status.success(), "{cxx} could not compile repeats.cuh as host C++:\n{}", String::from_utf8_lossy(&out.stderr));
     let mut rng = Rng(0x07e9_ea75);
     // Many repeats (a span of 5), some, and almost none; ids out of range on both sides.

@@ -81,7 +81,17 @@ pub fn compile(arch: Arch) -> Result<Compiled, KernelError> {
 /// a broken source or toolchain shows), and reports the number of kernels
 /// or the error per architecture.
 pub fn check(archs: &[Arch]) -> Vec<(Arch, Result<usize, KernelError>)> {
-    archs.iter().map(|&a| (a, run_nvrtc(a, ImageFormat::Cubin, &source::source()).map(|_| source::entries().len()))).collect()
+    archs.iter().map(|&a| (a, check_one(a))).collect()
+}
+
+/// One architecture of [`check`]: a warning is an error here, so the kernels
+/// stay free of them (CI runs the check with NVRTC installed).
+fn check_one(arch: Arch) -> Result<usize, KernelError> {
+    let (_, warnings) = run_nvrtc(arch, ImageFormat::Cubin, &source::source())?;
+    if !warnings.is_empty() {
+        return Err(KernelError::Compile { arch, log: format!("compiled, but NVRTC warned (the check allows no warnings):\n{warnings}") });
+    }
+    Ok(source::entries().len())
 }
 
 /// The disk cache: `$WM_KERNEL_CACHE` (`off` disables it), else
@@ -144,7 +154,7 @@ fn prebuilt_name(arch: Arch) -> String {
 /// NVRTC's errors; writing the file.
 pub fn prebuild(arch: Arch, dir: &Path) -> Result<PathBuf, KernelError> {
     ensure_nvrtc()?;
-    let image = run_nvrtc(arch, ImageFormat::Cubin, &source::source())?;
+    let image = warned(arch, run_nvrtc(arch, ImageFormat::Cubin, &source::source())?);
     let file = dir.join(prebuilt_name(arch));
     std::fs::create_dir_all(dir)
         .and_then(|()| std::fs::write(&file, &image))
@@ -169,7 +179,7 @@ fn compile_through_disk(arch: Arch, format: ImageFormat, dir: Option<&Path>) -> 
     if let Some(image) = file.as_deref().and_then(|f| read_cache(f, format)) {
         return Ok((image, CacheHit::Disk));
     }
-    let image = run_nvrtc(arch, format, &src)?;
+    let image = warned(arch, run_nvrtc(arch, format, &src)?);
     if let Some(f) = &file {
         write_cache(f, &image);
     }
@@ -261,7 +271,17 @@ impl Drop for Program {
 }
 
 /// Compiles `src` once, with no cache.
-fn run_nvrtc(arch: Arch, format: ImageFormat, src: &str) -> Result<Vec<u8>, KernelError> {
+/// The image of a compile whose warnings (if any) go to standard error: a
+/// warning never stops a job, but it is not hidden (and `check` refuses it).
+fn warned(arch: Arch, (image, warnings): (Vec<u8>, String)) -> Vec<u8> {
+    if !warnings.is_empty() {
+        eprintln!("wholemem: NVRTC warned while compiling the kernels for {arch}:\n{warnings}");
+    }
+    image
+}
+
+/// Compiles `src`: the image and NVRTC's warnings (empty when it had none).
+fn run_nvrtc(arch: Arch, format: ImageFormat, src: &str) -> Result<(Vec<u8>, String), KernelError> {
     ensure_nvrtc()?;
     if format == ImageFormat::Cubin {
         let known = supported_archs()?;
@@ -278,7 +298,7 @@ fn run_nvrtc(arch: Arch, format: ImageFormat, src: &str) -> Result<Vec<u8>, Kern
     guarded(|| compile_program(arch, format, src, &opts))?
 }
 
-fn compile_program(arch: Arch, format: ImageFormat, src: &str, opts: &[String]) -> Result<Vec<u8>, KernelError> {
+fn compile_program(arch: Arch, format: ImageFormat, src: &str, opts: &[String]) -> Result<(Vec<u8>, String), KernelError> {
     let nvrtc_err = |what: &str, r: sys::nvrtcResult| KernelError::Compile { arch, log: format!("{what} failed: {}", error_string(r)) };
     let c_src = CString::new(src).map_err(|_| KernelError::Compile { arch, log: "the source contains a NUL byte".into() })?;
     let name = c"wholemem_kernels.cu";
@@ -332,7 +352,7 @@ fn compile_program(arch: Arch, format: ImageFormat, src: &str, opts: &[String]) 
     if image.is_empty() {
         return Err(KernelError::Compile { arch, log: "NVRTC produced an empty image".into() });
     }
-    Ok(image)
+    Ok((image, program_log(&prog).trim().to_string()))
 }
 
 fn program_log(prog: &Program) -> String {
@@ -432,5 +452,25 @@ mod tests {
         // A broken source fails with NVRTC's log.
         let e = run_nvrtc(Arch::SM90, ImageFormat::Cubin, &(source::source() + "\nthis is not C++;\n")).unwrap_err();
         assert!(matches!(&e, KernelError::Compile { arch, log } if *arch == Arch::SM90 && log.contains("this")), "{e}");
+    }
+
+    /// Issue 30, item 9: the kernels compiled with warnings nobody saw. The
+    /// check now treats NVRTC's log of a successful compile as an error; the
+    /// kernels themselves compile without one.
+    #[test]
+    fn kernel_warnings_are_seen_and_the_kernels_have_none() {
+        // SAFETY: only tries to dlopen the library.
+        if !unsafe { sys::is_culib_present() } {
+            println!("SKIP kernel_warnings_are_seen_and_the_kernels_have_none: {NO_NVRTC}");
+            return;
+        }
+        for arch in Arch::DEFAULT_CHECK {
+            let (_, warnings) = run_nvrtc(arch, ImageFormat::Cubin, &source::source()).unwrap();
+            assert_eq!(warnings, "", "{arch}");
+        }
+        // A source that warns (a variable never used) compiles, and says so.
+        let warning = source::source() + "\n__global__ void wm_warns() { int declared_but_never_used; }\n";
+        let (image, warnings) = run_nvrtc(Arch::SM90, ImageFormat::Cubin, &warning).unwrap();
+        assert!(image.starts_with(b"\x7fELF") && warnings.contains("declared_but_never_used"), "{warnings}");
     }
 }
