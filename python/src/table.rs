@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::Communicator;
@@ -41,6 +41,34 @@ impl Table {
             return Err(value("the table has been freed"));
         }
         Ok(g)
+    }
+
+    /// A collective gather whose arguments failed this rank's checks still
+    /// takes part (with no rows), so the other ranks' call completes and
+    /// every rank stays usable; then the error is raised here.
+    fn in_step<T>(&self, py: Python<'_>, mem: &WholeMemory, layout: &RowLayout, prepared: PyResult<T>) -> PyResult<T> {
+        match prepared {
+            Err(e) if self.collective() => {
+                let _ = py.detach(|| wm_gather::gather(mem, layout, wm_gather::Ids::I64(&[]), &mut [], self.elem.core()));
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    /// As [`Table::in_step`], for scatter.
+    fn in_step_mut<T>(&self, py: Python<'_>, mem: &mut WholeMemory, layout: &RowLayout, prepared: PyResult<T>) -> PyResult<T> {
+        match prepared {
+            Err(e) if self.collective() => {
+                let _ = py.detach(|| wm_gather::scatter(mem, layout, wm_gather::Ids::I64(&[]), &[], self.elem.core()));
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn collective(&self) -> bool {
+        matches!(self.ty, MemoryType::Distributed | MemoryType::Hierarchy)
     }
 
     pub(crate) fn row_bytes(&self) -> usize {
@@ -158,17 +186,21 @@ impl Table {
     /// for distributed and hierarchy tables. Returns `out`.
     #[pyo3(signature = (ids, out=None))]
     fn gather<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyUntypedArray>> {
-        let ids = IdArray::new(ids)?;
-        let out = match out {
-            Some(o) => as_array(o, "out")?,
-            None => self.new_rows(py, ids.len(), self.elem)?,
-        };
-        let out_elem = array_elem(&out, "out")?;
-        let out_dtype = self.elem.convert_to(out_elem)?;
-        self.check_rows(&out, ids.len(), "out", out_elem)?;
-        let layout = self.layout()?;
         let g = self.read()?;
         let mem = g.as_ref().expect("checked by read");
+        let layout = self.layout()?;
+        let prepared = (|| {
+            let ids = IdArray::new(ids)?;
+            let out = match out {
+                Some(o) => as_array(o, "out")?,
+                None => self.new_rows(py, ids.len(), self.elem)?,
+            };
+            let out_elem = array_elem(&out, "out")?;
+            let out_dtype = self.elem.convert_to(out_elem)?;
+            self.check_rows(&out, ids.len(), "out", out_elem)?;
+            Ok((ids, out, out_dtype))
+        })();
+        let (ids, out, out_dtype) = self.in_step(py, mem, &layout, prepared)?;
         with_bytes_mut(&out, "out", |bytes| ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, out_dtype)).py()))?;
         Ok(out)
     }
@@ -177,32 +209,43 @@ impl Table {
     /// (its size must be `len(ids) × cols × itemsize` bytes). Collective
     /// for distributed and hierarchy tables.
     fn gather_bytes<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>) -> PyResult<()> {
-        let ids = IdArray::new(ids)?;
-        let out = as_array(out, "out")?;
-        let layout = self.layout()?;
         let g = self.read()?;
         let mem = g.as_ref().expect("checked by read");
-        let want = ids.len() * self.row_bytes();
-        with_bytes_mut(&out, "out", |bytes| {
-            if bytes.len() != want {
-                return Err(value(format!("out holds {} bytes; {} rows of {} bytes need {want}", bytes.len(), ids.len(), self.row_bytes())));
+        let layout = self.layout()?;
+        let prepared = (|| {
+            let ids = IdArray::new(ids)?;
+            let out = as_array(out, "out")?;
+            let want = ids.len() * self.row_bytes();
+            if out.len() * out.dtype().itemsize() != want {
+                return Err(value(format!(
+                    "out holds {} bytes; {} rows of {} bytes need {want}",
+                    out.len() * out.dtype().itemsize(),
+                    ids.len(),
+                    self.row_bytes()
+                )));
             }
-            ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, self.elem.core())).py())
-        })
+            Ok((ids, out))
+        })();
+        let (ids, out) = self.in_step(py, mem, &layout, prepared)?;
+        with_bytes_mut(&out, "out", |bytes| ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, self.elem.core())).py()))
     }
 
     /// Writes `rows` (one row per id, the table's dtype or one it converts
     /// from) to rows `ids`; the last write of a repeated id wins.
     /// Collective for distributed and hierarchy tables.
     fn scatter<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, rows: &Bound<'py, PyAny>) -> PyResult<()> {
-        let ids = IdArray::new(ids)?;
-        let src = as_array(rows, "rows")?;
-        let src_elem = array_elem(&src, "rows")?;
-        let src_dtype = self.elem.convert_to(src_elem)?;
-        self.check_rows(&src, ids.len(), "rows", src_elem)?;
         let layout = self.layout()?;
         let mut g = self.write()?;
         let mem = g.as_mut().expect("checked by write");
+        let prepared = (|| {
+            let ids = IdArray::new(ids)?;
+            let src = as_array(rows, "rows")?;
+            let src_elem = array_elem(&src, "rows")?;
+            let src_dtype = self.elem.convert_to(src_elem)?;
+            self.check_rows(&src, ids.len(), "rows", src_elem)?;
+            Ok((ids, src, src_dtype))
+        })();
+        let (ids, src, src_dtype) = self.in_step_mut(py, mem, &layout, prepared)?;
         with_bytes(&src, "rows", |bytes| ids.with(|ids| py.detach(|| wm_gather::scatter(mem, &layout, ids, bytes, src_dtype)).py()))
     }
 
