@@ -432,11 +432,18 @@ class PyDDStore:
             self._core("epoch_end").barrier()
 
     def free(self) -> None:
-        """Releases every variable (collective for core members). Idempotent."""
+        """Releases every variable (collective for core members: it waits
+        until every rank is done reading, then stops serving). Idempotent."""
         if self._freed:
             return
         self._freed = True
         first: Optional[BaseException] = None
+        if self._job is not None and self._vars:
+            # Every rank stops reading before any stops serving its rows.
+            try:
+                self._job.barrier()
+            except BaseException as e:
+                first = e
         for v in self._vars.values():
             v.recv.clear()
             for part in (v.onesided, v.table):
