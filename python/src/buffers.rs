@@ -126,12 +126,9 @@ pub fn elem_of(dtype: &Bound<'_, PyAny>) -> PyResult<Elem> {
     let torch_name = text.strip_prefix("torch.").map(str::to_owned);
     let name: String = match torch_name {
         Some(n) => n,
-        None => numpy(py)?
-            .getattr("dtype")?
-            .call1((dtype,))
-            .map_err(|e| value(format!("dtype {text}: {e}")))?
-            .getattr("name")?
-            .extract()?,
+        None => {
+            numpy(py)?.getattr("dtype")?.call1((dtype,)).map_err(|e| value(format!("dtype {text}: {e}")))?.getattr("name")?.extract()?
+        }
     };
     Elem::from_name(&name).ok_or_else(|| value(format!("dtype {name} is not supported; use one of {}", Elem::NAMES)))
 }
@@ -178,14 +175,38 @@ fn contiguity(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
 macro_rules! each_elem {
     ($a:expr, $elem:expr, |$t:ident| $body:expr) => {
         match $elem {
-            Elem::F16 => { type $t = half::f16; $body }
-            Elem::F32 => { type $t = f32; $body }
-            Elem::F64 => { type $t = f64; $body }
-            Elem::I8 => { type $t = i8; $body }
-            Elem::I16 => { type $t = i16; $body }
-            Elem::I32 => { type $t = i32; $body }
-            Elem::I64 => { type $t = i64; $body }
-            Elem::U8 => { type $t = u8; $body }
+            Elem::F16 => {
+                type $t = half::f16;
+                $body
+            }
+            Elem::F32 => {
+                type $t = f32;
+                $body
+            }
+            Elem::F64 => {
+                type $t = f64;
+                $body
+            }
+            Elem::I8 => {
+                type $t = i8;
+                $body
+            }
+            Elem::I16 => {
+                type $t = i16;
+                $body
+            }
+            Elem::I32 => {
+                type $t = i32;
+                $body
+            }
+            Elem::I64 => {
+                type $t = i64;
+                $body
+            }
+            Elem::U8 => {
+                type $t = u8;
+                $body
+            }
             Elem::Bool => unreachable!("bool arrays are handled apart"),
         }
     };
@@ -256,7 +277,8 @@ impl<'py> IdArray<'py> {
         }
         let kind: String = a.dtype().getattr("kind")?.extract()?;
         let name: String = a.dtype().getattr("name")?.extract()?;
-        if !(kind == "i" || kind == "u") && !(a.len() == 0 && kind == "f") {
+        // An empty list arrives as float64: no ids, nothing to convert badly.
+        if !(kind == "i" || kind == "u" || (a.len() == 0 && kind == "f")) {
             return Err(value(format!("ids must be integers; got dtype {name}")));
         }
         if !(name == "int32" || name == "int64") || !a.is_c_contiguous() {

@@ -115,7 +115,12 @@ pub struct Reader {
 }
 
 impl Reader {
-    fn rows_out<'py>(&self, py: Python<'py>, n: usize, out: Option<&Bound<'py, PyAny>>) -> PyResult<(Bound<'py, PyUntypedArray>, wholemem::DType)> {
+    fn rows_out<'py>(
+        &self,
+        py: Python<'py>,
+        n: usize,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyUntypedArray>, wholemem::DType)> {
         let cols = self.inner.info().cols;
         let out = match out {
             Some(o) => as_array(o, "out")?,
@@ -155,7 +160,8 @@ impl Reader {
         }
         let inner = py.detach(|| wm_onesided::Reader::join(&at, name, &opts)).py()?;
         let d = inner.info().dtype;
-        let elem = Elem::from_core(d).ok_or_else(|| raise(Kind::Unsupported, format!("table {name:?} holds {d:?}, which numpy has no dtype for")))?;
+        let elem = Elem::from_core(d)
+            .ok_or_else(|| raise(Kind::Unsupported, format!("table {name:?} holds {d:?}, which numpy has no dtype for")))?;
         Ok(Self { inner, elem })
     }
 
@@ -175,7 +181,12 @@ impl Reader {
 
     /// Rows `ids` (any order, repeats allowed) into `out` (new when `None`).
     #[pyo3(signature = (ids, out=None))]
-    fn get_batch<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyUntypedArray>> {
+    fn get_batch<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyUntypedArray>> {
         let ids = IdArray::new(ids)?;
         let (out, d) = self.rows_out(py, ids.len(), out)?;
         with_bytes_mut(&out, "out", |b| ids.with(|ids| py.detach(|| self.inner.get_batch(ids, b, d)).py()))?;

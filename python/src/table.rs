@@ -109,6 +109,7 @@ impl Table {
     /// `distributed` or `hierarchy`; `location` is `host` or `device`;
     /// `partition` gives the rows of each rank (default: equal shares).
     #[new]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
     #[pyo3(signature = (comm, rows, cols, dtype, r#type="distributed", location="host", partition=None))]
     fn new(
         py: Python<'_>,
@@ -185,7 +186,12 @@ impl Table {
     /// dtype or one it converts to: float ↔ float, int ↔ int). Collective
     /// for distributed and hierarchy tables. Returns `out`.
     #[pyo3(signature = (ids, out=None))]
-    fn gather<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, out: Option<&Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyUntypedArray>> {
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyUntypedArray>> {
         let g = self.read()?;
         let mem = g.as_ref().expect("checked by read");
         let layout = self.layout()?;
@@ -227,7 +233,9 @@ impl Table {
             Ok((ids, out))
         })();
         let (ids, out) = self.in_step(py, mem, &layout, prepared)?;
-        with_bytes_mut(&out, "out", |bytes| ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, self.elem.core())).py()))
+        with_bytes_mut(&out, "out", |bytes| {
+            ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, self.elem.core())).py())
+        })
     }
 
     /// Writes `rows` (one row per id, the table's dtype or one it converts
