@@ -166,6 +166,19 @@ impl Rendezvous {
         }
     }
 
+    /// The key of the job meeting here, as a rank holds it: `WM_JOB_KEY` or
+    /// `WM_JOB_KEY_FILE`, else (for `dir:`) the directory's `job.key`,
+    /// created when absent (in a directory only this user can write). A
+    /// job of one rank never meets, so it calls this to leave the key where
+    /// outside readers look for it.
+    ///
+    /// # Errors
+    /// [`Error::Bootstrap`] saying where the key was looked for, or why the
+    /// directory may not hold one.
+    pub fn job_key(&self) -> Result<JobKey> {
+        job_key(self)
+    }
+
     /// The address a listener of this process advertises to other nodes:
     /// `WM_HOST_ADDR`, else `WM_IFACE`'s, else what the rendezvous `how`
     /// implies — the local address that routes to a `host:port`

@@ -1,0 +1,329 @@
+//! `Table`: one row-partitioned table of any of the four memory types.
+
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
+use wm_comm::Communicator;
+use wm_gather::RowLayout;
+
+use crate::buffers::{Elem, IdArray, array_elem, as_array, elem_of, numpy, with_bytes, with_bytes_mut};
+use crate::comm::Comm;
+use crate::errors::{IntoPy, Kind, raise, value};
+
+/// A table of `rows × cols` elements shared by every rank of a job,
+/// partitioned by rows. Created collectively; every rank passes the same
+/// arguments.
+#[pyclass(module = "wholemem._wholemem", name = "Table", frozen)]
+pub struct Table {
+    mem: RwLock<Option<WholeMemory>>,
+    pub(crate) elem: Elem,
+    pub(crate) cols: usize,
+    rows: usize,
+    ty: MemoryType,
+    loc: Location,
+    comm: Arc<dyn Communicator>,
+}
+
+impl Table {
+    pub(crate) fn read(&self) -> PyResult<RwLockReadGuard<'_, Option<WholeMemory>>> {
+        let g = self.mem.read().map_err(|_| raise(Kind::Other, "a call on this table panicked; the table is unusable"))?;
+        if g.is_none() {
+            return Err(value("the table has been freed"));
+        }
+        Ok(g)
+    }
+
+    fn write(&self) -> PyResult<RwLockWriteGuard<'_, Option<WholeMemory>>> {
+        let g = self.mem.write().map_err(|_| raise(Kind::Other, "a call on this table panicked; the table is unusable"))?;
+        if g.is_none() {
+            return Err(value("the table has been freed"));
+        }
+        Ok(g)
+    }
+
+    /// A collective gather whose arguments failed this rank's checks still
+    /// takes part (with no rows), so the other ranks' call completes and
+    /// every rank stays usable; then the error is raised here.
+    fn in_step<T>(&self, py: Python<'_>, mem: &WholeMemory, layout: &RowLayout, prepared: PyResult<T>) -> PyResult<T> {
+        match prepared {
+            Err(e) if self.collective() => {
+                let _ = py.detach(|| wm_gather::gather(mem, layout, wm_gather::Ids::I64(&[]), &mut [], self.elem.core()));
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    /// As [`Table::in_step`], for scatter.
+    fn in_step_mut<T>(&self, py: Python<'_>, mem: &mut WholeMemory, layout: &RowLayout, prepared: PyResult<T>) -> PyResult<T> {
+        match prepared {
+            Err(e) if self.collective() => {
+                let _ = py.detach(|| wm_gather::scatter(mem, layout, wm_gather::Ids::I64(&[]), &[], self.elem.core()));
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    fn collective(&self) -> bool {
+        matches!(self.ty, MemoryType::Distributed | MemoryType::Hierarchy)
+    }
+
+    pub(crate) fn row_bytes(&self) -> usize {
+        self.cols * self.elem.size()
+    }
+
+    fn layout(&self) -> PyResult<RowLayout> {
+        RowLayout::new(self.elem.core(), self.cols, 0).py()
+    }
+
+    fn new_rows<'py>(&self, py: Python<'py>, n: usize, elem: Elem) -> PyResult<Bound<'py, PyUntypedArray>> {
+        Ok(numpy(py)?.getattr("empty")?.call1(((n, self.cols), elem.name()))?.cast_into::<PyUntypedArray>()?)
+    }
+
+    /// Checks that `a` holds `n` rows of this table's width, whatever its shape.
+    fn check_rows(&self, a: &Bound<'_, PyUntypedArray>, n: usize, what: &str, elem: Elem) -> PyResult<()> {
+        let shape = a.shape();
+        let fits = match shape.len() {
+            0 => false,
+            1 => shape[0] == n && self.cols == 1,
+            _ => shape[0] == n && shape[1..].iter().product::<usize>() == self.cols,
+        };
+        if !fits {
+            return Err(value(format!(
+                "{what} has shape {shape:?}; {n} rows of {} {} elements need shape ({n}, {})",
+                self.cols,
+                elem.name(),
+                self.cols
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl Table {
+    /// Allocates a table collectively. `type` is `continuous`, `chunked`,
+    /// `distributed` or `hierarchy`; `location` is `host` or `device`;
+    /// `partition` gives the rows of each rank (default: equal shares).
+    #[new]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments
+    #[pyo3(signature = (comm, rows, cols, dtype, r#type="distributed", location="host", partition=None))]
+    fn new(
+        py: Python<'_>,
+        comm: &Comm,
+        rows: usize,
+        cols: usize,
+        dtype: &Bound<'_, PyAny>,
+        r#type: &str,
+        location: &str,
+        partition: Option<Vec<usize>>,
+    ) -> PyResult<Self> {
+        let elem = elem_of(dtype)?;
+        let ty: MemoryType = r#type.parse().map_err(|e| value(format!("type {type:?}: {e}")))?;
+        let loc: Location = location.parse().map_err(|e| value(format!("location {location:?}: {e}")))?;
+        if cols == 0 {
+            return Err(value("cols is 0; a row needs at least one element"));
+        }
+        let granularity = cols.checked_mul(elem.size()).ok_or_else(|| value(format!("cols {cols} is too large")))?;
+        let total = rows.checked_mul(granularity).ok_or_else(|| value(format!("rows {rows} × {granularity} bytes is too large")))?;
+        let req = AllocRequest { ty, loc, total, granularity, partition };
+        let c = comm.inner.clone();
+        let mem = py.detach(|| WholeMemory::allocate(&c, &req)).py()?;
+        Ok(Self { mem: RwLock::new(Some(mem)), elem, cols, rows, ty, loc, comm: comm.inner.clone() })
+    }
+
+    /// The element type, as a numpy dtype.
+    #[getter]
+    fn dtype<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        numpy(py)?.getattr("dtype")?.call1((self.elem.name(),))
+    }
+
+    /// `(rows, cols)`.
+    #[getter]
+    fn shape(&self) -> (usize, usize) {
+        (self.rows, self.cols)
+    }
+
+    /// The memory type's name.
+    #[getter]
+    fn r#type(&self) -> &'static str {
+        self.ty.name()
+    }
+
+    /// The location's name.
+    #[getter]
+    fn location(&self) -> &'static str {
+        self.loc.name()
+    }
+
+    /// The communicator's rank.
+    #[getter]
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    /// `(start, stop)`: the global rows this rank owns.
+    #[getter]
+    fn local_rows(&self) -> PyResult<(usize, usize)> {
+        let g = self.read()?;
+        let r = g.as_ref().map(|m| m.local_rows()).unwrap_or(0..0);
+        Ok((r.start, r.end))
+    }
+
+    /// Rows of every rank, in rank order.
+    #[getter]
+    fn partition(&self) -> PyResult<Vec<usize>> {
+        let g = self.read()?;
+        let m = g.as_ref().expect("checked by read");
+        Ok((0..self.comm.size()).map(|r| m.partition().range(r).len()).collect())
+    }
+
+    /// Rows `ids` into `out` (a new `(len(ids), cols)` array of the table's
+    /// dtype when `None`; else C-contiguous and writable, of the table's
+    /// dtype or one it converts to: float ↔ float, int ↔ int). Collective
+    /// for distributed and hierarchy tables. Returns `out`.
+    #[pyo3(signature = (ids, out=None))]
+    fn gather<'py>(
+        &self,
+        py: Python<'py>,
+        ids: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let g = self.read()?;
+        let mem = g.as_ref().expect("checked by read");
+        let layout = self.layout()?;
+        let prepared = (|| {
+            let ids = IdArray::new(ids)?;
+            let out = match out {
+                Some(o) => as_array(o, "out")?,
+                None => self.new_rows(py, ids.len(), self.elem)?,
+            };
+            let out_elem = array_elem(&out, "out")?;
+            let out_dtype = self.elem.convert_to(out_elem)?;
+            self.check_rows(&out, ids.len(), "out", out_elem)?;
+            Ok((ids, out, out_dtype))
+        })();
+        let (ids, out, out_dtype) = self.in_step(py, mem, &layout, prepared)?;
+        with_bytes_mut(&out, "out", |bytes| ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, out_dtype)).py()))?;
+        Ok(out)
+    }
+
+    /// Like `gather`, copying raw row bytes into `out` whatever its dtype
+    /// (its size must be `len(ids) × cols × itemsize` bytes). Collective
+    /// for distributed and hierarchy tables.
+    fn gather_bytes<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, out: &Bound<'py, PyAny>) -> PyResult<()> {
+        let g = self.read()?;
+        let mem = g.as_ref().expect("checked by read");
+        let layout = self.layout()?;
+        let prepared = (|| {
+            let ids = IdArray::new(ids)?;
+            let out = as_array(out, "out")?;
+            let want = ids.len() * self.row_bytes();
+            if out.len() * out.dtype().itemsize() != want {
+                return Err(value(format!(
+                    "out holds {} bytes; {} rows of {} bytes need {want}",
+                    out.len() * out.dtype().itemsize(),
+                    ids.len(),
+                    self.row_bytes()
+                )));
+            }
+            Ok((ids, out))
+        })();
+        let (ids, out) = self.in_step(py, mem, &layout, prepared)?;
+        with_bytes_mut(&out, "out", |bytes| {
+            ids.with(|ids| py.detach(|| wm_gather::gather(mem, &layout, ids, bytes, self.elem.core())).py())
+        })
+    }
+
+    /// Writes `rows` (one row per id, the table's dtype or one it converts
+    /// from) to rows `ids`; the last write of a repeated id wins.
+    /// Collective for distributed and hierarchy tables.
+    fn scatter<'py>(&self, py: Python<'py>, ids: &Bound<'py, PyAny>, rows: &Bound<'py, PyAny>) -> PyResult<()> {
+        let layout = self.layout()?;
+        let mut g = self.write()?;
+        let mem = g.as_mut().expect("checked by write");
+        let prepared = (|| {
+            let ids = IdArray::new(ids)?;
+            let src = as_array(rows, "rows")?;
+            let src_elem = array_elem(&src, "rows")?;
+            let src_dtype = self.elem.convert_to(src_elem)?;
+            self.check_rows(&src, ids.len(), "rows", src_elem)?;
+            Ok((ids, src, src_dtype))
+        })();
+        let (ids, src, src_dtype) = self.in_step_mut(py, mem, &layout, prepared)?;
+        with_bytes(&src, "rows", |bytes| ids.with(|ids| py.detach(|| wm_gather::scatter(mem, &layout, ids, bytes, src_dtype)).py()))
+    }
+
+    /// A copy of this rank's rows, `(local rows, cols)`.
+    fn read_local<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let g = self.read()?;
+        let mem = g.as_ref().expect("checked by read");
+        let out = self.new_rows(py, mem.local_rows().len(), self.elem)?;
+        with_bytes_mut(&out, "out", |b| py.detach(|| mem.read_local(b)).py())?;
+        Ok(out)
+    }
+
+    /// Overwrites this rank's rows with `rows` (exactly the local rows, the
+    /// table's dtype). Not collective; make the writes visible to the
+    /// others with a barrier.
+    fn write_local(&self, py: Python<'_>, rows: &Bound<'_, PyAny>) -> PyResult<()> {
+        let src = as_array(rows, "rows")?;
+        let e = array_elem(&src, "rows")?;
+        if e != self.elem {
+            return Err(value(format!("rows have dtype {}; the table holds {}", e.name(), self.elem.name())));
+        }
+        let mut g = self.write()?;
+        let mem = g.as_mut().expect("checked by write");
+        with_bytes(&src, "rows", |b| py.detach(|| mem.write_local(b)).py())
+    }
+
+    /// Overwrites rows `first..first + n` of this rank's reach with raw
+    /// bytes of `rows` (any dtype; its size a whole number of rows). Not
+    /// collective.
+    fn write_rows_bytes(&self, py: Python<'_>, first: usize, rows: &Bound<'_, PyAny>) -> PyResult<()> {
+        let src = as_array(rows, "rows")?;
+        let rb = self.row_bytes();
+        let mut g = self.write()?;
+        let mem = g.as_mut().expect("checked by write");
+        with_bytes(&src, "rows", |b| {
+            if b.len() % rb != 0 {
+                return Err(value(format!("rows hold {} bytes, not a whole number of {rb}-byte rows", b.len())));
+            }
+            py.detach(|| mem.write_rows(first, b)).py()
+        })
+    }
+
+    /// Makes this table readable one-sidedly under `name` (collective):
+    /// see `OneSided`. `method` forces a transport (`shm`, `socket`,
+    /// `fabric`, `mpi`); `publish_at` is a rendezvous (`dir:/path`) where
+    /// outside readers find it; `profile` turns the readers' timers on.
+    #[pyo3(signature = (name, method=None, publish_at=None, profile=None))]
+    fn onesided(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        method: Option<&str>,
+        publish_at: Option<&str>,
+        profile: Option<bool>,
+    ) -> PyResult<crate::onesided::OneSided> {
+        let g = self.read()?;
+        let mem = g.as_ref().expect("checked by read");
+        crate::onesided::OneSided::create(py, mem, name, self.elem, method, publish_at, profile)
+    }
+
+    /// Frees the table (collective). Idempotent.
+    fn free(&self, py: Python<'_>) -> PyResult<()> {
+        let taken = self.mem.write().map_err(|_| raise(Kind::Other, "a call on this table panicked"))?.take();
+        match taken {
+            Some(m) => py.detach(|| m.free()).py(),
+            None => Ok(()),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        format!("Table(shape=({}, {}), dtype={}, type={}, location={})", self.rows, self.cols, self.elem.name(), self.ty, self.loc)
+    }
+}

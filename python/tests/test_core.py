@@ -1,0 +1,143 @@
+"""The core API: Comm, Table of the four types, gather/scatter, one-sided
+reads, probe, exceptions. Runs at 1..4 ranks (mpi4py communicator)."""
+
+import numpy as np
+import pytest
+
+import wholemem
+from conftest import values
+
+TYPES = ["continuous", "chunked", "distributed", "hierarchy"]
+DTYPES = ["float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool"]
+
+
+@pytest.fixture(scope="module")
+def comm():
+    from conftest import WORLD
+
+    if WORLD is None:
+        pytest.skip("needs mpi4py (pip install mpi4py)")
+    return wholemem.Comm.from_mpi4py(WORLD)
+
+
+def filled(comm, rows, cols, dtype, ty):
+    t = wholemem.Table(comm, rows, cols, dtype, ty)
+    start, stop = t.local_rows
+    t.write_local(values(rows, cols, dtype)[start:stop])
+    comm.barrier()
+    return t
+
+
+def test_comm_matches_mpi(comm):
+    from conftest import WORLD
+
+    assert (comm.rank, comm.size) == (WORLD.Get_rank(), WORLD.Get_size())
+    got = comm.allgather_bytes(bytes([comm.rank]) * 3)
+    assert got == [bytes([r]) * 3 for r in range(comm.size)]
+
+
+def test_probe_is_a_dict(comm):
+    p = wholemem.probe(comm)
+    assert p["size"] == comm.size and p["rank"] == comm.rank
+    assert p["support"]["distributed/host"]["supported"] is True
+    assert p["onesided"]["socket"]["available"] is True
+    assert set(p["cuda"]) >= {"available"}
+
+
+@pytest.mark.parametrize("ty", TYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gather_is_numpy_indexing(comm, ty, dtype):
+    rows, cols = 1000 + comm.size, 5
+    t = filled(comm, rows, cols, dtype, ty)
+    ref = values(rows, cols, dtype)
+    rng = np.random.default_rng(comm.rank)
+    ids = rng.integers(0, rows, 777 + comm.rank)
+    got = t.gather(ids)
+    assert got.dtype == np.dtype(dtype) and got.shape == (len(ids), cols)
+    assert np.array_equal(got, ref[ids])
+    assert bytes(got) == bytes(ref[ids])  # bit-exact, floats included
+    got32 = t.gather(ids.astype(np.int32))
+    assert np.array_equal(got32, ref[ids])
+    t.free()
+    t.free()
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_scatter_then_gather(comm, ty):
+    rows, cols = 64 * comm.size + 3, 4
+    t = filled(comm, rows, cols, "float32", ty)
+    ref = values(rows, cols, "float32")
+    # Each rank writes its own set of rows, so the outcome does not depend on order.
+    mine = np.arange(comm.rank, rows, comm.size)
+    new = (ref[mine] * -2).astype(np.float32)
+    t.scatter(mine, new)
+    comm.barrier()
+    ref[np.arange(rows) % comm.size == comm.rank] *= 1  # unchanged locally
+    for r in range(comm.size):
+        ref[np.arange(r, rows, comm.size)] *= -2
+    every = np.arange(rows)
+    assert np.array_equal(t.gather(every), ref)
+    t.free()
+
+
+def test_conversion_into_a_wider_output(comm):
+    t = filled(comm, 50, 3, "float32", "distributed")
+    out = np.zeros((4, 3), np.float64)
+    t.gather([0, 49, 3, 3], out=out)
+    assert np.array_equal(out, values(50, 3, "float32")[[0, 49, 3, 3]].astype(np.float64))
+    t.free()
+
+
+def test_bad_inputs_raise_and_leave_the_table_usable(comm):
+    rows = 40
+    t = filled(comm, rows, 2, "int32", "distributed")
+    ref = values(rows, 2, "int32")
+    with pytest.raises(IndexError, match=str(rows)) as e:
+        t.gather([0, rows])
+    assert isinstance(e.value, wholemem.WholememError)
+    with pytest.raises(IndexError):
+        t.gather([-1])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        t.gather([0, 1], out=np.zeros((2, 4), np.int32)[:, ::2])
+    with pytest.raises(ValueError, match="float32"):
+        t.gather([0], out=np.zeros((1, 2), np.float32))
+    with pytest.raises(ValueError, match=r"shape \[3, 2\]"):
+        t.gather([0, 1], out=np.zeros((3, 2), np.int32))
+    with pytest.raises(ValueError, match="read-only"):
+        ro = np.zeros((1, 2), np.int32)
+        ro.flags.writeable = False
+        t.gather([0], out=ro)
+    with pytest.raises(ValueError, match="integers"):
+        t.gather(np.array([0.5]))
+    with pytest.raises(ValueError, match="dtype"):
+        wholemem.Table(comm, 4, 2, "complex64")
+    # Only this rank's input is bad: the others' call still completes.
+    bad = comm.rank == comm.size - 1
+    if bad:
+        with pytest.raises(ValueError):
+            t.gather([1], out=np.zeros((2, 2), np.int32))
+    else:
+        assert np.array_equal(t.gather([1]), ref[[1]])
+    assert np.array_equal(t.gather(np.arange(rows)), ref)
+    t.free()
+    with pytest.raises(ValueError, match="freed"):
+        t.gather([0])
+
+
+def test_onesided_reads_without_the_owners(comm):
+    rows, cols = 30 * comm.size + 1, 3
+    t = filled(comm, rows, cols, "float64", "distributed")
+    ref = values(rows, cols, "float64")
+    pub = t.onesided(f"core-{comm.size}")
+    pub.publish()
+    r = pub.reader()
+    assert r.info()["rows"] == rows and r.info()["dtype"] == "float64"
+    assert np.array_equal(r.get(rows - 3, 3), ref[rows - 3:])
+    ids = np.array([rows - 1, 0, 7, 7])
+    assert np.array_equal(r.get_batch(ids), ref[ids])
+    with pytest.raises(IndexError):
+        r.get_batch([rows])
+    assert np.array_equal(r.get_batch([1]), ref[[1]])
+    comm.barrier()
+    pub.free()
+    t.free()
