@@ -48,6 +48,8 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+
+use wm_comm::session::Sealed;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -829,7 +831,7 @@ fn impostor(rest: &[String]) -> Result<()> {
     std::fs::write(&tmp, record)?;
     std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
     listener.set_nonblocking(true)?;
-    let accept = || -> Result<TcpStream> {
+    let accept = || -> Result<Sealed<TcpStream>> {
         let start = Instant::now();
         let mut c = loop {
             match listener.accept() {
@@ -842,9 +844,11 @@ fn impostor(rest: &[String]) -> Result<()> {
             }
         };
         c.set_nonblocking(false)?;
-        wm_comm::auth::serve_reader(&mut c, &key, nonce, Instant::now() + Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
+        let (_, session) =
+            wm_comm::auth::serve_reader(&mut c, &key, nonce, Instant::now() + Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
         c.set_read_timeout(Some(Duration::from_secs(60)))?;
-        Ok(c)
+        // It holds the key: what it sends is sealed like any server's.
+        Ok(Sealed::new(c, session))
     };
     match mode.as_str() {
         "stale" => {
@@ -905,7 +909,7 @@ fn rows_answer(id: u64, rows: &[usize]) -> Vec<u8> {
 }
 
 /// The next read request's rows, `None` when the reader hung up.
-fn next_read(c: &mut TcpStream) -> Result<Option<Vec<usize>>> {
+fn next_read(c: &mut Sealed<TcpStream>) -> Result<Option<Vec<usize>>> {
     let mut h = [0u8; 32];
     match c.read(&mut h[..1]) {
         Ok(0) => return Ok(None),
@@ -925,7 +929,7 @@ fn next_read(c: &mut TcpStream) -> Result<Option<Vec<usize>>> {
 
 /// Answers reads correctly, ids from `first`, until the reader hangs up:
 /// how many.
-fn serve_honestly(c: &mut TcpStream, first: u64) -> Result<u64> {
+fn serve_honestly(c: &mut Sealed<TcpStream>, first: u64) -> Result<u64> {
     let mut id = first;
     while let Some(rows) = next_read(c)? {
         ensure!(rows.iter().all(|&r| r < IMPOSTOR_ROWS), "rows {rows:?}");
