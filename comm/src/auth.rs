@@ -377,7 +377,10 @@ const TO_CLIENT: &[u8] = b"callee to caller";
 /// sending key and its receiving key.
 fn session_keys(key: &JobKey, server: &[u8], client: &[u8], claim: &[u8; CLAIM_LEN], wire: Wire, caller: bool) -> Session {
     let salt = [server, client].concat();
-    let dir = |d: &[u8]| session::derive(&key.0, &salt, &[SESSION_LABEL, claim, d]);
+    let dir = |d: &[u8]| session::Keys {
+        record: session::derive(&key.0, &salt, &[SESSION_LABEL, claim, d]),
+        length: session::derive(&key.0, &salt, &[SESSION_LABEL, claim, d, b" lengths"]),
+    };
     let (to_server, to_client) = (dir(TO_SERVER), dir(TO_CLIENT));
     if caller { Session::new(wire, to_server, to_client) } else { Session::new(wire, to_client, to_server) }
 }
@@ -488,12 +491,7 @@ pub fn call_as_reader<S: Timed>(
 ///
 /// # Errors
 /// Why the caller was refused, in words (for the server's log).
-pub fn serve_reader<S: Timed>(
-    s: &mut S,
-    key: &JobKey,
-    server: u64,
-    deadline: Instant,
-) -> std::result::Result<(ReaderId, Session), String> {
+pub fn serve_reader<S: Timed>(s: &mut S, key: &JobKey, server: u64, deadline: Instant) -> std::result::Result<(ReaderId, Session), String> {
     let wire = Wire::current().map_err(|e| e.to_string())?;
     let (claim, session) = serve(s, key, wire, deadline, |c| {
         if c.purpose != Purpose::Reader {

@@ -8,13 +8,17 @@
 //! every byte either side sends travels in **records**:
 //!
 //! ```text
-//! length u32 (little-endian, at most RECORD_MAX) ‖ body (length bytes) ‖ tag (16)
+//! length u32 (little-endian, at most RECORD_MAX) ‖ check (4) ‖ body (length bytes) ‖ tag (16)
 //! ```
 //!
 //! sealed with AES-256-GCM under the direction's key and a nonce made of
 //! the record's sequence number (0, 1, 2, … per direction, never sent), so
 //! a record that was changed, replayed, reordered or dropped fails to
-//! open, and every later one with it. Under [`Wire::Aead`] the body is the
+//! open, and every later one with it. The check is the first 4 bytes of a
+//! GMAC of the length under a key of its own and the same sequence number,
+//! so a changed length is refused before anything waits for the bytes it
+//! announces (a flipped length bit would otherwise stall the receiver until
+//! its timeout). Under [`Wire::Aead`] the body is the
 //! ciphertext and the length is authenticated data; under [`Wire::Mac`]
 //! the body is the plaintext and the tag is a GMAC over the length and
 //! the body (AES-GCM with an empty plaintext).
@@ -36,8 +40,9 @@ use crate::{Error, Result};
 
 /// Most bytes of payload in one record.
 pub const RECORD_MAX: usize = 256 << 10;
-/// Bytes of a record's length prefix.
-pub const PREFIX: usize = 4;
+/// Bytes of a record's prefix: its length and the length's check.
+pub const PREFIX: usize = 8;
+const LEN: usize = 4;
 /// Bytes of a record's tag.
 pub const TAG: usize = 16;
 
@@ -136,9 +141,22 @@ pub(crate) fn derive(ikm: &[u8], salt: &[u8], info: &[&[u8]]) -> LessSafeKey {
     LessSafeKey::new(UnboundKey::from(okm))
 }
 
+/// One direction's keys: for records, and for their lengths' checks.
+pub(crate) struct Keys {
+    pub(crate) record: LessSafeKey,
+    pub(crate) length: LessSafeKey,
+}
+
+/// The check of a record's length: 4 bytes of a GMAC under `key`.
+fn length_check(key: &LessSafeKey, seq: u64, len: &[u8]) -> [u8; PREFIX - LEN] {
+    let tag = key.seal_in_place_separate_tag(nonce(seq), Aad::from(len), &mut []).expect("an empty message");
+    tag.as_ref()[..PREFIX - LEN].try_into().expect("4 bytes")
+}
+
 /// Seals what one side sends.
 pub struct Sealer {
     key: LessSafeKey,
+    length: LessSafeKey,
     seq: u64,
     wire: Wire,
 }
@@ -146,6 +164,7 @@ pub struct Sealer {
 /// Opens what one side receives.
 pub struct Opener {
     key: LessSafeKey,
+    length: LessSafeKey,
     seq: u64,
     wire: Wire,
 }
@@ -172,15 +191,19 @@ pub struct Session {
 }
 
 impl Session {
-    pub(crate) fn new(wire: Wire, send: LessSafeKey, recv: LessSafeKey) -> Self {
-        Self { sealer: Sealer { key: send, seq: 0, wire }, opener: Opener { key: recv, seq: 0, wire } }
+    pub(crate) fn new(wire: Wire, send: Keys, recv: Keys) -> Self {
+        Self {
+            sealer: Sealer { key: send.record, length: send.length, seq: 0, wire },
+            opener: Opener { key: recv.record, length: recv.length, seq: 0, wire },
+        }
     }
 
     /// Both ends of one connection, for tests: what one seals the other
     /// opens.
     #[cfg(test)]
     pub(crate) fn pair(wire: Wire) -> (Session, Session) {
-        let k = |label: &[u8]| derive(&[7u8; 32], b"salt", &[label]);
+        let k =
+            |label: &[u8]| Keys { record: derive(&[7u8; 32], b"salt", &[label]), length: derive(&[7u8; 32], b"salt", &[label, b"len"]) };
         (Session::new(wire, k(b"a to b"), k(b"b to a")), Session::new(wire, k(b"b to a"), k(b"a to b")))
     }
 
@@ -207,7 +230,9 @@ impl Sealer {
     pub fn seal_record(&mut self, plain: &[u8], out: &mut Vec<u8>) {
         debug_assert!(plain.len() <= RECORD_MAX);
         let start = out.len();
-        out.extend_from_slice(&(plain.len() as u32).to_le_bytes());
+        let len = (plain.len() as u32).to_le_bytes();
+        out.extend_from_slice(&len);
+        out.extend_from_slice(&length_check(&self.length, self.seq, &len));
         out.extend_from_slice(plain);
         let n = nonce(self.seq);
         self.seq += 1;
@@ -229,13 +254,20 @@ impl Sealer {
 }
 
 impl Opener {
-    /// The bytes that follow a record's length prefix: its body and tag.
+    /// The bytes that follow the prefix of the record due next: its body
+    /// and tag.
     ///
     /// # Errors
-    /// [`SealError::TooLong`] when the prefix announces more than
-    /// [`RECORD_MAX`] bytes.
-    pub fn rest(prefix: &[u8; PREFIX]) -> std::result::Result<usize, SealError> {
-        let n = u32::from_le_bytes(*prefix) as usize;
+    /// [`SealError::Forged`] when the length's check fails,
+    /// [`SealError::TooLong`] when it announces more than [`RECORD_MAX`].
+    pub fn rest(&self, prefix: &[u8; PREFIX]) -> std::result::Result<usize, SealError> {
+        let (len, check) = prefix.split_at(LEN);
+        let want = length_check(&self.length, self.seq, len);
+        // Compared without an early exit.
+        if want.iter().zip(check).fold(0u8, |d, (w, c)| d | (w ^ c)) != 0 {
+            return Err(SealError::Forged(self.seq));
+        }
+        let n = u32::from_le_bytes(len.try_into().expect("4 bytes")) as usize;
         if n > RECORD_MAX {
             return Err(SealError::TooLong(n as u64));
         }
@@ -250,12 +282,14 @@ impl Opener {
     /// sequence number is then spent: the stream cannot be trusted again).
     pub fn open<'a>(&mut self, record: &'a mut [u8]) -> std::result::Result<&'a [u8], SealError> {
         let seq = self.seq;
-        self.seq += 1;
         if record.len() < PREFIX + TAG {
+            self.seq += 1;
             return Err(SealError::Forged(seq));
         }
-        let prefix: [u8; PREFIX] = record[..PREFIX].try_into().expect("4 bytes");
-        if Self::rest(&prefix)? != record.len() - PREFIX {
+        let prefix: [u8; PREFIX] = record[..PREFIX].try_into().expect("8 bytes");
+        let rest = self.rest(&prefix);
+        self.seq += 1;
+        if rest? != record.len() - PREFIX {
             return Err(SealError::Forged(seq));
         }
         let end = record.len() - TAG;
@@ -349,7 +383,7 @@ impl<S: Read> Sealed<S> {
                 Err(e) => return Err(e),
             }
         }
-        let rest = Opener::rest(&prefix)?;
+        let rest = self.session.opener.rest(&prefix)?;
         self.record.clear();
         self.record.extend_from_slice(&prefix);
         self.record.resize(PREFIX + rest, 0);
@@ -467,9 +501,17 @@ mod tests {
     }
 
     #[test]
-    fn over_long_records_are_refused_by_their_prefix() {
-        let prefix = ((RECORD_MAX + 1) as u32).to_le_bytes();
-        assert_eq!(Opener::rest(&prefix), Err(SealError::TooLong(RECORD_MAX as u64 + 1)));
+    fn a_changed_length_is_refused_before_its_bytes_are_awaited() {
+        let (mut a, b) = pair(Wire::Aead);
+        let mut rec = Vec::new();
+        a.sealer.seal_record(b"twelve bytes", &mut rec);
+        let prefix: [u8; PREFIX] = rec[..PREFIX].try_into().unwrap();
+        assert_eq!(b.opener.rest(&prefix), Ok(12 + TAG));
+        for bit in 0..32 {
+            let mut p = prefix;
+            p[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(b.opener.rest(&p), Err(SealError::Forged(0)), "bit {bit}");
+        }
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use wm_comm::JobKey;
 use wm_comm::auth::{self, ReaderId, Timed};
-use wm_comm::session::{PREFIX, Sealed, SealError, TAG};
+use wm_comm::session::{PREFIX, SealError, Sealed, TAG};
 
 use crate::wire::{self, Request, Response};
 use crate::{Error, Result};

@@ -305,7 +305,13 @@ enum ReadOutcome {
 impl Endpoint {
     /// An endpoint over established connections, each with the keys its
     /// handshake gave (`conns[world_rank]` is `None`).
-    pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<(Conn, Session)>>, timeout: Duration, max_frame: u64) -> Self {
+    pub fn new(
+        world_rank: usize,
+        nodes: Vec<NodeIdentity>,
+        conns: Vec<Option<(Conn, Session)>>,
+        timeout: Duration,
+        max_frame: u64,
+    ) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
         let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: crate::BufferPool::new(SPARE_MIN, SPARE_MAX) });
         Self { world_rank, nodes, timeout, max_frame, state }
@@ -655,8 +661,9 @@ impl Endpoint {
             peer.rec_got += n;
             let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
             if peer.rec_got == PREFIX && peer.rec_need == PREFIX {
-                let prefix: [u8; PREFIX] = peer.rec[..PREFIX].try_into().expect("4 bytes");
-                peer.rec_need = PREFIX + Opener::rest(&prefix).map_err(|e| bad(format!("its stream does not authenticate: {e}")))?;
+                let prefix: [u8; PREFIX] = peer.rec[..PREFIX].try_into().expect("8 bytes");
+                let opener = peer.opener.as_ref().expect("a connection has its keys");
+                peer.rec_need = PREFIX + opener.rest(&prefix).map_err(|e| bad(format!("its stream does not authenticate: {e}")))?;
                 continue;
             }
             if peer.rec_got < peer.rec_need {

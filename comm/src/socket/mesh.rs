@@ -215,7 +215,8 @@ fn admit(mut c: Conn, judge: &Arc<Judge>, tx: &mpsc::Sender<Admitted>, in_flight
 }
 
 fn connect(me: &RankInfo, peer: &RankInfo, key: &JobKey, wire: Wire, deadline: Instant) -> io::Result<(Conn, Session)> {
-    let claim = Claim { purpose: Purpose::Mesh, wire, rank: me.rank as u64, world: me.world as u64, from_nonce: me.nonce, to_nonce: peer.nonce };
+    let claim =
+        Claim { purpose: Purpose::Mesh, wire, rank: me.rank as u64, world: me.world as u64, from_nonce: me.nonce, to_nonce: peer.nonce };
     let refused = |e: auth::HandshakeError| io::Error::other(format!("rank {}: {e}", peer.rank));
     if peer.node_id == me.node_id {
         let addr = UnixAddr::from_abstract_name(peer.unix_name.as_bytes())?;
