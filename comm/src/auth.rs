@@ -20,9 +20,13 @@
 //! ```
 //!
 //! The server answers only when the MAC verifies and the claim is one it
-//! accepts; otherwise it closes the connection. What follows the handshake
-//! is neither encrypted nor authenticated frame by frame (like MPI and
-//! NCCL): `docs/security.md` has the threat model.
+//! accepts; otherwise it closes the connection. Both sides then derive the
+//! connection's keys (HKDF-SHA256 over the job key, both challenges and the
+//! claim, one key per direction) and everything that follows travels in
+//! sealed records (`session`): a relay that passed the handshake along
+//! unchanged can neither read (`WM_WIRE=aead`) nor alter, replay, reorder
+//! or drop a byte without the receiver's error. `docs/security.md` has the
+//! threat model.
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -36,6 +40,7 @@ use sha2::Sha256;
 use wm_topology::env::{WM_JOB_KEY, WM_JOB_KEY_FILE};
 use zeroize::Zeroize;
 
+use crate::session::{self, Session, Wire};
 use crate::{Error, Result};
 
 /// Bytes in a job key.
@@ -217,6 +222,8 @@ pub(crate) enum Purpose {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Claim {
     pub purpose: Purpose,
+    /// How the caller protects what follows the handshake.
+    pub wire: Wire,
     /// The caller's rank.
     pub rank: u64,
     /// The world size the caller belongs to.
@@ -231,6 +238,7 @@ impl Claim {
     fn encode(&self) -> [u8; CLAIM_LEN] {
         let mut b = [0u8; CLAIM_LEN];
         b[0] = self.purpose as u8;
+        b[1] = self.wire as u8;
         b[8..16].copy_from_slice(&self.rank.to_le_bytes());
         b[16..24].copy_from_slice(&self.world.to_le_bytes());
         b[24..32].copy_from_slice(&self.from_nonce.to_le_bytes());
@@ -250,10 +258,11 @@ impl Claim {
             3 => Purpose::Reader,
             p => return Err(format!("unknown purpose {p}")),
         };
-        if b[1..8].iter().chain(&b[40..48]).any(|&x| x != 0) {
+        let wire = Wire::from_u8(b[1]).ok_or_else(|| format!("unknown wire protection {}", b[1]))?;
+        if b[2..8].iter().chain(&b[40..48]).any(|&x| x != 0) {
             return Err("reserved bytes are not zero".into());
         }
-        Ok(Self { purpose, rank: u(8), world: u(16), from_nonce: u(24), to_nonce: u(32) })
+        Ok(Self { purpose, wire, rank: u(8), world: u(16), from_nonce: u(24), to_nonce: u(32) })
     }
 }
 
@@ -357,15 +366,36 @@ pub(crate) fn parse_server_hello(b: &[u8; SERVER_HELLO_LEN]) -> std::result::Res
 
 const CLIENT_LABEL: &[u8] = b"wholemem client v1";
 const SERVER_LABEL: &[u8] = b"wholemem server v1";
+const SESSION_LABEL: &[u8] = b"wholemem session v1";
+const TO_SERVER: &[u8] = b"caller to callee";
+const TO_CLIENT: &[u8] = b"callee to caller";
 
-/// The accepting side: challenges the caller, checks its MAC and lets
-/// `accept` judge its claim, then proves itself. Everything by `deadline`.
+/// The connection's keys: HKDF-SHA256 with both challenges as salt, the
+/// job key as input, and the label, the claim (purpose and protection,
+/// the caller's rank and world, its record nonce and the nonce of the
+/// record it dialled) and the direction as info. Either side gets its
+/// sending key and its receiving key.
+fn session_keys(key: &JobKey, server: &[u8], client: &[u8], claim: &[u8; CLAIM_LEN], wire: Wire, caller: bool) -> Session {
+    let salt = [server, client].concat();
+    let dir = |d: &[u8]| session::Keys {
+        record: session::derive(&key.0, &salt, &[SESSION_LABEL, claim, d]),
+        length: session::derive(&key.0, &salt, &[SESSION_LABEL, claim, d, b" lengths"]),
+    };
+    let (to_server, to_client) = (dir(TO_SERVER), dir(TO_CLIENT));
+    if caller { Session::new(wire, to_server, to_client) } else { Session::new(wire, to_client, to_server) }
+}
+
+/// The accepting side: challenges the caller, checks its MAC, that it
+/// protects frames as `wire` says, and lets `accept` judge its claim, then
+/// proves itself. Everything by `deadline`. Returns the claim and the
+/// connection's keys.
 pub(crate) fn serve<S: Timed>(
     s: &mut S,
     key: &JobKey,
+    wire: Wire,
     deadline: Instant,
     accept: impl FnOnce(&Claim) -> std::result::Result<(), String>,
-) -> std::result::Result<Claim, HandshakeError> {
+) -> std::result::Result<(Claim, Session), HandshakeError> {
     let mut server = [0u8; CHALLENGE_LEN];
     fill_random(&mut server).map_err(|e| HandshakeError::Io(io::Error::other(e.to_string())))?;
     let mut hello = [0u8; SERVER_HELLO_LEN];
@@ -377,15 +407,25 @@ pub(crate) fn serve<S: Timed>(
     let (client, claim, mac) = parse_client_hello(&answer).map_err(HandshakeError::Malformed)?;
     let claim_bytes = &answer[CHALLENGE_LEN..CHALLENGE_LEN + CLAIM_LEN];
     key.mac(CLIENT_LABEL, &server, &client, claim_bytes).verify_slice(&mac).map_err(|_| HandshakeError::WrongKey)?;
+    if claim.wire != wire {
+        return Err(HandshakeError::Claim(format!(
+            "it protects frames with {}={}, this process with {}",
+            wm_topology::env::WM_WIRE.name,
+            claim.wire.name(),
+            wire.name()
+        )));
+    }
     accept(&claim).map_err(HandshakeError::Claim)?;
     let proof = key.mac(SERVER_LABEL, &server, &client, claim_bytes).finalize().into_bytes();
     write_by(s, &proof, deadline)?;
-    Ok(claim)
+    let claim_bytes: [u8; CLAIM_LEN] = claim_bytes.try_into().expect("48 bytes");
+    Ok((claim, session_keys(key, &server, &client, &claim_bytes, wire, false)))
 }
 
 /// The connecting side: answers the server's challenge with `claim`, then
-/// checks the server's proof. Everything by `deadline`.
-pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: Instant) -> std::result::Result<(), HandshakeError> {
+/// checks the server's proof. Everything by `deadline`. Returns the
+/// connection's keys.
+pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: Instant) -> std::result::Result<Session, HandshakeError> {
     let mut hello = [0u8; SERVER_HELLO_LEN];
     read_by(s, &mut hello, deadline)?;
     let server = parse_server_hello(&hello).map_err(HandshakeError::Malformed)?;
@@ -400,7 +440,8 @@ pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: I
     write_by(s, &answer, deadline)?;
     let mut proof = [0u8; MAC_LEN];
     read_by(s, &mut proof, deadline)?;
-    key.mac(SERVER_LABEL, &server, &client, &claim_bytes).verify_slice(&proof).map_err(|_| HandshakeError::WrongKey)
+    key.mac(SERVER_LABEL, &server, &client, &claim_bytes).verify_slice(&proof).map_err(|_| HandshakeError::WrongKey)?;
+    Ok(session_keys(key, &server, &client, &claim_bytes, claim.wire, true))
 }
 
 /// Who a one-sided reader says it is, inside its MAC.
@@ -414,33 +455,45 @@ pub enum ReaderId {
 
 /// The claim a reader makes: its identity, and the nonce the server
 /// published (so a proof made for one server is worth nothing at another).
-fn reader_claim(who: ReaderId, server: u64) -> Claim {
+fn reader_claim(who: ReaderId, server: u64, wire: Wire) -> Claim {
     let rank = match who {
         ReaderId::Rank(r) => r as u64,
         ReaderId::Outside => u64::MAX,
     };
-    Claim { purpose: Purpose::Reader, rank, world: 0, from_nonce: 0, to_nonce: server }
+    Claim { purpose: Purpose::Reader, wire, rank, world: 0, from_nonce: 0, to_nonce: server }
 }
 
 /// A one-sided reader's side of the handshake with a read server or a
 /// table catalogue (`wm-onesided`): proves it holds `key`, claims `who`,
 /// names the server by the nonce the server published, and checks the
-/// server's proof. Everything by `deadline`.
+/// server's proof. Everything by `deadline`. Returns the connection's keys:
+/// everything after the handshake goes through them
+/// ([`Sealed`](crate::session::Sealed)), protected as `WM_WIRE` says.
 ///
 /// # Errors
-/// Why the handshake failed, in words (refused, wrong key, timed out).
-pub fn call_as_reader<S: Timed>(s: &mut S, key: &JobKey, who: ReaderId, server: u64, deadline: Instant) -> std::result::Result<(), String> {
-    call(s, key, &reader_claim(who, server), deadline).map_err(|e| e.to_string())
+/// Why the handshake failed, in words (refused, wrong key, timed out, a
+/// bad `WM_WIRE`).
+pub fn call_as_reader<S: Timed>(
+    s: &mut S,
+    key: &JobKey,
+    who: ReaderId,
+    server: u64,
+    deadline: Instant,
+) -> std::result::Result<Session, String> {
+    let wire = Wire::current().map_err(|e| e.to_string())?;
+    call(s, key, &reader_claim(who, server, wire), deadline).map_err(|e| e.to_string())
 }
 
 /// A read server's side of that handshake: accepts only a reader that
-/// proves `key` and names `server`; then proves itself. Returns who the
-/// reader claims to be.
+/// proves `key`, names `server` and protects frames as this process does;
+/// then proves itself. Returns who the reader claims to be, and the
+/// connection's keys.
 ///
 /// # Errors
 /// Why the caller was refused, in words (for the server's log).
-pub fn serve_reader<S: Timed>(s: &mut S, key: &JobKey, server: u64, deadline: Instant) -> std::result::Result<ReaderId, String> {
-    let claim = serve(s, key, deadline, |c| {
+pub fn serve_reader<S: Timed>(s: &mut S, key: &JobKey, server: u64, deadline: Instant) -> std::result::Result<(ReaderId, Session), String> {
+    let wire = Wire::current().map_err(|e| e.to_string())?;
+    let (claim, session) = serve(s, key, wire, deadline, |c| {
         if c.purpose != Purpose::Reader {
             return Err("it is not a one-sided reader".into());
         }
@@ -450,7 +503,8 @@ pub fn serve_reader<S: Timed>(s: &mut S, key: &JobKey, server: u64, deadline: In
         Ok(())
     })
     .map_err(|e| e.to_string())?;
-    Ok(if claim.rank == u64::MAX { ReaderId::Outside } else { ReaderId::Rank(usize::try_from(claim.rank).unwrap_or(usize::MAX)) })
+    let who = if claim.rank == u64::MAX { ReaderId::Outside } else { ReaderId::Rank(usize::try_from(claim.rank).unwrap_or(usize::MAX)) };
+    Ok((who, session))
 }
 
 #[cfg(test)]
@@ -463,7 +517,7 @@ mod tests {
     use super::*;
 
     fn claim() -> Claim {
-        Claim { purpose: Purpose::Mesh, rank: 3, world: 4, from_nonce: 77, to_nonce: 88 }
+        Claim { purpose: Purpose::Mesh, wire: Wire::Aead, rank: 3, world: 4, from_nonce: 77, to_nonce: 88 }
     }
 
     fn soon() -> Instant {
@@ -489,11 +543,11 @@ mod tests {
         server_key: &JobKey,
         client_key: &JobKey,
         refuse: bool,
-    ) -> (std::result::Result<Claim, String>, std::result::Result<(), String>) {
+    ) -> (std::result::Result<(Claim, Session), String>, std::result::Result<Session, String>) {
         let (mut a, mut b) = UnixStream::pair().unwrap();
         let sk = server_key.clone();
         let server = thread::spawn(move || {
-            serve(&mut a, &sk, soon(), |c| if refuse { Err(format!("rank {} is not expected", c.rank)) } else { Ok(()) })
+            serve(&mut a, &sk, Wire::Aead, soon(), |c| if refuse { Err(format!("rank {} is not expected", c.rank)) } else { Ok(()) })
                 .map_err(|e| e.to_string())
                 .inspect_err(|_| drop(a))
         });
@@ -501,12 +555,38 @@ mod tests {
         (server.join().unwrap(), client)
     }
 
+    /// Whether what `from` seals, `to` opens.
+    fn talks(from: &mut Session, to: &mut Session) -> bool {
+        let mut rec = Vec::new();
+        from.sealer.seal(b"row bytes", &mut rec);
+        to.opener.open(&mut rec).is_ok_and(|p| p == b"row bytes")
+    }
+
     #[test]
-    fn both_sides_prove_the_key() {
+    fn both_sides_prove_the_key_and_share_keys_nobody_else_derives() {
         let k = JobKey::generate().unwrap();
         let (s, c) = handshake(&k, &k, false);
-        assert_eq!(s.unwrap(), claim());
-        c.unwrap();
+        let (got, mut server) = s.unwrap();
+        let mut client = c.unwrap();
+        assert_eq!(got, claim());
+        assert!(talks(&mut client, &mut server) && talks(&mut server, &mut client));
+        // A second handshake between the same processes gets other keys:
+        // nothing of one connection opens on another.
+        let (s2, c2) = handshake(&k, &k, false);
+        let (_, mut server2) = s2.unwrap();
+        let _ = c2.unwrap();
+        assert!(!talks(&mut client, &mut server2));
+    }
+
+    #[test]
+    fn a_caller_with_another_wire_protection_is_refused_by_name() {
+        let k = JobKey::generate().unwrap();
+        let (mut a, mut b) = UnixStream::pair().unwrap();
+        let sk = k.clone();
+        let server = thread::spawn(move || serve(&mut a, &sk, Wire::Mac, soon(), |_| Ok(())).map_err(|e| e.to_string()));
+        let _ = call(&mut b, &k, &claim(), soon());
+        let e = server.join().unwrap().unwrap_err();
+        assert!(e.contains("WM_WIRE=aead, this process with mac"), "{e}");
     }
 
     #[test]
@@ -555,7 +635,7 @@ mod tests {
             let served = server.join().unwrap();
             assert_eq!(client.is_ok(), ok, "{client:?}");
             match served {
-                Ok(got) => assert!(ok && got == who, "{got:?}"),
+                Ok((got, _)) => assert!(ok && got == who, "{got:?}"),
                 Err(e) => assert!(!ok && e.contains("names another server"), "{e}"),
             }
         }
@@ -599,7 +679,7 @@ mod tests {
                 let _ = b.read_exact(&mut hello);
                 let _ = b.write_all(&bytes);
             });
-            let r = serve(&mut a, &key, Instant::now() + Duration::from_millis(200), |_| Ok(()));
+            let r = serve(&mut a, &key, Wire::Aead, Instant::now() + Duration::from_millis(200), |_| Ok(()));
             prop_assert!(r.is_err());
             drop(a);
             writer.join().unwrap();
@@ -607,7 +687,8 @@ mod tests {
 
         #[test]
         fn claims_round_trip(rank in any::<u64>(), world in any::<u64>(), f in any::<u64>(), t in any::<u64>(), mesh in any::<bool>()) {
-            let c = Claim { purpose: if mesh { Purpose::Mesh } else { Purpose::Rendezvous }, rank, world, from_nonce: f, to_nonce: t };
+            let wire = if mesh { Wire::Mac } else { Wire::Aead };
+            let c = Claim { purpose: if mesh { Purpose::Mesh } else { Purpose::Rendezvous }, wire, rank, world, from_nonce: f, to_nonce: t };
             prop_assert_eq!(Claim::decode(&c.encode()).unwrap(), c);
         }
     }

@@ -40,6 +40,7 @@ pub mod mpi_backend;
 pub mod nccl;
 pub mod pool;
 pub mod ranks;
+pub mod session;
 pub mod socket;
 pub mod tcp;
 // Socket calls std does not offer: SCM_RIGHTS, poll, SO_PEERCRED, getifaddrs.

@@ -53,6 +53,15 @@ impl<T: Copy + Default> BufferPool<T> {
         Ok(b)
     }
 
+    /// A kept buffer of at least `len` elements' capacity, emptied, if
+    /// one is kept; nothing is allocated.
+    pub fn reuse(&mut self, len: usize) -> Option<Vec<T>> {
+        let best = self.bufs.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity()).map(|(i, _)| i)?;
+        let mut b = self.bufs.swap_remove(best);
+        b.clear();
+        Some(b)
+    }
+
     /// Like [`take`](Self::take), aborting on allocation failure as `vec!`
     /// does (for lengths of this process's own making).
     pub fn get(&mut self, len: usize) -> Vec<T> {

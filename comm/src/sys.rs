@@ -30,41 +30,6 @@ pub(crate) fn recv(fd: RawFd, buf: &mut [u8]) -> io::Result<usize> {
     cvt(n)
 }
 
-/// Most pieces one [`recv_scattered`] call fills (Linux's `IOV_MAX`).
-pub(crate) const SCATTER_MAX: usize = 1024;
-
-/// Receives without blocking into `first`, then into the pieces `(offset,
-/// len)` of `base`, in that order: one system call, no bytes copied in
-/// between. Pieces past [`SCATTER_MAX`] (counting a non-empty `first`)
-/// are left for a later call. `Ok(0)` means the peer closed its end
-/// (or every buffer is empty).
-///
-/// # Panics
-/// When a piece does not lie within `base`: the caller computes them from
-/// rows it has checked, so this is a bug of ours, not a peer's doing.
-pub(crate) fn recv_scattered(fd: RawFd, first: &mut [u8], base: &mut [u8], pieces: &[(usize, usize)]) -> io::Result<usize> {
-    let mut iov = Vec::with_capacity(SCATTER_MAX.min(pieces.len() + 1));
-    if !first.is_empty() {
-        iov.push(libc::iovec { iov_base: first.as_mut_ptr().cast(), iov_len: first.len() });
-    }
-    let ptr = base.as_mut_ptr();
-    for &(off, len) in pieces.iter().take(SCATTER_MAX - iov.len()) {
-        assert!(off.checked_add(len).is_some_and(|end| end <= base.len()), "a piece at {off} of {len} bytes outside {} bytes", base.len());
-        // SAFETY: the piece lies within `base` (checked above), which is
-        // borrowed mutably for the whole call.
-        iov.push(libc::iovec { iov_base: unsafe { ptr.add(off) }.cast(), iov_len: len });
-    }
-    // SAFETY: zeroed msghdr is a valid empty header; the vector is set below.
-    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
-    msg.msg_iov = iov.as_mut_ptr();
-    msg.msg_iovlen = iov.len() as _;
-    // SAFETY: every iovec points into `first` or `base`, both writable and
-    // live for the call (pieces may overlap: the kernel writes them in
-    // order); fd is open.
-    let n = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_DONTWAIT) };
-    cvt(n)
-}
-
 fn cmsg_space(n: usize) -> usize {
     // SAFETY: CMSG_SPACE is a pure size computation.
     unsafe { libc::CMSG_SPACE((n * mem::size_of::<RawFd>()) as u32) as usize }

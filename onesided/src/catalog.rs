@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wm_comm::auth::{self, ReaderId};
+use wm_comm::session::Sealed;
 use wm_comm::{JobKey, Rendezvous};
 
 use crate::record::RECORD_MAX;
@@ -162,9 +163,11 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
         Ok(s) => s,
         Err(e) => return Ok(Found::Nothing(format!("nothing answers at {addr} ({e})"))),
     };
-    if let Err(detail) = auth::call_as_reader(&mut s, key, ReaderId::Outside, CATALOGUE_NONCE, deadline) {
-        return Err(Error::Refused { at: format!("the catalogue at {addr}"), detail });
-    }
+    let session = match auth::call_as_reader(&mut s, key, ReaderId::Outside, CATALOGUE_NONCE, deadline) {
+        Ok(session) => session,
+        Err(detail) => return Err(Error::Refused { at: format!("the catalogue at {addr}"), detail }),
+    };
+    let mut s = Sealed::new(s, session);
     let io_err = |e: io::Error| Error::io(format!("looking up table {name:?} at {addr}"), e);
     let mut req = (name.len() as u16).to_le_bytes().to_vec();
     req.extend_from_slice(name.as_bytes());
@@ -175,8 +178,12 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
     let bad = |d: String| Error::Malformed { from: format!("the catalogue at {addr}"), detail: d };
     match head[0] {
         0 if len <= RECORD_MAX => {
-            let mut body = vec![0u8; len];
-            s.read_exact(&mut body).map_err(io_err)?;
+            // Grows as the bytes arrive, never to the announced length first.
+            let mut body = Vec::new();
+            Read::by_ref(&mut s).take(len as u64).read_to_end(&mut body).map_err(io_err)?;
+            if body.len() < len {
+                return Err(bad(format!("a record cut short at {} of {len} bytes", body.len())));
+            }
             Ok(Found::Record(body))
         }
         0 => Err(bad(format!("a record of {len} bytes (at most {RECORD_MAX})"))),
@@ -233,9 +240,10 @@ impl Service {
 /// One lookup: the handshake, a name, the record or "not published".
 fn answer(mut s: TcpStream, tables: &Mutex<HashMap<String, Vec<u8>>>, key: &JobKey) -> std::result::Result<(), String> {
     let deadline = Instant::now() + LOOKUP_LIMIT;
-    auth::serve_reader(&mut s, key, CATALOGUE_NONCE, deadline)?;
+    let (_, session) = auth::serve_reader(&mut s, key, CATALOGUE_NONCE, deadline)?;
     s.set_read_timeout(Some(LOOKUP_LIMIT)).map_err(|e| e.to_string())?;
     s.set_write_timeout(Some(LOOKUP_LIMIT)).map_err(|e| e.to_string())?;
+    let mut s = Sealed::new(s, session);
     let mut len = [0u8; 2];
     s.read_exact(&mut len).map_err(|e| format!("no name arrived: {e}"))?;
     let len = u16::from_le_bytes(len) as usize;

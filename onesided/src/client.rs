@@ -10,15 +10,17 @@ use std::time::{Duration, Instant};
 
 use wm_comm::JobKey;
 use wm_comm::auth::{self, ReaderId, Timed};
+use wm_comm::session::{PREFIX, SealError, Sealed, TAG};
 
 use crate::wire::{self, Request, Response};
 use crate::{Error, Result};
 
 /// One connection to a read server, and where it stands in the
-/// request/answer sequence.
+/// request/answer sequence. Everything after the handshake travels sealed
+/// with the keys it gave.
 #[derive(Debug)]
 pub(crate) struct Conn {
-    stream: Stream,
+    stream: Sealed<Stream>,
     /// Requests sent so far: the id of the next one.
     sent: u64,
     /// Answers read in full so far: the id of the one due next.
@@ -31,38 +33,48 @@ enum Stream {
     Tcp(TcpStream),
 }
 
-impl Read for Conn {
+impl Read for Stream {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        match &mut self.stream {
+        match self {
             Stream::Unix(s) => s.read(buf),
             Stream::Tcp(s) => s.read(buf),
         }
     }
-    fn read_vectored(&mut self, bufs: &mut [io::IoSliceMut<'_>]) -> io::Result<usize> {
-        match &mut self.stream {
-            Stream::Unix(s) => s.read_vectored(bufs),
-            Stream::Tcp(s) => s.read_vectored(bufs),
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Unix(s) => s.write(buf),
+            Stream::Tcp(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Timed for Stream {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        match self {
+            Stream::Unix(s) => s.set_timeouts(t),
+            Stream::Tcp(s) => s.set_timeouts(t),
         }
     }
 }
 
-impl Conn {
-    fn new(stream: Stream) -> Self {
-        Self { stream, sent: 0, answered: 0 }
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.stream.read(buf)
     }
+}
 
-    /// Fills every buffer of `bufs`, in order, with one `readv` for up to
-    /// a thousand of them at a time: rows straight into their places.
+impl Conn {
+    /// Fills every buffer of `bufs`, in order: rows into their places, each
+    /// byte only once the record that carried it has authenticated.
     pub(crate) fn read_into(&mut self, bufs: &mut [&mut [u8]]) -> io::Result<()> {
-        let mut slices: Vec<io::IoSliceMut<'_>> = bufs.iter_mut().map(|b| io::IoSliceMut::new(b)).collect();
-        let mut rest = &mut slices[..];
-        while !rest.is_empty() {
-            match self.read_vectored(rest) {
-                Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the server closed the connection")),
-                Ok(n) => io::IoSliceMut::advance_slices(&mut rest, n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
+        for b in bufs.iter_mut() {
+            self.read_exact(b)?;
         }
         Ok(())
     }
@@ -113,22 +125,13 @@ impl Conn {
 
 impl Write for Conn {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        match &mut self.stream {
-            Stream::Unix(s) => s.write(buf),
-            Stream::Tcp(s) => s.write(buf),
-        }
+        self.stream.write(buf)
+    }
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.stream.write_all(buf)
     }
     fn flush(&mut self) -> io::Result<()> {
         Ok(())
-    }
-}
-
-impl Timed for Conn {
-    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        match &self.stream {
-            Stream::Unix(s) => s.set_timeouts(t),
-            Stream::Tcp(s) => s.set_timeouts(t),
-        }
     }
 }
 
@@ -169,7 +172,9 @@ pub(crate) fn is_gone(e: &io::Error) -> bool {
 
 /// The error for a failed exchange with `owner`'s server at `at`.
 pub(crate) fn lost(table: &str, owner: usize, at: &Addr, what: &str, e: &io::Error) -> Error {
-    if is_gone(e) {
+    if e.get_ref().is_some_and(|inner| inner.is::<SealError>()) {
+        Error::Malformed { from: format!("rank {owner}'s read server at {at} (table {table:?})"), detail: format!("{what}: {e}") }
+    } else if is_gone(e) {
         Error::Gone {
             table: table.to_owned(),
             detail: format!("rank {owner}'s read server at {at} is gone while {what} ({e}): the job freed the table or ended"),
@@ -185,7 +190,7 @@ pub(crate) fn lost(table: &str, owner: usize, at: &Addr, what: &str, e: &io::Err
 /// proves its own. `nonce` is the one the server published.
 pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Identity) -> Result<Conn> {
     let deadline = Instant::now() + id.timeout.min(Duration::from_secs(30));
-    let mut conn = match at {
+    let mut stream = match at {
         Addr::Unix(name) => {
             let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::io("an abstract socket name", e))?;
             let s = UnixStream::connect_addr(&addr).map_err(|e| lost(table, owner, at, "connecting", &e))?;
@@ -195,34 +200,41 @@ pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Ide
             if uid != wm_comm::fdpass::effective_uid() {
                 return Err(Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") });
             }
-            Conn::new(Stream::Unix(s))
+            Stream::Unix(s)
         }
         Addr::Tcp(a) => {
             wm_comm::tcp::choice()?;
             let s =
                 wm_comm::tcp::connect(*a, id.timeout.min(Duration::from_secs(30))).map_err(|e| lost(table, owner, at, "connecting", &e))?;
             let _ = s.set_nodelay(true);
-            Conn::new(Stream::Tcp(s))
+            Stream::Tcp(s)
         }
     };
-    auth::call_as_reader(&mut conn, &id.key, id.who, nonce, deadline)
+    let session = auth::call_as_reader(&mut stream, &id.key, id.who, nonce, deadline)
         .map_err(|detail| Error::Refused { at: format!("rank {owner}'s read server at {at}"), detail })?;
-    conn.set_timeouts(id.timeout).map_err(|e| Error::io("setting a connection's timeouts", e))?;
-    Ok(conn)
+    stream.set_timeouts(id.timeout).map_err(|e| Error::io("setting a connection's timeouts", e))?;
+    Ok(Conn { stream: Sealed::new(stream, session), sent: 0, answered: 0 })
 }
 
 impl Conn {
     /// Asks for the owner's `count` memfds (Unix connections).
     pub(crate) fn portion(&mut self, table: &str, owner: usize, at: &Addr, count: usize, timeout: Duration) -> Result<Vec<OwnedFd>> {
-        let Stream::Unix(s) = &mut self.stream else {
+        if !matches!(self.stream.get_ref(), Stream::Unix(_)) {
             return Err(Error::Unsupported { what: "receiving a portion".into(), reason: "only over a Unix socket".into() });
-        };
+        }
         // As `send`, on the stream that carries descriptors.
         self.sent += 1;
-        s.write_all(&Request::Portion.encode()).map_err(|e| lost(table, owner, at, "asking for its portion", &e))?;
-        let mut h = [0u8; wire::HEADER];
-        let fds = wm_comm::fdpass::recv_fds(s, &mut h, count, Instant::now() + timeout)
+        self.write_all(&Request::Portion.encode()).map_err(|e| lost(table, owner, at, "asking for its portion", &e))?;
+        // The answer's header is one record, the descriptors on its first byte.
+        let mut rec = [0u8; PREFIX + wire::HEADER + TAG];
+        let Stream::Unix(s) = self.stream.get_ref() else { unreachable!("checked above") };
+        let fds = wm_comm::fdpass::recv_fds(s, &mut rec, count, Instant::now() + timeout)
             .map_err(|e| lost(table, owner, at, "receiving its portion", &e))?;
+        let plain = self.stream.open_from(&mut rec).map_err(|e| lost(table, owner, at, "receiving its portion", &e.into()))?;
+        let h: [u8; wire::HEADER] = plain.try_into().map_err(|_| Error::Malformed {
+            from: format!("rank {owner}'s read server"),
+            detail: format!("an answer header of {} bytes", plain.len()),
+        })?;
         let r = self.check(&h, owner, 0)?;
         if !r.ok {
             let msg = self.message(r.bytes, table, owner, at)?;
@@ -262,7 +274,7 @@ impl Conn {
     /// Makes the connection a liveness probe: non-blocking, never used for
     /// requests again.
     pub(crate) fn into_probe(self) -> Result<Probe> {
-        match &self.stream {
+        match self.stream.get_ref() {
             Stream::Unix(s) => s.set_nonblocking(true),
             Stream::Tcp(s) => s.set_nonblocking(true),
         }
@@ -283,7 +295,7 @@ impl Probe {
         let mut b = [0u8; 1];
         // Nothing is ever expected on a probe, so reading (not peeking)
         // loses nothing.
-        let r = match &self.0.stream {
+        let r = match self.0.stream.get_ref() {
             Stream::Unix(s) => (&*s).read(&mut b),
             Stream::Tcp(s) => (&*s).read(&mut b),
         };

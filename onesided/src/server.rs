@@ -23,6 +23,9 @@ use std::time::{Duration, Instant};
 
 use wm_comm::JobKey;
 use wm_comm::auth::{self, Timed};
+use wm_comm::session::Sealed;
+use wm_gather::rows::gather_from;
+use wm_gather::{DType, RowLayout};
 
 use crate::record::UNIX_PREFIX;
 use crate::shm::Mapped;
@@ -254,17 +257,19 @@ fn serve(sh: &Shared, s: Stream, from: &str) {
                 Ok(uid) => return refused(format!("it runs as uid {uid}, not as this user")),
                 Err(e) => return refused(format!("its credentials cannot be read: {e}")),
             }
-            if let Err(why) = auth::serve_reader(&mut u, &sh.key, sh.nonce, deadline) {
-                return refused(why);
-            }
+            let session = match auth::serve_reader(&mut u, &sh.key, sh.nonce, deadline) {
+                Ok((_, session)) => session,
+                Err(why) => return refused(why),
+            };
             let dup = u.try_clone().ok();
-            requests(sh, &mut u, dup.as_ref())
+            requests(sh, &mut Sealed::new(u, session), dup.as_ref())
         }
         Stream::Tcp(mut t) => {
-            if let Err(why) = auth::serve_reader(&mut t, &sh.key, sh.nonce, deadline) {
-                return refused(why);
-            }
-            requests(sh, &mut t, None)
+            let session = match auth::serve_reader(&mut t, &sh.key, sh.nonce, deadline) {
+                Ok((_, session)) => session,
+                Err(why) => return refused(why),
+            };
+            requests(sh, &mut Sealed::new(t, session), None)
         }
     };
     if let Err(e) = result
@@ -285,7 +290,7 @@ fn serve(sh: &Shared, s: Stream, from: &str) {
 /// an error and the connection stays in step; after a header it cannot
 /// parse it cannot tell where the next request starts, so it answers and
 /// hangs up.
-fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&UnixStream>) -> io::Result<()> {
+fn requests<S: Read + Write + Timed>(sh: &Shared, s: &mut Sealed<S>, unix: Option<&UnixStream>) -> io::Result<()> {
     // Idle readers wait as long as they like; a reader that stops reading
     // an answer is given up on after the timeout.
     s.set_timeouts(sh.timeout)?;
@@ -311,9 +316,12 @@ fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&
             Request::Ping => s.write_all(&Response { id, ok: true, epoch, bytes: 0 }.encode())?,
             Request::Portion => match unix {
                 Some(u) => {
-                    let h = Response { id, ok: true, epoch, bytes: 0 }.encode();
+                    // The answer's header as one record, the descriptors on
+                    // its first byte.
+                    let mut rec = Vec::new();
+                    s.seal_to(&Response { id, ok: true, epoch, bytes: 0 }.encode(), &mut rec);
                     let fds: Vec<_> = sh.portion.iter().map(AsFd::as_fd).collect();
-                    wm_comm::fdpass::send_fds(u, &h, &fds, Instant::now() + sh.timeout)?;
+                    wm_comm::fdpass::send_fds(u, &rec, &fds, Instant::now() + sh.timeout)?;
                 }
                 None => answer_error(s, sh, id, "a portion is handed out over a Unix socket only")?,
             },
@@ -327,28 +335,34 @@ fn requests<S: Read + Write + Timed + Fd>(sh: &Shared, s: &mut S, unix: Option<&
                     continue;
                 }
                 let head = Response { id, ok: true, epoch, bytes: n * len }.encode();
-                sh.rows.send_rows(s.fd(), &head, &rows, skip, len)?;
+                send_rows(sh, s, &head, &rows, skip, len)?;
             }
         }
     }
     Ok(())
 }
 
-/// A stream whose descriptor rows are sent on.
-trait Fd {
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_>;
-}
+/// Rows staged at a time for sealing: about this many bytes.
+const STAGE_BYTES: usize = 1 << 20;
 
-impl Fd for UnixStream {
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.as_fd()
+/// Sends `head`, then `len` bytes from byte `skip` of each of `rows`,
+/// copied from the mapping a stage at a time and sealed as they go.
+fn send_rows<S: Write>(sh: &Shared, s: &mut Sealed<S>, head: &[u8], rows: &[usize], skip: usize, len: usize) -> io::Result<()> {
+    let src = sh.rows.source().map_err(|e| io::Error::other(e.to_string()))?;
+    let layout = RowLayout::new(DType::I8, len, skip).map_err(|e| io::Error::other(e.to_string()))?;
+    let per = (STAGE_BYTES / len).max(1);
+    let mut stage = head.to_vec();
+    if rows.is_empty() {
+        return s.write_all(&stage);
     }
-}
-
-impl Fd for TcpStream {
-    fn fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        self.as_fd()
+    for chunk in rows.chunks(per) {
+        let at = stage.len();
+        stage.resize(at + chunk.len() * len, 0);
+        gather_from(&src, &layout, chunk, None, &mut stage[at..], DType::I8, 1).map_err(|e| io::Error::other(e.to_string()))?;
+        s.write_all(&stage)?;
+        stage.clear();
     }
+    Ok(())
 }
 
 /// Reads a request header, waiting as long as it takes for its first

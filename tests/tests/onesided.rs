@@ -293,3 +293,83 @@ fn joining_a_table_nobody_published_is_an_error_not_a_hang() {
     let text = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && text.contains("no table \"absent\" is published"), "{text}");
 }
+
+/// A job of two ranks under `WM_WIRE=wire`, a relay process that holds no
+/// key and plants a record pointing at itself (`relay MODE`), and a reader
+/// that joins that record and reads `runs` times. Returns (reader's,
+/// relay's) output.
+fn through_relay(wire: &str, mode: &str, runs: usize) -> (String, String) {
+    let dir = Scratch::new(&format!("relay-{wire}-{mode}"));
+    let d = dir.0.to_string_lossy().into_owned();
+    let key = key();
+    let name = "relayed-table";
+    let world = World::new(2).env("WM_JOB_KEY", &key).env("WM_TIMEOUT_S", "60").env("WM_WIRE", wire);
+    let args: Vec<String> = ["job", &d, name, "1", "socket", "distributed", "free"].iter().map(|s| s.to_string()).collect();
+    let job = thread::spawn(move || {
+        let a: Vec<&str> = args.iter().map(String::as_str).collect();
+        world.run(PROG, &a)
+    });
+    let start = |args: &[&str]| {
+        let mut c = Command::new(wm_tests::relocated(PROG));
+        c.args(args)
+            .env("WM_JOB_KEY", &key)
+            .env("WM_WIRE", wire)
+            .env("WM_TIMEOUT_S", "60")
+            .env_remove("WM_RANK")
+            .env_remove("WM_WORLD_SIZE")
+            .env_remove("WM_RENDEZVOUS")
+            .env_remove("WM_NODE_ID")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    };
+    // The relay gets no key: it has none to use.
+    let mut relay_cmd = start(&["relay", &d, name, mode]);
+    relay_cmd.env_remove("WM_JOB_KEY");
+    let relay = relay_cmd.spawn().unwrap();
+    let reader = start(&["relay-reader", &d, name, &runs.to_string()]).output().unwrap();
+    if !reader.status.success() {
+        for f in ["relay-done", "read-1", "done"] {
+            std::fs::write(dir.0.join(f), b"").unwrap();
+        }
+    }
+    let relay = relay.wait_with_output().unwrap();
+    let report = job.join().unwrap();
+    let (r, s) = (wm_tests::output_text(&reader), wm_tests::output_text(&relay));
+    let transcript = wm_tests::transcript(&report);
+    assert!(reader.status.success() && relay.status.success(), "reader:\n{r}\nrelay:\n{s}\njob:\n{transcript}");
+    assert!(report.success(), "the job failed: {:?}\n{transcript}", report.failures());
+    eprintln!("{r}{s}");
+    (r, s)
+}
+
+/// The number after `label` in `text`.
+fn count(text: &str, label: &str) -> usize {
+    let at = text.find(label).unwrap_or_else(|| panic!("no {label:?} in {text}")) + label.len();
+    text[at..].split(|c: char| !c.is_ascii_digit()).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn a_relay_without_the_key_passes_rows_it_cannot_read() {
+    let (r, s) = through_relay("aead", "clean", 20);
+    assert!(r.contains("20 reads, 20 verified, 0 refused"), "{r}");
+    assert_eq!(count(&s, "plain rows seen: "), 0, "under aead the relay saw rows in the clear: {s}");
+    assert!(count(&s, "flips, ") > 200 * 24 * 4, "the relay captured too little: {s}");
+    // Under mac the same relay sees them: the check above can see rows.
+    let (r, s) = through_relay("mac", "clean", 5);
+    assert!(r.contains("5 reads, 5 verified"), "{r}");
+    assert!(count(&s, "plain rows seen: ") > 0, "{s}");
+}
+
+#[test]
+fn a_relay_flipping_one_bit_per_connection_is_caught_every_time() {
+    for (wire, runs) in [("aead", 1000), ("mac", 100)] {
+        let (r, s) = through_relay(wire, "flip", runs);
+        let (flips, refused) = (count(&s, "connections, "), count(&r, "verified, "));
+        assert_eq!(flips, refused, "{wire}: {flips} bits flipped, {refused} reads refused\n{r}\n{s}");
+        // Only the connection the reader joined on carries no flip.
+        assert!(refused + 1 >= runs, "{wire}: {refused} of {runs} reads met a flipped bit\n{r}\n{s}");
+        assert!(r.contains("authentication failed") && r.contains("0 wrong rows"), "{r}");
+    }
+}

@@ -84,6 +84,12 @@ pub const WM_MAX_FRAME_GIB: EnvVar = EnvVar {
     default: "16",
     doc: "GiB: the largest message one rank sends another in one frame of the socket backend; a larger one is an error naming it",
 };
+/// How frames are protected after the handshake.
+pub const WM_WIRE: EnvVar = EnvVar {
+    name: "WM_WIRE",
+    default: "aead",
+    doc: "`aead` (every frame encrypted and authenticated, AES-256-GCM) or `mac` (authenticated only, GMAC; the bytes travel readable); every process of a job must say the same",
+};
 /// Overrides node identity (hostname + boot id).
 pub const WM_NODE_ID: EnvVar = EnvVar {
     name: "WM_NODE_ID",
@@ -200,6 +206,7 @@ pub const ALL: &[EnvVar] = &[
     WM_JOB_KEY_FILE,
     WM_RENDEZVOUS_PORT_FILE,
     WM_MAX_FRAME_GIB,
+    WM_WIRE,
     WM_NODE_ID,
     WM_TIMEOUT_S,
     WM_BACKEND,

@@ -7,6 +7,11 @@
 //! a peer that dies is noticed whichever communicator is in use; the endpoint
 //! is then broken, tells the other peers (an abort frame naming the lost rank)
 //! and every later operation fails with the same error.
+//!
+//! Every byte on a connection travels in the records of its [`Session`]
+//! (`session`): each frame is sealed as records of its own as it goes out,
+//! and bytes are read a record at a time, opened, and only then parsed as
+//! frames. A record that does not open is a protocol error naming the peer.
 
 use std::collections::VecDeque;
 use std::io;
@@ -19,6 +24,7 @@ use std::time::{Duration, Instant};
 use wm_topology::NodeIdentity;
 
 use super::wire::{HEADER_LEN, Header, Kind, Op};
+use crate::session::{Opener, PREFIX, RECORD_MAX, Sealer, Session};
 use crate::sys;
 use crate::{Error, Result};
 
@@ -83,25 +89,24 @@ impl Sink<'_> {
         u64::try_from(n).ok()
     }
 
-    /// The pieces of `out` that the landed payload from byte `got` (past
-    /// the head) on fills, adjacent rows merged, at most `max` of them.
-    fn pieces(&self, got: usize, max: usize) -> Vec<(usize, usize)> {
-        let body = got.saturating_sub(self.head);
-        let (first, skip) = (body / self.row, body % self.row);
-        let mut pieces: Vec<(usize, usize)> = Vec::with_capacity(max.min(self.rows.len() - first));
-        for (k, &r) in self.rows.iter().enumerate().skip(first) {
-            let (off, len) = if k == first { (r * self.row + skip, self.row - skip) } else { (r * self.row, self.row) };
-            if let Some((o, l)) = pieces.last_mut()
-                && *o + *l == off
-            {
-                *l += len;
-            } else if pieces.len() == max {
-                break;
-            } else {
-                pieces.push((off, len));
-            }
+    /// Puts `bytes`, the payload from byte `at` on, in their places: the
+    /// head's part into `head`, the rest into the rows of `out`.
+    fn place(&self, head: &mut [u8], out: &mut [u8], mut at: usize, mut bytes: &[u8]) {
+        if at < self.head {
+            let n = (self.head - at).min(bytes.len());
+            head[at..at + n].copy_from_slice(&bytes[..n]);
+            at += n;
+            bytes = &bytes[n..];
         }
-        pieces
+        while !bytes.is_empty() {
+            let body = at - self.head;
+            let (k, skip) = (body / self.row, body % self.row);
+            let n = (self.row - skip).min(bytes.len());
+            let to = self.rows[k] * self.row + skip;
+            out[to..to + n].copy_from_slice(&bytes[..n]);
+            at += n;
+            bytes = &bytes[n..];
+        }
     }
 }
 
@@ -114,8 +119,9 @@ pub(crate) struct Land<'a> {
 /// A frame being received.
 #[derive(Debug)]
 enum Body {
-    /// Into a buffer of its own: the payload and the bytes received.
-    Buffered { hdr: Header, buf: Vec<u8>, got: usize },
+    /// Into a buffer of its own, which holds the payload bytes received so
+    /// far and grows as more arrive ([`grow`]).
+    Buffered { hdr: Header, buf: Vec<u8> },
     /// Into the operation's [`Land`], by `sinks[sink]`: its head, and the
     /// payload bytes received.
     Landing { hdr: Header, head: Vec<u8>, got: usize, sink: usize },
@@ -132,6 +138,14 @@ enum PeerState {
 struct Peer {
     conn: Option<Conn>,
     state: PeerState,
+    /// Seals what goes to the peer (`None` for this rank itself).
+    sealer: Option<Sealer>,
+    opener: Option<Opener>,
+    /// The record being received: `rec_got` of its `rec_need` bytes
+    /// (its prefix's, until the prefix has arrived).
+    rec: Vec<u8>,
+    rec_got: usize,
+    rec_need: usize,
     hdr: [u8; HEADER_LEN],
     hdr_got: usize,
     body: Option<Body>,
@@ -140,8 +154,89 @@ struct Peer {
 }
 
 impl Peer {
-    fn new(conn: Option<Conn>) -> Self {
-        Self { conn, state: PeerState::Open, hdr: [0; HEADER_LEN], hdr_got: 0, body: None, stash: VecDeque::new(), fds: VecDeque::new() }
+    fn new(link: Option<(Conn, Session)>) -> Self {
+        let (conn, sealer, opener) = match link {
+            Some((c, s)) => (Some(c), Some(s.sealer), Some(s.opener)),
+            None => (None, None, None),
+        };
+        Self {
+            conn,
+            state: PeerState::Open,
+            sealer,
+            opener,
+            rec: Vec::new(),
+            rec_got: 0,
+            rec_need: PREFIX,
+            hdr: [0; HEADER_LEN],
+            hdr_got: 0,
+            body: None,
+            stash: VecDeque::new(),
+            fds: VecDeque::new(),
+        }
+    }
+
+    /// `plain` sealed for this peer (empty when there is no connection).
+    fn sealed(&mut self, plain: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(s) = &mut self.sealer {
+            s.seal(plain, &mut out);
+        }
+        out
+    }
+}
+
+/// Memory a frame's buffer may hold beyond the payload bytes that have
+/// arrived: the per-connection cap on what a declared length alone can
+/// make this process allocate.
+pub(crate) const AHEAD_MAX: usize = 64 << 20;
+
+/// Makes room in `buf` for `n` more bytes of a payload of `declared`
+/// bytes: it doubles (at least a record's worth), never past the declared
+/// length and never more than [`AHEAD_MAX`] beyond what arrived.
+fn grow(buf: &mut Vec<u8>, n: usize, declared: usize) -> Result<(), std::collections::TryReserveError> {
+    if buf.capacity() - buf.len() >= n {
+        return Ok(());
+    }
+    let ahead = buf.len().clamp(RECORD_MAX, AHEAD_MAX).max(n).min(declared - buf.len());
+    buf.try_reserve_exact(ahead)
+}
+
+/// How far one outgoing frame has gone: its header and payload are sealed
+/// a few records at a time into `buf`, which is sent before the next.
+#[derive(Debug, Default)]
+struct Sending {
+    /// Bytes of header and payload sealed so far.
+    sealed: usize,
+    buf: Vec<u8>,
+    sent: usize,
+}
+
+/// Plaintext sealed at a time for one frame.
+const SEAL_BATCH: usize = 4 * RECORD_MAX;
+
+impl Sending {
+    fn done(&self, o: &Outgoing<'_>) -> bool {
+        self.sealed == HEADER_LEN + o.payload.len() && self.sent == self.buf.len()
+    }
+
+    /// Seals the next records of `o` (its header first) with `sealer`.
+    fn seal_more(&mut self, sealer: &mut Sealer, hdr: &[u8; HEADER_LEN], o: &Outgoing<'_>) {
+        self.buf.clear();
+        self.sent = 0;
+        let total = HEADER_LEN + o.payload.len();
+        let stop = total.min(self.sealed + SEAL_BATCH);
+        while self.sealed < stop {
+            let end = stop.min(self.sealed + RECORD_MAX);
+            if self.sealed < HEADER_LEN {
+                let mut first = Vec::with_capacity(end - self.sealed);
+                first.extend_from_slice(&hdr[self.sealed..]);
+                first.extend_from_slice(&o.payload[..end - HEADER_LEN]);
+                sealer.seal_record(&first, &mut self.buf);
+            } else {
+                sealer.seal_record(&o.payload[self.sealed - HEADER_LEN..end - HEADER_LEN], &mut self.buf);
+            }
+            self.sealed = end;
+        }
     }
 }
 
@@ -208,8 +303,15 @@ enum ReadOutcome {
 }
 
 impl Endpoint {
-    /// An endpoint over established connections (`conns[world_rank]` is `None`).
-    pub fn new(world_rank: usize, nodes: Vec<NodeIdentity>, conns: Vec<Option<Conn>>, timeout: Duration, max_frame: u64) -> Self {
+    /// An endpoint over established connections, each with the keys its
+    /// handshake gave (`conns[world_rank]` is `None`).
+    pub fn new(
+        world_rank: usize,
+        nodes: Vec<NodeIdentity>,
+        conns: Vec<Option<(Conn, Session)>>,
+        timeout: Duration,
+        max_frame: u64,
+    ) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
         let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: crate::BufferPool::new(SPARE_MIN, SPARE_MAX) });
         Self { world_rank, nodes, timeout, max_frame, state }
@@ -306,7 +408,7 @@ impl Endpoint {
         // Whether the caller's work has steps left.
         let mut working = true;
         let headers: Vec<[u8; HEADER_LEN]> = out.iter().map(|o| o.hdr.encode()).collect();
-        let mut written = vec![0usize; out.len()];
+        let mut written: Vec<Sending> = out.iter().map(|_| Sending::default()).collect();
         let mut got: Vec<Option<Msg>> = (0..want.len()).map(|_| None).collect();
         let mut last_progress = Instant::now();
         for o in out {
@@ -342,7 +444,7 @@ impl Endpoint {
                 working = step(land.as_mut().map_or(&mut [][..], |l| &mut *l.out));
                 progress = true;
             }
-            let sends_done = out.iter().zip(&written).all(|(o, &w)| w == HEADER_LEN + o.payload.len());
+            let sends_done = out.iter().zip(&written).all(|(o, w)| w.done(o));
             if !working && sends_done && got.iter().zip(&settled).all(|(g, s)| g.is_some() || *s) {
                 if let Some(e) = mismatch {
                     return Err(e);
@@ -359,7 +461,7 @@ impl Endpoint {
             let mut who = Vec::with_capacity(st.peers.len());
             for (rank, p) in st.peers.iter().enumerate() {
                 if let Some(c) = &p.conn {
-                    let sending = out.iter().zip(&written).any(|(o, &w)| o.to == rank && w < HEADER_LEN + o.payload.len());
+                    let sending = out.iter().zip(&written).any(|(o, w)| o.to == rank && !w.done(o));
                     let events = libc::POLLIN | if sending { libc::POLLOUT } else { 0 };
                     pfds.push(libc::pollfd { fd: c.fd(), events, revents: 0 });
                     who.push(rank);
@@ -379,7 +481,7 @@ impl Endpoint {
             } else if last_progress.elapsed() >= self.timeout {
                 let mut ranks: Vec<usize> =
                     want.iter().zip(&got).zip(&settled).filter(|((_, g), s)| g.is_none() && !**s).map(|((w, _), _)| w.from).collect();
-                ranks.extend(out.iter().zip(&written).filter(|(o, w)| **w < HEADER_LEN + o.payload.len()).map(|(o, _)| o.to));
+                ranks.extend(out.iter().zip(&written).filter(|(o, w)| !w.done(o)).map(|(o, _)| o.to));
                 ranks.sort_unstable();
                 ranks.dedup();
                 return Err(Error::Timeout { op, ranks, secs: self.timeout.as_secs_f64() });
@@ -402,12 +504,12 @@ impl Endpoint {
             }
             let Some(Body::Landing { hdr, head, got, sink }) = peer.body.take() else { continue };
             let s = &land.sinks[sink];
-            // The sink's own length, which the caller's memory holds.
-            let mut buf = match zeroed(hdr.len as usize) {
+            // What landed so far; the rest grows the buffer as it comes.
+            let mut buf = match zeroed(got) {
                 Ok(b) => b,
                 Err(e) => {
                     peer.conn = None;
-                    self.abandon(st, self.world_rank, &format!("cannot allocate {} bytes for a frame from rank {rank}: {e}", hdr.len));
+                    self.abandon(st, self.world_rank, &format!("cannot allocate {got} bytes for a frame from rank {rank}: {e}"));
                     continue;
                 }
             };
@@ -421,7 +523,7 @@ impl Endpoint {
                 let n = s.row.min(got - at);
                 buf[at..at + n].copy_from_slice(&land.out[r * s.row..][..n]);
             }
-            peer.body = Some(Body::Buffered { hdr, buf, got });
+            peer.body = Some(Body::Buffered { hdr, buf });
         }
     }
 
@@ -470,28 +572,26 @@ impl Endpoint {
         st: &mut State,
         o: &Outgoing<'_>,
         hdr: &[u8; HEADER_LEN],
-        done: &mut usize,
+        s: &mut Sending,
         op: &'static str,
         land: &mut Option<Land<'_>>,
     ) -> Result<bool> {
-        let total = HEADER_LEN + o.payload.len();
-        let Some(conn) = &st.peers[o.to].conn else {
-            return if *done == total { Ok(false) } else { Err(self.lost(o.to, op, "its connection is closed")) };
+        let peer = &mut st.peers[o.to];
+        let (Some(conn), Some(sealer)) = (&peer.conn, &mut peer.sealer) else {
+            return if s.done(o) { Ok(false) } else { Err(self.lost(o.to, op, "its connection is closed")) };
         };
         let fd = conn.fd();
         let mut progress = false;
-        while *done < total {
-            let r = if *done < HEADER_LEN {
-                if *done == 0 && !o.fds.is_empty() { sys::send_with_fds(fd, hdr, o.fds) } else { sys::send(fd, &hdr[*done..]) }
-            } else {
-                // Bounded chunks keep one peer from starving the others.
-                let from = *done - HEADER_LEN;
-                let to = o.payload.len().min(from + (8 << 20));
-                sys::send(fd, &o.payload[from..to])
-            };
+        while !s.done(o) {
+            if s.sent == s.buf.len() {
+                s.seal_more(sealer, hdr, o);
+            }
+            // Descriptors ride on the first byte of the frame's first record.
+            let first = s.sealed <= SEAL_BATCH && s.sent == 0;
+            let r = if first && !o.fds.is_empty() { sys::send_with_fds(fd, &s.buf, o.fds) } else { sys::send(fd, &s.buf[s.sent..]) };
             match r {
                 Ok(n) => {
-                    *done += n;
+                    s.sent += n;
                     progress = true;
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -502,9 +602,6 @@ impl Endpoint {
                     self.read_frames(st, o.to, land)?;
                     return Err(self.lost(o.to, op, &format!("sending to it failed: {e}")));
                 }
-                // Out of descriptors or buffers here: nothing was sent, the
-                // stream is still in step, and the peer is not to blame.
-                Err(e) if *done == 0 => return Err(Error::io(format!("sending to rank {}", o.to), e)),
                 Err(e) => return Err(self.lost(o.to, op, &format!("sending to it failed midway: {e}"))),
             }
         }
@@ -531,31 +628,24 @@ impl Endpoint {
     fn read_frames(&self, st: &mut State, rank: usize, land: &mut Option<Land<'_>>) -> Result<ReadOutcome> {
         let mut progress = false;
         loop {
-            let State { peers, spare, broken, .. } = &mut *st;
-            let peer = &mut peers[rank];
+            let peer = &mut st.peers[rank];
             let Some(conn) = &peer.conn else { return Ok(ReadOutcome::Closed) };
             let fd = conn.fd();
             let unix = conn.is_unix();
-            let r = if let Some(Body::Buffered { buf, got, .. }) = &mut peer.body {
-                sys::recv(fd, &mut buf[*got..])
-            } else if let Some(Body::Landing { head, got, sink, .. }) = &mut peer.body {
-                // A landing body exists only while its operation runs
-                // (`unland` ends it), unless that operation panicked midway.
-                let Some(l) = land.as_mut() else {
-                    let detail = format!("a frame from rank {rank} was left half received by an operation that panicked");
-                    return Err(Error::Protocol { rank: self.world_rank, op: "receiving", detail });
-                };
-                let s = &l.sinks[*sink];
-                let pieces = s.pieces(*got, sys::SCATTER_MAX);
-                let first = head.get_mut(*got..).unwrap_or_default();
-                sys::recv_scattered(fd, first, l.out, &pieces)
-            } else if unix {
+            if peer.rec.len() < peer.rec_need {
+                peer.rec.resize(peer.rec_need, 0);
+            }
+            // A record's prefix, then its body and tag: never past the
+            // record, so descriptors (on a frame's first byte) arrive with
+            // the prefix of the record they came with.
+            let (got, need) = (peer.rec_got, peer.rec_need);
+            let r = if got < PREFIX && unix {
                 let mut fds = Vec::new();
-                let r = sys::recv_with_fds(fd, &mut peer.hdr[peer.hdr_got..], &mut fds);
+                let r = sys::recv_with_fds(fd, &mut peer.rec[got..PREFIX], &mut fds);
                 peer.fds.extend(fds);
                 r
             } else {
-                sys::recv(fd, &mut peer.hdr[peer.hdr_got..])
+                sys::recv(fd, &mut peer.rec[got..need])
             };
             let n = match r {
                 Ok(0) => return Ok(ReadOutcome::Closed),
@@ -568,22 +658,53 @@ impl Endpoint {
                 Err(e) => return Err(self.lost(rank, "receiving", &format!("its stream cannot be read any more: {e}"))),
             };
             progress = true;
+            peer.rec_got += n;
+            let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
+            if peer.rec_got == PREFIX && peer.rec_need == PREFIX {
+                let prefix: [u8; PREFIX] = peer.rec[..PREFIX].try_into().expect("8 bytes");
+                let opener = peer.opener.as_ref().expect("a connection has its keys");
+                peer.rec_need = PREFIX + opener.rest(&prefix).map_err(|e| bad(format!("its stream does not authenticate: {e}")))?;
+                continue;
+            }
+            if peer.rec_got < peer.rec_need {
+                continue;
+            }
+            let mut rec = std::mem::take(&mut peer.rec);
+            let len = peer.rec_need;
+            (peer.rec_got, peer.rec_need) = (0, PREFIX);
+            let opener = peer.opener.as_mut().expect("a connection has its keys");
+            let fed = match opener.open(&mut rec[..len]) {
+                Ok(plain) => self.feed(st, rank, plain, land),
+                Err(e) => Err(bad(format!("its stream does not authenticate: {e}"))),
+            };
+            st.peers[rank].rec = rec;
+            fed?;
+        }
+    }
+
+    /// Parses `plain`, bytes of `rank`'s stream that opened, as frames:
+    /// headers checked before anything is allocated, payloads into buffers
+    /// that grow as they arrive (or into their rows), complete frames into
+    /// the stash.
+    fn feed(&self, st: &mut State, rank: usize, mut plain: &[u8], land: &mut Option<Land<'_>>) -> Result<()> {
+        let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
+        loop {
+            let State { peers, spare, broken, .. } = &mut *st;
+            let peer = &mut peers[rank];
+            let unix = peer.conn.as_ref().is_some_and(Conn::is_unix);
             let complete = match &mut peer.body {
-                Some(Body::Buffered { buf, got, .. }) => {
-                    *got += n;
-                    *got == buf.len()
-                }
-                Some(Body::Landing { hdr, got, .. }) => {
-                    *got += n;
-                    *got as u64 == hdr.len
-                }
                 None => {
+                    if plain.is_empty() {
+                        return Ok(());
+                    }
+                    let n = (HEADER_LEN - peer.hdr_got).min(plain.len());
+                    peer.hdr[peer.hdr_got..peer.hdr_got + n].copy_from_slice(&plain[..n]);
+                    plain = &plain[n..];
                     peer.hdr_got += n;
                     if peer.hdr_got < HEADER_LEN {
                         continue;
                     }
                     peer.hdr_got = 0;
-                    let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
                     let hdr = Header::decode(&peer.hdr).map_err(|e| bad(format!("its stream is garbled: {e}")))?;
                     let limit = if matches!(hdr.kind, Kind::Data) { self.max_frame } else { REASON_MAX as u64 };
                     if hdr.len > limit {
@@ -617,19 +738,47 @@ impl Endpoint {
                         let head = land.as_ref().map_or(0, |l| l.sinks[sink].head);
                         peer.body = Some(Body::Landing { hdr, head: vec![0; head], got: 0, sink });
                     } else {
-                        let buf = if len >= SPARE_MIN { spare.take(len) } else { zeroed(len) };
-                        let buf = buf.map_err(|e| {
-                            let detail = format!("cannot allocate {len} bytes for a frame from rank {rank}: {e}");
-                            Error::Protocol { rank: self.world_rank, op: "receiving", detail }
-                        })?;
-                        peer.body = Some(Body::Buffered { hdr, buf, got: 0 });
+                        // A kept buffer when one is large enough; otherwise
+                        // one that grows as the payload arrives.
+                        let buf = if len >= SPARE_MIN { spare.reuse(len).unwrap_or_default() } else { Vec::new() };
+                        peer.body = Some(Body::Buffered { hdr, buf });
                     }
                     len == 0
+                }
+                Some(Body::Buffered { hdr, buf }) => {
+                    if plain.is_empty() {
+                        return Ok(());
+                    }
+                    let declared = hdr.len as usize;
+                    let n = (declared - buf.len()).min(plain.len());
+                    grow(buf, n, declared).map_err(|e| {
+                        let detail = format!("cannot allocate memory for a frame of {declared} bytes from rank {rank}: {e}");
+                        Error::Protocol { rank: self.world_rank, op: "receiving", detail }
+                    })?;
+                    buf.extend_from_slice(&plain[..n]);
+                    plain = &plain[n..];
+                    buf.len() == declared
+                }
+                Some(Body::Landing { hdr, head, got, sink }) => {
+                    if plain.is_empty() {
+                        return Ok(());
+                    }
+                    // A landing body exists only while its operation runs
+                    // (`unland` ends it), unless that operation panicked midway.
+                    let Some(l) = land.as_mut() else {
+                        let detail = format!("a frame from rank {rank} was left half received by an operation that panicked");
+                        return Err(Error::Protocol { rank: self.world_rank, op: "receiving", detail });
+                    };
+                    let n = (hdr.len as usize - *got).min(plain.len());
+                    l.sinks[*sink].place(head, l.out, *got, &plain[..n]);
+                    plain = &plain[n..];
+                    *got += n;
+                    *got as u64 == hdr.len
                 }
             };
             if complete {
                 let (hdr, payload, landed) = match peer.body.take() {
-                    Some(Body::Buffered { hdr, buf, .. }) => (hdr, buf, false),
+                    Some(Body::Buffered { hdr, buf }) => (hdr, buf, false),
                     Some(Body::Landing { hdr, head, .. }) => (hdr, head, true),
                     None => continue,
                 };
@@ -663,7 +812,10 @@ impl Endpoint {
     /// breaks the protocol.
     #[cfg(feature = "fault-injection")]
     pub fn inject(&self, to: usize, bytes: &[u8]) -> Result<()> {
-        let st = self.lock();
+        let mut st = self.lock();
+        // Sealed as this rank's own frames are: the test plays a rank that
+        // holds the key.
+        let bytes = &st.peers.get_mut(to).map(|p| p.sealed(bytes)).unwrap_or_default();
         let Some(conn) = st.peers.get(to).and_then(|p| p.conn.as_ref()) else {
             return Err(Error::InvalidArgument(format!("no connection to rank {to}")));
         };
@@ -731,13 +883,14 @@ impl Endpoint {
         }
         st.broken = Some(Broken { rank, detail: detail.to_owned() });
         let frame = abort_frame(rank, detail);
-        for (r, p) in st.peers.iter().enumerate() {
-            if r != rank
-                && let Some(c) = &p.conn
-            {
-                // Best effort: a full socket buffer means that peer is busy
-                // and will find out from its own timeout.
-                let _ = sys::send(c.fd(), &frame);
+        for (r, p) in st.peers.iter_mut().enumerate() {
+            if r != rank && p.conn.is_some() {
+                let sealed = p.sealed(&frame);
+                if let Some(c) = &p.conn {
+                    // Best effort: a full socket buffer means that peer is
+                    // busy and will find out from its own timeout.
+                    let _ = sys::send(c.fd(), &sealed);
+                }
             }
         }
     }
@@ -761,11 +914,12 @@ impl Drop for Endpoint {
             Some(b) => abort_frame(b.rank, &b.detail),
             None => Header { kind: Kind::Bye, op: Op::Control, nfds: 0, comm: 0, seq: 0, len: 0 }.encode().to_vec(),
         };
-        for p in &st.peers {
+        for p in &mut st.peers {
+            let sealed = p.sealed(&bye);
             if let Some(c) = &p.conn {
                 // Frames already queued in the kernel go first; a peer whose
                 // buffer is full will see a plain close and report us lost.
-                let _ = sys::send(c.fd(), &bye);
+                let _ = sys::send(c.fd(), &sealed);
             }
         }
     }
@@ -797,14 +951,18 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+    use crate::session::{Sealed, Wire};
 
     /// An endpoint of rank 0 in a world of two whose peer is the returned
-    /// stream: whatever a test writes there is what "rank 1" sent.
-    fn endpoint() -> (Endpoint, UnixStream) {
+    /// stream: whatever a test writes there is what "rank 1" sent, sealed
+    /// with rank 1's keys (its stream beneath takes raw bytes).
+    fn endpoint() -> (Endpoint, Sealed<UnixStream>) {
         let (a, b) = UnixStream::pair().unwrap();
         a.set_nonblocking(true).unwrap();
+        let (mine, theirs) = Session::pair(Wire::Aead);
         let node = NodeIdentity::from_parts("n".into(), "h".into(), true);
-        (Endpoint::new(0, vec![node.clone(), node], vec![None, Some(Conn::Unix(a))], Duration::from_millis(200), 1 << 20), b)
+        let ep = Endpoint::new(0, vec![node.clone(), node], vec![None, Some((Conn::Unix(a), mine))], Duration::from_millis(200), 1 << 20);
+        (ep, Sealed::new(b, theirs))
     }
 
     fn barrier_from_peer(ep: &Endpoint) -> Result<Vec<Msg>> {
@@ -868,13 +1026,72 @@ mod tests {
     }
 
     #[test]
-    fn pieces_merge_adjacent_rows_and_resume_midway() {
-        let rows = [4, 5, 6, 1, 9, 10];
-        let s = Sink { from: 1, comm: 7, op: Op::AlltoallvInPlace, seq: 0, head: 3, row: 10, rows: &rows };
-        assert_eq!(s.pieces(0, 8), vec![(40, 30), (10, 10), (90, 20)]);
-        // Three bytes into row 1 of the part.
-        assert_eq!(s.pieces(3 + 13, 8), vec![(53, 17), (10, 10), (90, 20)]);
-        assert_eq!(s.pieces(0, 2), vec![(40, 30), (10, 10)]);
+    fn landed_bytes_go_to_their_rows_from_any_point_of_the_payload() {
+        let rows = [2, 0, 1];
+        let s = Sink { from: 1, comm: 7, op: Op::AlltoallvInPlace, seq: 0, head: 2, row: 3, rows: &rows };
+        let payload = b"hhAAABBBCCC";
+        // In pieces cut anywhere, heads and rows included.
+        for cut in 0..payload.len() {
+            let (mut head, mut out) = ([0u8; 2], [0u8; 9]);
+            s.place(&mut head, &mut out, 0, &payload[..cut]);
+            s.place(&mut head, &mut out, cut, &payload[cut..]);
+            assert_eq!((&head, &out), (b"hh", b"BBBCCCAAA"), "cut at {cut}");
+        }
+    }
+
+    fn frame(seq: u64, payload: &[u8]) -> Vec<u8> {
+        let h = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq, len: payload.len() as u64 };
+        [&h.encode()[..], payload].concat()
+    }
+
+    #[test]
+    fn a_replayed_or_reordered_frame_is_refused_naming_its_sender() {
+        for reorder in [false, true] {
+            let (ep, mut peer) = endpoint();
+            let (mut first, mut second) = (Vec::new(), Vec::new());
+            peer.seal_to(&frame(0, b"one"), &mut first);
+            peer.seal_to(&frame(1, b"two"), &mut second);
+            let stream = if reorder { [second, first].concat() } else { [first.clone(), first].concat() };
+            peer.get_mut().write_all(&stream).unwrap();
+            let e = ep.transact("barrier", &[], &[Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::Barrier, seq: None }]);
+            // A replay behind a good frame: that frame arrives, the replay
+            // breaks the endpoint, and the next call says why.
+            let e = if reorder { e.unwrap_err() } else { barrier_from_peer(&ep).unwrap_err() };
+            assert_eq!(e.blamed_rank(), Some(1), "{e}");
+            assert!(e.to_string().contains("authentication failed"), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_frame_buffer_grows_as_bytes_arrive_never_to_the_declared_length() {
+        let declared = 1usize << 31;
+        let mut buf = Vec::new();
+        let mut got = 0;
+        for n in [1usize, 100, RECORD_MAX, RECORD_MAX] {
+            grow(&mut buf, n, declared).unwrap();
+            buf.resize(got + n, 1);
+            got += n;
+            assert!(buf.capacity() <= got + AHEAD_MAX.max(RECORD_MAX), "{} bytes held for {got} received", buf.capacity());
+        }
+        // Never past the declared length.
+        let mut small = Vec::new();
+        grow(&mut small, 10, 10).unwrap();
+        assert_eq!(small.capacity(), 10);
+    }
+
+    #[test]
+    fn a_declared_length_without_its_bytes_costs_no_memory_and_names_the_sender() {
+        let (ep, mut peer) = endpoint();
+        let h = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len: 1 << 19 };
+        peer.write_all(&[&h.encode()[..], &[5u8; 1000]].concat()).unwrap();
+        drop(peer);
+        let e = barrier_from_peer(&ep).unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(1), "{e}");
+        let st = ep.lock();
+        match &st.peers[1].body {
+            Some(Body::Buffered { buf, .. }) => assert!(buf.len() == 1000 && buf.capacity() <= RECORD_MAX, "{}", buf.capacity()),
+            other => panic!("the frame is not half received: {other:?}"),
+        }
     }
 
     proptest! {
@@ -882,7 +1099,7 @@ mod tests {
         /// Whatever bytes a peer sends before closing, the endpoint ends
         /// with a result, never a panic.
         #[test]
-        fn arbitrary_streams_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), valid_start in any::<bool>()) {
+        fn arbitrary_streams_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300), valid_start in any::<bool>(), raw in any::<bool>()) {
             let (ep, mut peer) = endpoint();
             let mut stream = Vec::new();
             if valid_start {
@@ -891,9 +1108,14 @@ mod tests {
                 stream.extend_from_slice(&Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len }.encode());
             }
             stream.extend_from_slice(&bytes);
-            let _ = peer.write_all(&stream);
+            // Sealed (a key holder's garbage reaches the frame parser) or
+            // raw (a stranger's never gets past the records).
+            let _ = if raw { peer.get_mut().write_all(&stream) } else { peer.write_all(&stream) };
             drop(peer);
-            let _ = barrier_from_peer(&ep);
+            let r = barrier_from_peer(&ep);
+            if raw && !stream.is_empty() {
+                prop_assert!(r.is_err());
+            }
         }
     }
 }

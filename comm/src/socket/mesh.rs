@@ -22,6 +22,7 @@ use super::bootstrap::{Listeners, RankInfo, Rendezvous, warn};
 use super::endpoint::Conn;
 use super::rendezvous::{HANDSHAKE_LIMIT, IN_FLIGHT_MAX, read_rank_file};
 use crate::auth::{self, Claim, JobKey, Purpose};
+use crate::session::{Session, Wire};
 use crate::sys;
 use crate::{Error, Result};
 
@@ -31,7 +32,7 @@ fn left(deadline: Instant) -> Duration {
 
 /// A caller that proved itself: its rank, the connection, and its fresh
 /// record when the one this rank held was stale.
-type Admitted = (usize, Conn, Option<RankInfo>);
+type Admitted = (usize, (Conn, Session), Option<RankInfo>);
 
 /// What an accepting thread needs to judge a caller.
 struct Judge {
@@ -43,6 +44,7 @@ struct Judge {
     /// Where fresher records may be found (`dir:` rendezvous).
     dir: Option<PathBuf>,
     key: JobKey,
+    wire: Wire,
 }
 
 impl Judge {
@@ -79,18 +81,19 @@ pub(crate) fn mesh(
     how: Option<&Rendezvous>,
     key: &JobKey,
     deadline: Instant,
-) -> Result<Vec<Option<Conn>>> {
+) -> Result<Vec<Option<(Conn, Session)>>> {
     let me = l.info.rank;
     let world = infos.len();
     let dir = match how {
         Some(Rendezvous::Dir(d)) => Some(d.clone()),
         _ => None,
     };
-    let mut conns: Vec<Option<Conn>> = (0..world).map(|_| None).collect();
+    let wire = Wire::current()?;
+    let mut conns: Vec<Option<(Conn, Session)>> = (0..world).map(|_| None).collect();
     // Connect down.
     for r in 0..me {
         let conn = loop {
-            match connect(&l.info, &infos[r], key, deadline) {
+            match connect(&l.info, &infos[r], key, wire, deadline) {
                 Ok(c) => break c,
                 Err(e) => {
                     if Instant::now() >= deadline {
@@ -108,7 +111,7 @@ pub(crate) fn mesh(
     }
     // Accept up.
     let judge =
-        Arc::new(Judge { me, world, my_nonce: l.info.nonce, nonces: infos.iter().map(|i| i.nonce).collect(), dir, key: key.clone() });
+        Arc::new(Judge { me, world, my_nonce: l.info.nonce, nonces: infos.iter().map(|i| i.nonce).collect(), dir, key: key.clone(), wire });
     let (tx, rx) = mpsc::channel::<Admitted>();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let mut missing = world - 1 - me;
@@ -150,7 +153,7 @@ pub(crate) fn mesh(
             return Err(Error::Timeout { op: "connecting ranks", ranks, secs: 0.0 });
         }
     }
-    for c in conns.iter().flatten() {
+    for (c, _) in conns.iter().flatten() {
         c.set_streaming().map_err(|e| Error::io("socket", e))?;
     }
     Ok(conns)
@@ -193,14 +196,14 @@ fn admit(mut c: Conn, judge: &Arc<Judge>, tx: &mpsc::Sender<Admitted>, in_flight
         let checked = check_uid(&c).and_then(|()| {
             let judged = |claim: &Claim| judge.judge(claim).map(|f| fresh = f);
             match &mut c {
-                Conn::Unix(s) => auth::serve(s, &judge.key, limit, judged),
-                Conn::Tcp(s) => auth::serve(s, &judge.key, limit, judged),
+                Conn::Unix(s) => auth::serve(s, &judge.key, judge.wire, limit, judged),
+                Conn::Tcp(s) => auth::serve(s, &judge.key, judge.wire, limit, judged),
             }
             .map_err(|e| e.to_string())
         });
         match checked {
-            Ok(claim) => {
-                let _ = tx.send((claim.rank as usize, c, fresh));
+            Ok((claim, session)) => {
+                let _ = tx.send((claim.rank as usize, (c, session), fresh));
             }
             Err(why) => warn(&format!("rank {me} refused a connection from {}: {why}", origin(&c))),
         }
@@ -211,8 +214,9 @@ fn admit(mut c: Conn, judge: &Arc<Judge>, tx: &mpsc::Sender<Admitted>, in_flight
     }
 }
 
-fn connect(me: &RankInfo, peer: &RankInfo, key: &JobKey, deadline: Instant) -> io::Result<Conn> {
-    let claim = Claim { purpose: Purpose::Mesh, rank: me.rank as u64, world: me.world as u64, from_nonce: me.nonce, to_nonce: peer.nonce };
+fn connect(me: &RankInfo, peer: &RankInfo, key: &JobKey, wire: Wire, deadline: Instant) -> io::Result<(Conn, Session)> {
+    let claim =
+        Claim { purpose: Purpose::Mesh, wire, rank: me.rank as u64, world: me.world as u64, from_nonce: me.nonce, to_nonce: peer.nonce };
     let refused = |e: auth::HandshakeError| io::Error::other(format!("rank {}: {e}", peer.rank));
     if peer.node_id == me.node_id {
         let addr = UnixAddr::from_abstract_name(peer.unix_name.as_bytes())?;
@@ -221,14 +225,14 @@ fn connect(me: &RankInfo, peer: &RankInfo, key: &JobKey, deadline: Instant) -> i
         if uid != sys::effective_uid() {
             return Err(io::Error::other(format!("the process listening as rank {} runs as uid {uid}, not as this user", peer.rank)));
         }
-        auth::call(&mut s, key, &claim, deadline).map_err(refused)?;
-        Ok(Conn::Unix(s))
+        let session = auth::call(&mut s, key, &claim, deadline).map_err(refused)?;
+        Ok((Conn::Unix(s), session))
     } else {
         let addr = peer.tcp_addr.parse().map_err(io::Error::other)?;
         let mut s = crate::tcp::connect(addr, left(deadline).min(Duration::from_secs(5)))?;
         s.set_nodelay(true)?;
-        auth::call(&mut s, key, &claim, deadline).map_err(refused)?;
-        Ok(Conn::Tcp(s))
+        let session = auth::call(&mut s, key, &claim, deadline).map_err(refused)?;
+        Ok((Conn::Tcp(s), session))
     }
 }
 

@@ -25,6 +25,7 @@ use wm_topology::env::WM_RENDEZVOUS_PORT_FILE;
 
 use super::bootstrap::{self, Listeners, RECORD_MAX, RankInfo, Rendezvous, warn};
 use crate::auth::{self, Claim, JobKey, Purpose};
+use crate::session::{Sealed, Wire};
 use crate::sys;
 use crate::{Error, Result};
 
@@ -63,24 +64,30 @@ pub(crate) fn run(
     }
 }
 
-fn write_frame(s: &mut TcpStream, body: &[u8], deadline: Instant) -> io::Result<()> {
+/// A rendezvous connection after its handshake: every byte sealed.
+type Channel = Sealed<TcpStream>;
+
+fn write_frame(s: &mut Channel, body: &[u8], deadline: Instant) -> io::Result<()> {
     let len = u32::try_from(body.len()).map_err(|_| io::Error::other("a rendezvous frame over 4 GiB"))?;
-    s.set_write_timeout(Some(left(deadline)))?;
-    s.write_all(&len.to_le_bytes())?;
-    s.write_all(body)
+    s.get_ref().set_write_timeout(Some(left(deadline)))?;
+    s.write_all(&[&len.to_le_bytes()[..], body].concat())
 }
 
-/// Reads one length-prefixed frame of at most `max` bytes.
-fn read_frame(s: &mut TcpStream, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
-    s.set_read_timeout(Some(left(deadline)))?;
+/// Reads one length-prefixed frame of at most `max` bytes; its buffer
+/// grows as the bytes arrive, never to the announced length first.
+fn read_frame(s: &mut Channel, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
+    s.get_ref().set_read_timeout(Some(left(deadline)))?;
     let mut len = [0u8; 4];
     s.read_exact(&mut len)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
         return Err(io::Error::other(format!("a rendezvous frame of {len} bytes (at most {max})")));
     }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body)?;
+    let mut body = Vec::new();
+    Read::by_ref(s).take(len as u64).read_to_end(&mut body)?;
+    if body.len() < len {
+        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("a rendezvous frame cut short at {} of {len} bytes", body.len())));
+    }
     Ok(body)
 }
 
@@ -147,7 +154,7 @@ fn published_port(deadline: Instant) -> Result<u16> {
 
 /// What a rendezvous caller's thread hands back: its checked record and
 /// the stream to send the table on.
-type Arrival = (RankInfo, TcpStream);
+type Arrival = (RankInfo, Channel);
 
 fn tcp_serve(world: usize, node: &NodeIdentity, addr: &str, key: &JobKey, deadline: Instant) -> Result<(Listeners, Vec<RankInfo>)> {
     let listener = bind_rendezvous(addr)?;
@@ -157,16 +164,17 @@ fn tcp_serve(world: usize, node: &NodeIdentity, addr: &str, key: &JobKey, deadli
     listener.set_nonblocking(true).map_err(|e| Error::io("rendezvous listener", e))?;
     let mut infos: Vec<Option<RankInfo>> = vec![None; world];
     infos[0] = Some(l.info.clone());
-    let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let mut streams: Vec<Option<Channel>> = (0..world).map(|_| None).collect();
     let (tx, rx) = mpsc::channel::<Arrival>();
     let in_flight = Arc::new(AtomicUsize::new(0));
     let key = Arc::new(key.clone());
+    let wire = Wire::current()?;
     while infos.iter().any(Option::is_none) {
         let mut pfd = [libc::pollfd { fd: listener.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         sys::poll(&mut pfd, 20).map_err(|e| Error::io("waiting at the rendezvous", e))?;
         loop {
             match listener.accept() {
-                Ok((s, from)) => admit(s, from, world, &key, &tx, &in_flight, deadline),
+                Ok((s, from)) => admit(s, from, world, (&key, wire), &tx, &in_flight, deadline),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // Out of descriptors, a connection reset before accept:
@@ -210,7 +218,7 @@ fn admit(
     mut s: TcpStream,
     from: SocketAddr,
     world: usize,
-    key: &Arc<JobKey>,
+    (key, wire): (&Arc<JobKey>, Wire),
     tx: &mpsc::Sender<Arrival>,
     in_flight: &Arc<AtomicUsize>,
     deadline: Instant,
@@ -224,7 +232,7 @@ fn admit(
     let spawned = std::thread::Builder::new().name("wm-rendezvous".into()).spawn(move || {
         let limit = (Instant::now() + HANDSHAKE_LIMIT).min(deadline);
         let _ = s.set_nodelay(true);
-        let checked = auth::serve(&mut s, &key, limit, |c| {
+        let checked = auth::serve(&mut s, &key, wire, limit, |c| {
             if c.purpose != Purpose::Rendezvous {
                 return Err("it is not a rendezvous call".into());
             }
@@ -234,17 +242,18 @@ fn admit(
             Ok(())
         })
         .map_err(|e| e.to_string())
-        .and_then(|claim| {
+        .and_then(|(claim, session)| {
+            let mut s = Sealed::new(s, session);
             let body = read_frame(&mut s, RECORD_MAX, limit).map_err(|e| format!("its record did not arrive: {e}"))?;
             let info = RankInfo::parse(&body, world)?;
             if info.rank as u64 != claim.rank || info.nonce != claim.from_nonce {
                 return Err(format!("its record (rank {}) is not the one its handshake claimed (rank {})", info.rank, claim.rank));
             }
-            Ok(info)
+            Ok((info, s))
         });
         match checked {
-            Ok(info) => {
-                let _ = tx.send((info, s));
+            Ok(arrival) => {
+                let _ = tx.send(arrival);
             }
             Err(why) => warn(&format!("rank 0 refused a rendezvous connection from {from}: {why}")),
         }
@@ -289,10 +298,16 @@ fn tcp_join(
                 let local = s.local_addr().map_err(|e| Error::io("rendezvous", e))?.ip();
                 let chosen = bootstrap::choose_addr(|| local)?;
                 let l = Listeners::open(rank, world, node, chosen)?;
-                let claim =
-                    Claim { purpose: Purpose::Rendezvous, rank: rank as u64, world: world as u64, from_nonce: l.info.nonce, to_nonce: 0 };
+                let claim = Claim {
+                    purpose: Purpose::Rendezvous,
+                    wire: Wire::current()?,
+                    rank: rank as u64,
+                    world: world as u64,
+                    from_nonce: l.info.nonce,
+                    to_nonce: 0,
+                };
                 match auth::call(&mut s, key, &claim, deadline) {
-                    Ok(()) => break (s, l),
+                    Ok(session) => break (Sealed::new(s, session), l),
                     Err(e) => (last, reached) = (format!("the process there did not complete the handshake: {e}"), true),
                 }
             }

@@ -48,9 +48,11 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use wm_comm::session::Sealed;
 
 use anyhow::{Context, Result, bail, ensure};
 use half::{bf16, f16};
@@ -76,6 +78,8 @@ fn main() {
         "child" => child(rest),
         "impostor" => impostor(rest),
         "impostor-reader" => impostor_reader(rest),
+        "relay" => relay(rest),
+        "relay-reader" => relay_reader(rest),
         other => Err(anyhow::anyhow!("unknown scenario {other:?}")),
     };
     if let Err(e) = result {
@@ -829,7 +833,7 @@ fn impostor(rest: &[String]) -> Result<()> {
     std::fs::write(&tmp, record)?;
     std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
     listener.set_nonblocking(true)?;
-    let accept = || -> Result<TcpStream> {
+    let accept = || -> Result<Sealed<TcpStream>> {
         let start = Instant::now();
         let mut c = loop {
             match listener.accept() {
@@ -842,9 +846,11 @@ fn impostor(rest: &[String]) -> Result<()> {
             }
         };
         c.set_nonblocking(false)?;
-        wm_comm::auth::serve_reader(&mut c, &key, nonce, Instant::now() + Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
+        let (_, session) =
+            wm_comm::auth::serve_reader(&mut c, &key, nonce, Instant::now() + Duration::from_secs(30)).map_err(anyhow::Error::msg)?;
         c.set_read_timeout(Some(Duration::from_secs(60)))?;
-        Ok(c)
+        // It holds the key: what it sends is sealed like any server's.
+        Ok(Sealed::new(c, session))
     };
     match mode.as_str() {
         "stale" => {
@@ -905,7 +911,7 @@ fn rows_answer(id: u64, rows: &[usize]) -> Vec<u8> {
 }
 
 /// The next read request's rows, `None` when the reader hung up.
-fn next_read(c: &mut TcpStream) -> Result<Option<Vec<usize>>> {
+fn next_read(c: &mut Sealed<TcpStream>) -> Result<Option<Vec<usize>>> {
     let mut h = [0u8; 32];
     match c.read(&mut h[..1]) {
         Ok(0) => return Ok(None),
@@ -925,7 +931,7 @@ fn next_read(c: &mut TcpStream) -> Result<Option<Vec<usize>>> {
 
 /// Answers reads correctly, ids from `first`, until the reader hangs up:
 /// how many.
-fn serve_honestly(c: &mut TcpStream, first: u64) -> Result<u64> {
+fn serve_honestly(c: &mut Sealed<TcpStream>, first: u64) -> Result<u64> {
     let mut id = first;
     while let Some(rows) = next_read(c)? {
         ensure!(rows.iter().all(|&r| r < IMPOSTOR_ROWS), "rows {rows:?}");
@@ -979,5 +985,156 @@ fn impostor_reader(rest: &[String]) -> Result<()> {
         }
         other => bail!("unknown impostor mode {other:?}"),
     }
+    Ok(())
+}
+
+// ------------------------------------------------------------------ relay
+
+/// Rows each read through the relay asks for.
+const RELAY_ROWS: usize = 200;
+/// Bytes the server sends before the handshake ends: its hello and proof.
+const HANDSHAKE_TO_READER: usize = 40 + 32;
+
+/// A relay that holds no key: it plants a record of the job's table
+/// (`NAME-relayed`) whose only owner is itself, and forwards every byte
+/// between the reader and the real read server, capturing what the server
+/// sends. With `FLIP` it flips one random bit of each connection's answer
+/// (past the handshake) once the reader has joined.
+fn relay(rest: &[String]) -> Result<()> {
+    let [dir, name, flip] = rest else { bail!("relay DIR NAME clean|flip") };
+    let dir = PathBuf::from(dir);
+    let flipping = flip == "flip";
+    let Rendezvous::Dir(rdv) = rendezvous_of(&dir)? else { bail!("the relay test needs a dir: rendezvous") };
+    wait_file(&dir.join("published-1"), 120)?;
+    let real = std::fs::read(rdv.join(format!("onesided-{name}.json")))?;
+    let mut record: serde_json::Value = serde_json::from_slice(&real)?;
+    let server: std::net::SocketAddr = record["owners"][0]["tcp_addr"].as_str().context("no tcp_addr")?.parse()?;
+    let row_bytes = record["row_bytes"].as_u64().context("no row_bytes")? as usize;
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let relayed = format!("{name}-relayed");
+    record["name"] = relayed.clone().into();
+    record["owners"][0]["tcp_addr"] = listener.local_addr()?.to_string().into();
+    record["owners"][0]["node_id"] = "the-relay's-node".into();
+    record["owners"][0]["unix_name"] = "wholemem.onesided.relay-none".into();
+    let tmp = rdv.join(".relayed.tmp");
+    std::fs::write(&tmp, serde_json::to_vec(&record)?)?;
+    std::fs::rename(&tmp, rdv.join(format!("onesided-{relayed}.json")))?;
+    listener.set_nonblocking(true)?;
+    // What one answer of RELAY_ROWS rows is on the wire: a record of its
+    // header and rows.
+    let answer = wm_comm::session::PREFIX + 32 + RELAY_ROWS * row_bytes + wm_comm::session::TAG;
+    let captured = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let flips = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut conns = 0u64;
+    let mut pumps = Vec::new();
+    while !dir.join("relay-done").exists() {
+        let c = match listener.accept() {
+            Ok((c, _)) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        c.set_nonblocking(false)?;
+        conns += 1;
+        let s = TcpStream::connect(server)?;
+        // One bit of this connection's answer, once the reader has joined.
+        let flip_at = (flipping && dir.join("joined").exists()).then(|| {
+            let mut g = Rng::new(&[conns, 0x5eed]);
+            (HANDSHAKE_TO_READER + g.below(answer as u64) as usize, 1u8 << g.below(8))
+        });
+        let (c2, s2) = (c.try_clone()?, s.try_clone()?);
+        pumps.push(std::thread::spawn(move || pump(c2, s2, None, None)));
+        let (cap, n) = (captured.clone(), flips.clone());
+        pumps.push(std::thread::spawn(move || pump(s, c, flip_at.map(|f| (f, n)), Some(cap))));
+    }
+    let captured = captured.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    // A row's bytes as the job wrote them (epoch 1), looked for in all the
+    // relay saw.
+    let cols = record["cols"].as_u64().context("no cols")? as usize;
+    let seen = (0..RELAY_ROWS).filter(|&r| {
+        let row = expected(r, cols, 1, DType::F32, DType::F32);
+        captured.windows(row.len()).any(|w| w == row)
+    });
+    println!(
+        "relay: {conns} connections, {} flips, {} bytes captured, plain rows seen: {}",
+        flips.load(std::sync::atomic::Ordering::SeqCst),
+        captured.len(),
+        seen.count()
+    );
+    Ok(())
+}
+
+/// Copies `from` to `to` until either closes; flips the bit `(at, mask)`
+/// (counting it) and keeps a copy of what passed when asked.
+fn pump(
+    mut from: TcpStream,
+    mut to: TcpStream,
+    flip: Option<((usize, u8), Arc<std::sync::atomic::AtomicUsize>)>,
+    capture: Option<Arc<Mutex<Vec<u8>>>>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    let mut passed = 0usize;
+    loop {
+        let n = match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if let Some(((at, mask), count)) = &flip
+            && (passed..passed + n).contains(at)
+        {
+            buf[at - passed] ^= mask;
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        passed += n;
+        if let Some(c) = &capture {
+            c.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&buf[..n]);
+        }
+        if to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Both);
+    let _ = from.shutdown(std::net::Shutdown::Both);
+}
+
+/// The reader behind the relay: joins the planted record, then reads
+/// `RUNS` times; every read is either refused with an authentication
+/// error or returns exactly the job's rows.
+fn relay_reader(rest: &[String]) -> Result<()> {
+    let [dir, name, runs] = rest else { bail!("relay-reader DIR NAME RUNS") };
+    let dir = PathBuf::from(dir);
+    let runs: usize = runs.parse()?;
+    let at = rendezvous_of(&dir)?;
+    wait_file(&dir.join("published-1"), 120)?;
+    let opts = Options { method: Some(Method::Socket), join_timeout: Some(Duration::from_secs(60)), ..Options::default() };
+    let reader = Reader::join(&at, &format!("{name}-relayed"), &opts)?;
+    touch(&dir.join("joined"))?;
+    let cols = reader.info().cols;
+    let ids: Vec<usize> = (0..RELAY_ROWS).collect();
+    let (mut ok, mut detected) = (0, 0);
+    for run in 0..runs {
+        let mut out = vec![0u8; RELAY_ROWS * cols * 4];
+        match reader.get(0, RELAY_ROWS, &mut out, DType::F32) {
+            Ok(()) => {
+                verify(&out, &ids, cols, 1, DType::F32, DType::F32, &format!("read {run} through the relay"))?;
+                ok += 1;
+            }
+            Err(e) => {
+                let text = e.to_string();
+                ensure!(text.contains("authentication failed"), "read {run} through the relay failed, but not by authentication: {text}");
+                if detected == 0 {
+                    println!("first detection: {text}");
+                }
+                detected += 1;
+            }
+        }
+    }
+    println!("relay-reader: {runs} reads, {ok} verified, {detected} refused by authentication, 0 wrong rows");
+    touch(&dir.join("relay-done"))?;
+    touch(&dir.join("read-1"))?;
+    wait_file(&dir.join("freed"), 120)?;
+    touch(&dir.join("done"))?;
     Ok(())
 }
