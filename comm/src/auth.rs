@@ -465,8 +465,26 @@ fn reader_claim(who: ReaderId, server: u64) -> Claim {
 ///
 /// # Errors
 /// Why the handshake failed, in words (refused, wrong key, timed out).
-pub fn call_as_reader<S: Timed>(s: &mut S, key: &JobKey, who: ReaderId, server: u64, deadline: Instant) -> std::result::Result<(), String> {
-    call(s, key, &reader_claim(who, server), deadline).map_err(|e| e.to_string())
+pub fn call_as_reader<S: Timed>(s: &mut S, key: &JobKey, who: ReaderId, server: u64, deadline: Instant) -> std::result::Result<(), Refusal> {
+    call(s, key, &reader_claim(who, server), deadline)
+        .map_err(|e| Refusal { closed: matches!(e, HandshakeError::Dropped | HandshakeError::Rejected), detail: e.to_string() })
+}
+
+/// Why a reader's handshake failed.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// Why, in words (names the cause: key mismatch, policy, timeout).
+    pub detail: String,
+    /// The server closed the connection without a verdict — a key
+    /// mismatch, or a listener shedding unauthenticated connections under
+    /// load (worth a retry within the caller's deadline).
+    pub closed: bool,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
 }
 
 /// A read server's side of that handshake: accepts only a reader that
@@ -588,7 +606,7 @@ mod tests {
             let (mut a, mut b) = UnixStream::pair().unwrap();
             let sk = k.clone();
             let server = thread::spawn(move || serve_reader(&mut a, &sk, server_nonce, soon()).inspect_err(|_| drop(a)));
-            let client = call_as_reader(&mut b, &k, who, named, soon());
+            let client = call_as_reader(&mut b, &k, who, named, soon()).map_err(|r| r.detail);
             let served = server.join().unwrap();
             assert_eq!(client.is_ok(), ok, "{client:?}");
             match served {

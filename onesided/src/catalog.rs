@@ -107,6 +107,9 @@ pub(crate) enum Found {
     Record(Vec<u8>),
     /// Nothing (yet): `why`.
     Nothing(String),
+    /// The catalogue closed the connection during the handshake: the
+    /// error to report if that goes on.
+    Closed(Error),
 }
 
 /// Looks a table up once.
@@ -132,7 +135,15 @@ pub(crate) fn lookup(at: &Rendezvous, name: &str, key: &JobKey, timeout: Duratio
             }
         }
     };
-    let body = key.open_record(RecordKind::Table, &signed).map_err(|detail| Error::Malformed { from, detail })?;
+    // A record this key did not sign was published by a process that
+    // cannot prove the key this reader holds: refused as such.
+    let body = key.open_record(RecordKind::Table, &signed).map_err(|why| Error::Refused {
+        at: from,
+        detail: format!(
+            "the table's record is refused: {why}; a key mismatch (does this process hold the job's key, {}?) or a planted record",
+            wm_topology::env::WM_JOB_KEY.name
+        ),
+    })?;
     Ok(Found::Record(body.to_vec()))
 }
 
@@ -166,8 +177,14 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
         Ok(s) => s,
         Err(e) => return Ok(Found::Nothing(format!("nothing answers at {addr} ({e})"))),
     };
-    if let Err(detail) = auth::call_as_reader(&mut s, key, ReaderId::Outside, CATALOGUE_NONCE, deadline) {
-        return Err(Error::Refused { at: format!("the catalogue at {addr}"), detail });
+    if let Err(r) = auth::call_as_reader(&mut s, key, ReaderId::Outside, CATALOGUE_NONCE, deadline) {
+        // Closed without a verdict: a key mismatch, or a catalogue
+        // shedding unauthenticated connections under a flood; the caller
+        // asks again for a while.
+        if r.closed {
+            return Ok(Found::Closed(Error::Refused { at: format!("the catalogue at {addr}"), detail: r.detail }));
+        }
+        return Err(Error::Refused { at: format!("the catalogue at {addr}"), detail: r.detail });
     }
     let io_err = |e: io::Error| Error::io(format!("looking up table {name:?} at {addr}"), e);
     let mut req = (name.len() as u16).to_le_bytes().to_vec();

@@ -826,7 +826,9 @@ fn impostor(rest: &[String]) -> Result<()> {
         IMPOSTOR_ROWS * row_bytes
     );
     let tmp = Path::new(dir).join(".impostor.tmp");
-    std::fs::write(&tmp, record)?;
+    // Signed with the job's key: this impostor holds it (the tests are
+    // about what a key holder's server can do to a reader).
+    std::fs::write(&tmp, key.sign_record(wm_comm::trust::RecordKind::Table, record.as_bytes()))?;
     std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
     listener.set_nonblocking(true)?;
     let accept = || -> Result<TcpStream> {
