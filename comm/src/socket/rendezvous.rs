@@ -297,9 +297,10 @@ fn tcp_join(
     let mut at;
     // The nonce goes into the claim before the record exists, so it is
     // drawn here and the record made to match.
-    let mut last;
+    let mut last = String::new();
     // What the last attempt's failure points at, in words.
-    let mut hint;
+    let mut hint = String::new();
+    let mut verdict = false;
     let (mut s, l) = loop {
         at = match picked {
             Some(host) => format!("{host}:{}", published_port(deadline)?),
@@ -319,7 +320,11 @@ fn tcp_join(
                     Claim { purpose: Purpose::Rendezvous, rank: rank as u64, world: world as u64, from_nonce: l.info.nonce, to_nonce: 0 };
                 match auth::call(&mut s, key, &claim, deadline) {
                     Ok(()) => break (s, l),
+                    // A verdict (a key mismatch, a refusal) outweighs a
+                    // later attempt cut short by the deadline.
+                    Err(HandshakeError::Io(_)) if verdict => {}
                     Err(e) => {
+                        verdict = !matches!(e, HandshakeError::Io(_));
                         hint = join_hint(&e);
                         last = format!("the process there did not complete the handshake: {e}");
                     }
