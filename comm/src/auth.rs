@@ -155,9 +155,7 @@ impl JobKey {
         let f = crate::trust::open_owned(path, true, what)?
             .ok_or_else(|| Error::Bootstrap(format!("cannot read {what} {}: it does not exist", path.display())))?;
         let mut text = String::new();
-        (&f).take(4096)
-            .read_to_string(&mut text)
-            .map_err(|e| Error::Bootstrap(format!("cannot read {what} {}: {e}", path.display())))?;
+        (&f).take(4096).read_to_string(&mut text).map_err(|e| Error::Bootstrap(format!("cannot read {what} {}: {e}", path.display())))?;
         let key = Self::from_hex(&text, &format!("{what} {}", path.display()));
         text.zeroize();
         key
@@ -465,7 +463,13 @@ fn reader_claim(who: ReaderId, server: u64) -> Claim {
 ///
 /// # Errors
 /// Why the handshake failed, in words (refused, wrong key, timed out).
-pub fn call_as_reader<S: Timed>(s: &mut S, key: &JobKey, who: ReaderId, server: u64, deadline: Instant) -> std::result::Result<(), Refusal> {
+pub fn call_as_reader<S: Timed>(
+    s: &mut S,
+    key: &JobKey,
+    who: ReaderId,
+    server: u64,
+    deadline: Instant,
+) -> std::result::Result<(), Refusal> {
     call(s, key, &reader_claim(who, server), deadline)
         .map_err(|e| Refusal { closed: matches!(e, HandshakeError::Dropped | HandshakeError::Rejected), detail: e.to_string() })
 }

@@ -170,10 +170,7 @@ impl Gate {
                     if out.is_empty() {
                         out.extend(st.pending.pop_first().map(|(_, p)| p));
                     }
-                    Err(format!(
-                        "the process's descriptor budget ({} of RLIMIT_NOFILE, after headroom) is spent",
-                        descriptor_budget()
-                    ))
+                    Err(format!("the process's descriptor budget ({} of RLIMIT_NOFILE, after headroom) is spent", descriptor_budget()))
                 }
             }
         };

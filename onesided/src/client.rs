@@ -224,7 +224,9 @@ fn connect_once(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Identity,
             // rows to this process.
             let uid = wm_comm::fdpass::peer_uid(&s).map_err(|e| Error::io("reading a read server's credentials", e))?;
             if uid != wm_comm::fdpass::effective_uid() {
-                return Err(Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") }.into());
+                return Err(
+                    Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") }.into()
+                );
             }
             Conn::new(Stream::Unix(s))
         }

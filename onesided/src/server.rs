@@ -36,7 +36,6 @@ use crate::shm::Mapped;
 use crate::wire::{self, Request, Response};
 use crate::{Error, Result};
 
-
 /// What every connection thread shares.
 #[derive(Debug)]
 struct Shared {
@@ -242,7 +241,9 @@ fn accept_loop(sh: &Arc<Shared>, unix: &UnixListener, tcp: &TcpListener, woken: 
 /// a slot or a thread.
 fn admit_unix(sh: &Arc<Shared>, s: UnixStream) {
     match wm_comm::fdpass::peer_uid(&s) {
-        Ok(uid) if uid == wm_comm::fdpass::effective_uid() => admit(sh, Stream::Unix(s), "a process on this node".into(), format!("uid {uid}")),
+        Ok(uid) if uid == wm_comm::fdpass::effective_uid() => {
+            admit(sh, Stream::Unix(s), "a process on this node".into(), format!("uid {uid}"))
+        }
         Ok(uid) => refused(sh, "a process on this node", format!("it runs as uid {uid}, not as this user")),
         Err(e) => refused(sh, "a process on this node", format!("its credentials cannot be read: {e}")),
     }

@@ -49,7 +49,6 @@ fn unix_listener_of(pid: u32) -> Option<String> {
     table.lines().filter_map(|l| l.split_whitespace().last()).find(|p| p.starts_with(&prefix)).map(|p| p[1..].to_owned())
 }
 
-
 /// What a stranger does with a connection.
 #[derive(Debug, Clone, Copy)]
 enum Stranger {
@@ -408,7 +407,10 @@ fn key_files_that_are_links_readable_by_others_or_not_ours_are_refused() {
     std::fs::write(&good, format!("{}\n", key())).unwrap();
     std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
     let try_with = |path: &Path| {
-        let o = finish(rank(1, 2, "127.0.0.1:9", &[("WM_JOB_KEY_FILE", path.to_str().unwrap()), ("WM_TIMEOUT_S", "2")], &["collectives"]), "a rank");
+        let o = finish(
+            rank(1, 2, "127.0.0.1:9", &[("WM_JOB_KEY_FILE", path.to_str().unwrap()), ("WM_TIMEOUT_S", "2")], &["collectives"]),
+            "a rank",
+        );
         assert!(!o.status.success());
         wm_tests::output_text(&o)
     };

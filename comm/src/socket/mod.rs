@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 pub use bootstrap::{Exchange, Rendezvous};
-pub use rendezvous::take_kept_listener;
 use endpoint::{Endpoint, Land, Outgoing, Sink, Wanted};
+pub use rendezvous::take_kept_listener;
 use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
 

@@ -260,8 +260,8 @@ fn admit(
         .map_err(|e| e.to_string())
         .and_then(|claim| {
             ticket.authenticated();
-            let signed = read_frame(&mut s, RECORD_MAX + trust::SIGNED_OVERHEAD, limit)
-                .map_err(|e| format!("its record did not arrive: {e}"))?;
+            let signed =
+                read_frame(&mut s, RECORD_MAX + trust::SIGNED_OVERHEAD, limit).map_err(|e| format!("its record did not arrive: {e}"))?;
             let body = key.open_record(RecordKind::Rank, &signed).map_err(|e| format!("its record is refused: {e}"))?;
             let info = RankInfo::parse(body, world)?;
             if info.rank as u64 != claim.rank || info.nonce != claim.from_nonce {
@@ -360,7 +360,9 @@ fn tcp_join(
 fn join_hint(e: &HandshakeError) -> String {
     let key = wm_topology::env::WM_JOB_KEY.name;
     match e {
-        HandshakeError::WrongKey => format!("key mismatch: the process there cannot prove this job's key; is {key} the same on every rank?"),
+        HandshakeError::WrongKey => {
+            format!("key mismatch: the process there cannot prove this job's key; is {key} the same on every rank?")
+        }
         HandshakeError::Rejected => {
             format!("key mismatch or a refused claim: is {key} the same on every rank, and the world size?")
         }
