@@ -121,6 +121,7 @@ impl std::fmt::Debug for Gate {
 pub struct Ticket {
     gate: Arc<Gate>,
     id: u64,
+    authenticated: AtomicBool,
     _fds: Reserved,
 }
 
@@ -164,7 +165,7 @@ impl Gate {
                     let id = st.next;
                     st.next += 1;
                     st.pending.insert(id, Pending { peer: peer.to_owned(), evict });
-                    Ok(Ticket { gate: self.clone(), id, _fds: r })
+                    Ok(Ticket { gate: self.clone(), id, authenticated: AtomicBool::new(false), _fds: r })
                 }
                 None => {
                     if out.is_empty() {
@@ -201,7 +202,15 @@ impl Ticket {
     /// The connection proved the key: it leaves the unauthenticated and
     /// can no longer be evicted (its descriptors stay counted).
     pub fn authenticated(&self) {
+        self.authenticated.store(true, Ordering::Relaxed);
         drop(self.gate.forget(self.id));
+    }
+
+    /// Whether the gate evicted this connection to make room (its
+    /// handshake then fails; that is not worth a report of its own).
+    pub fn evicted(&self) -> bool {
+        !self.authenticated.load(Ordering::Relaxed)
+            && !self.gate.state.lock().unwrap_or_else(|p| p.into_inner()).pending.contains_key(&self.id)
     }
 }
 
@@ -275,6 +284,7 @@ mod tests {
         let _t = g.admit("10.0.0.1", 1, e).unwrap();
         assert!(!flags[0].load(Ordering::SeqCst), "an authenticated connection was evicted");
         assert!(flags[1].load(Ordering::SeqCst), "the peer's oldest unauthenticated connection was not evicted");
+        assert!(tickets[1].evicted() && !tickets[0].evicted() && !tickets[2].evicted());
         assert!(!other.load(Ordering::SeqCst), "another peer's connection was evicted for this peer's");
         assert_eq!(g.evicted(), 1);
     }

@@ -256,7 +256,9 @@ impl Service {
                     };
                     let (t, k) = (t.clone(), k.clone());
                     let spawned = std::thread::Builder::new().name("wm-onesided-lookup".into()).spawn(move || {
-                        if let Err(why) = answer(s, &t, &k, Instant::now() + limit, &ticket) {
+                        if let Err(why) = answer(s, &t, &k, Instant::now() + limit, &ticket)
+                            && !ticket.evicted()
+                        {
                             wm_comm::warn(&format!("the table catalogue refused {from}: {why}"));
                         }
                         drop(ticket);

@@ -303,7 +303,10 @@ fn serve(sh: &Shared, s: Stream, from: &str, ticket: &Ticket) {
     let result = match s {
         Stream::Unix(mut u) => {
             if let Err(why) = auth::serve_reader(&mut u, &sh.key, sh.nonce, deadline) {
-                return refused(sh, from, why);
+                if !ticket.evicted() {
+                    refused(sh, from, why);
+                }
+                return;
             }
             ticket.authenticated();
             let dup = u.try_clone().ok();
@@ -311,7 +314,10 @@ fn serve(sh: &Shared, s: Stream, from: &str, ticket: &Ticket) {
         }
         Stream::Tcp(mut t) => {
             if let Err(why) = auth::serve_reader(&mut t, &sh.key, sh.nonce, deadline) {
-                return refused(sh, from, why);
+                if !ticket.evicted() {
+                    refused(sh, from, why);
+                }
+                return;
             }
             ticket.authenticated();
             requests(sh, &mut t, None)

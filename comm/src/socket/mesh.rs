@@ -226,6 +226,7 @@ fn admit(mut c: Conn, judge: &Arc<Judge>, tx: &mpsc::Sender<Admitted>, gate: &Ar
                 ticket.authenticated();
                 let _ = tx.send((claim.rank as usize, c, fresh));
             }
+            Err(_) if ticket.evicted() => {}
             Err(why) => warn(&format!("rank {me} refused a connection from {}: {why}", origin(&c))),
         }
         drop(ticket);

@@ -273,6 +273,7 @@ fn admit(
             Ok(info) => {
                 let _ = tx.send((info, s));
             }
+            Err(_) if ticket.evicted() => {}
             Err(why) => warn(&format!("rank 0 refused a rendezvous connection from {from}: {why}")),
         }
         drop(ticket);
