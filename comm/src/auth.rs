@@ -146,33 +146,22 @@ impl JobKey {
         }
     }
 
-    /// Reads a key file: owned by this user, readable by nobody else.
+    /// Reads a key file: opened without following a symbolic link
+    /// (`O_NOFOLLOW | O_CLOEXEC`), then checked on the open descriptor — a
+    /// regular file, owned by this user, readable by nobody else — so it
+    /// cannot be swapped between the check and the read.
     ///
     /// # Errors
-    /// [`Error::Bootstrap`] naming the file when it cannot be read, is
-    /// someone else's or can be read by others, or holds no key.
+    /// [`Error::Untrusted`] naming the file when it is a link, not a
+    /// regular file, someone else's or readable by others;
+    /// [`Error::Bootstrap`] when it cannot be read or holds no key.
     pub fn read_file(path: &Path) -> Result<Self> {
-        use std::os::unix::fs::MetadataExt;
-        let meta =
-            std::fs::metadata(path).map_err(|e| Error::Bootstrap(format!("cannot read the job key file {}: {e}", path.display())))?;
-        let me = crate::sys::effective_uid();
-        if meta.uid() != me {
-            return Err(Error::Bootstrap(format!(
-                "the job key file {} belongs to uid {}, not to this user (uid {me}): refusing a key someone else controls",
-                path.display(),
-                meta.uid()
-            )));
-        }
-        if meta.mode() & 0o077 != 0 {
-            return Err(Error::Bootstrap(format!(
-                "the job key file {} has mode {:o}: other users can read it; `chmod 600` it",
-                path.display(),
-                meta.mode() & 0o777
-            )));
-        }
-        let mut text =
-            std::fs::read_to_string(path).map_err(|e| Error::Bootstrap(format!("cannot read the job key file {}: {e}", path.display())))?;
-        let key = Self::from_hex(&text, &format!("the job key file {}", path.display()));
+        let what = "the job key file";
+        let f = crate::trust::open_owned(path, true, what)?
+            .ok_or_else(|| Error::Bootstrap(format!("cannot read {what} {}: it does not exist", path.display())))?;
+        let mut text = String::new();
+        (&f).take(4096).read_to_string(&mut text).map_err(|e| Error::Bootstrap(format!("cannot read {what} {}: {e}", path.display())))?;
+        let key = Self::from_hex(&text, &format!("{what} {}", path.display()));
         text.zeroize();
         key
     }
@@ -296,14 +285,40 @@ fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
 }
 
-fn read_by<S: Timed>(s: &mut S, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
-    s.set_timeouts(left(deadline))?;
-    s.read_exact(buf)
+/// Reads all of `buf` by `deadline` — the deadline of the whole read, not
+/// of each piece: a caller that sends one byte at a time is cut off at
+/// the same moment as one that sends nothing.
+pub fn read_by<S: Timed>(s: &mut S, mut buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the deadline passed"));
+        }
+        s.set_timeouts(left(deadline))?;
+        match s.read(buf) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the connection closed")),
+            Ok(n) => buf = &mut buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
-fn write_by<S: Timed>(s: &mut S, buf: &[u8], deadline: Instant) -> io::Result<()> {
-    s.set_timeouts(left(deadline))?;
-    s.write_all(buf)
+/// Writes all of `buf` by `deadline` (the whole write's deadline).
+pub fn write_by<S: Timed>(s: &mut S, mut buf: &[u8], deadline: Instant) -> io::Result<()> {
+    while !buf.is_empty() {
+        if Instant::now() >= deadline {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "the deadline passed"));
+        }
+        s.set_timeouts(left(deadline))?;
+        match s.write(buf) {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the connection took no bytes")),
+            Ok(n) => buf = &buf[n..],
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Why a handshake failed. `Refused` and `Malformed` mean the other side
@@ -318,6 +333,12 @@ pub(crate) enum HandshakeError {
     WrongKey,
     /// The MAC verified but the server's check refused the claim.
     Claim(String),
+    /// The server closed the connection before its first byte: refused by
+    /// its policy (connection limits, credentials), not for the key.
+    Dropped,
+    /// The server closed the connection after reading the caller's proof:
+    /// it holds another key, or refused the claim.
+    Rejected,
 }
 
 impl fmt::Display for HandshakeError {
@@ -331,8 +352,14 @@ impl fmt::Display for HandshakeError {
             }
             Self::Io(e) => write!(f, "the handshake failed: {e}"),
             Self::Malformed(m) => write!(f, "not a wholemem handshake: {m}"),
-            Self::WrongKey => f.write_str("it does not hold the job key"),
+            Self::WrongKey => f.write_str("it does not hold the job key (a key mismatch)"),
             Self::Claim(m) => write!(f, "its claim was refused: {m}"),
+            Self::Dropped => f.write_str(
+                "refused by policy: the other side closed the connection before its handshake (its connection limits or credential checks)",
+            ),
+            Self::Rejected => f.write_str(
+                "the other side refused this process's proof: a key mismatch (is WM_JOB_KEY the same on both sides?), or a claim it does not accept",
+            ),
         }
     }
 }
@@ -426,8 +453,15 @@ pub(crate) fn serve<S: Timed>(
 /// checks the server's proof. Everything by `deadline`. Returns the
 /// connection's keys.
 pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: Instant) -> std::result::Result<Session, HandshakeError> {
+    let closed = |e: io::Error, then: HandshakeError| {
+        if matches!(e.kind(), io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) {
+            then
+        } else {
+            HandshakeError::Io(e)
+        }
+    };
     let mut hello = [0u8; SERVER_HELLO_LEN];
-    read_by(s, &mut hello, deadline)?;
+    read_by(s, &mut hello, deadline).map_err(|e| closed(e, HandshakeError::Dropped))?;
     let server = parse_server_hello(&hello).map_err(HandshakeError::Malformed)?;
     let mut client = [0u8; CHALLENGE_LEN];
     fill_random(&mut client).map_err(|e| HandshakeError::Io(io::Error::other(e.to_string())))?;
@@ -437,9 +471,9 @@ pub(crate) fn call<S: Timed>(s: &mut S, key: &JobKey, claim: &Claim, deadline: I
     answer[..CHALLENGE_LEN].copy_from_slice(&client);
     answer[CHALLENGE_LEN..CHALLENGE_LEN + CLAIM_LEN].copy_from_slice(&claim_bytes);
     answer[CHALLENGE_LEN + CLAIM_LEN..].copy_from_slice(&mac);
-    write_by(s, &answer, deadline)?;
+    write_by(s, &answer, deadline).map_err(|e| closed(e, HandshakeError::Rejected))?;
     let mut proof = [0u8; MAC_LEN];
-    read_by(s, &mut proof, deadline)?;
+    read_by(s, &mut proof, deadline).map_err(|e| closed(e, HandshakeError::Rejected))?;
     key.mac(SERVER_LABEL, &server, &client, &claim_bytes).verify_slice(&proof).map_err(|_| HandshakeError::WrongKey)?;
     Ok(session_keys(key, &server, &client, &claim_bytes, claim.wire, true))
 }
@@ -479,9 +513,27 @@ pub fn call_as_reader<S: Timed>(
     who: ReaderId,
     server: u64,
     deadline: Instant,
-) -> std::result::Result<Session, String> {
-    let wire = Wire::current().map_err(|e| e.to_string())?;
-    call(s, key, &reader_claim(who, server, wire), deadline).map_err(|e| e.to_string())
+) -> std::result::Result<Session, Refusal> {
+    let wire = Wire::current().map_err(|e| Refusal { closed: false, detail: e.to_string() })?;
+    call(s, key, &reader_claim(who, server, wire), deadline)
+        .map_err(|e| Refusal { closed: matches!(e, HandshakeError::Dropped | HandshakeError::Rejected), detail: e.to_string() })
+}
+
+/// Why a reader's handshake failed.
+#[derive(Debug, Clone)]
+pub struct Refusal {
+    /// Why, in words (names the cause: key mismatch, policy, timeout).
+    pub detail: String,
+    /// The server closed the connection without a verdict — a key
+    /// mismatch, or a listener shedding unauthenticated connections under
+    /// load (worth a retry within the caller's deadline).
+    pub closed: bool,
+}
+
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.detail)
+    }
 }
 
 /// A read server's side of that handshake: accepts only a reader that
@@ -593,7 +645,8 @@ mod tests {
     fn a_wrong_key_is_refused_on_both_sides() {
         let (s, c) = handshake(&JobKey::generate().unwrap(), &JobKey::generate().unwrap(), false);
         assert!(s.unwrap_err().contains("does not hold the job key"));
-        assert!(c.unwrap_err().contains("closed the connection during the handshake"));
+        let c = c.unwrap_err();
+        assert!(c.contains("refused this process's proof") && c.contains("key mismatch"), "{c}");
     }
 
     #[test]
@@ -631,7 +684,7 @@ mod tests {
             let (mut a, mut b) = UnixStream::pair().unwrap();
             let sk = k.clone();
             let server = thread::spawn(move || serve_reader(&mut a, &sk, server_nonce, soon()).inspect_err(|_| drop(a)));
-            let client = call_as_reader(&mut b, &k, who, named, soon());
+            let client = call_as_reader(&mut b, &k, who, named, soon()).map_err(|r| r.detail);
             let served = server.join().unwrap();
             assert_eq!(client.is_ok(), ok, "{client:?}");
             match served {

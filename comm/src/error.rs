@@ -54,6 +54,11 @@ pub enum Error {
     /// Ranks could not find each other.
     #[error("bootstrap failed: {0}")]
     Bootstrap(String),
+    /// A directory or file another user could have planted or swapped
+    /// (writable by others, not ours, a symbolic link, readable by others):
+    /// refused before anything in it is used.
+    #[error("not trusted: {0}")]
+    Untrusted(String),
     /// A caller passed something unusable; the message names the value.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

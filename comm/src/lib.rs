@@ -29,6 +29,7 @@ pub mod auth;
 mod communicator;
 mod error;
 pub mod fdpass;
+pub mod gate;
 pub mod launch;
 // `Send`/`Sync` for the MPI handles, serialised by a mutex.
 #[cfg(feature = "mpi")]
@@ -43,6 +44,7 @@ pub mod ranks;
 pub mod session;
 pub mod socket;
 pub mod tcp;
+pub mod trust;
 // Socket calls std does not offer: SCM_RIGHTS, poll, SO_PEERCRED, getifaddrs.
 #[allow(unsafe_code)]
 mod sys;

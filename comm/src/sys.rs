@@ -113,6 +113,24 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usiz
     }
 }
 
+/// Raises this process's soft limit on open descriptors to its hard limit
+/// (where the kernel allows it); returns the soft limit then in force.
+pub(crate) fn raise_nofile() -> io::Result<u64> {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `r` is a valid, writable rlimit.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if r.rlim_cur < r.rlim_max {
+        let want = libc::rlimit { rlim_cur: r.rlim_max, rlim_max: r.rlim_max };
+        // SAFETY: `want` is a valid rlimit; a refusal leaves the limit as it was.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &want) } == 0 {
+            r.rlim_cur = r.rlim_max;
+        }
+    }
+    Ok(r.rlim_cur)
+}
+
 /// This process's effective user id.
 pub(crate) fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.

@@ -9,21 +9,26 @@
 //!   in `WM_RENDEZVOUS_PORT_FILE`) and answers lookups by name from
 //!   readers that prove they hold the job's key.
 //!
-//! A record only says where the owners' read servers are; every server
-//! then checks the reader's key again (and the reader checks the
-//! server's), so a planted record leads nowhere.
+//! A record is signed with the job key (`wm_comm::trust`, its own label)
+//! and checked before any field is used; a `dir:` catalogue must be a
+//! directory no other user can write, and the record file this user's,
+//! opened without following links. Every server then checks the reader's
+//! key again (and the reader checks the server's). The `host:port`
+//! catalogue serves on the listener rank 0 kept from the rendezvous (never
+//! a port released and bound again), behind a gate like every listener's.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use wm_comm::auth::{self, ReaderId};
+use wm_comm::gate::{Gate, Shut};
 use wm_comm::session::Sealed;
+use wm_comm::trust::{self, RecordKind};
 use wm_comm::{JobKey, Rendezvous};
 
 use crate::record::RECORD_MAX;
@@ -31,9 +36,7 @@ use crate::{Error, Result};
 
 /// The nonce readers name when they call a catalogue.
 const CATALOGUE_NONCE: u64 = 0;
-/// Lookups a catalogue serves at once.
-const IN_FLIGHT_MAX: usize = 64;
-/// Longest a lookup may take a catalogue.
+/// Longest a reader waits for a catalogue's answer.
 const LOOKUP_LIMIT: Duration = Duration::from_secs(10);
 
 /// The file holding a table's record in a `dir:` rendezvous.
@@ -52,9 +55,13 @@ pub(crate) fn describe(at: &Rendezvous) -> String {
 /// Publishes (or republishes) a table's record at `at`: rank 0's part of
 /// a publish.
 pub(crate) fn publish(at: &Rendezvous, name: &str, record: &[u8], key: &JobKey) -> Result<()> {
+    let record = &key.sign_record(RecordKind::Table, record);
     match at {
-        Rendezvous::Dir(dir) => write_private(&record_file(dir, name), record)
-            .map_err(|e| Error::io(format!("publishing table {name:?} in {}", dir.display()), e)),
+        Rendezvous::Dir(dir) => {
+            trust::check_dir(dir, "the publish directory")?;
+            write_private(&record_file(dir, name), record)
+                .map_err(|e| Error::io(format!("publishing table {name:?} in {}", dir.display()), e))
+        }
         Rendezvous::Tcp(addr) => {
             let mut svc = SERVICE.lock().unwrap_or_else(|p| p.into_inner());
             if svc.is_none() {
@@ -101,6 +108,9 @@ pub(crate) enum Found {
     Record(Vec<u8>),
     /// Nothing (yet): `why`.
     Nothing(String),
+    /// The catalogue closed the connection during the handshake: the
+    /// error to report if that goes on.
+    Closed(Error),
 }
 
 /// Looks a table up once.
@@ -109,28 +119,33 @@ pub(crate) enum Found {
 /// A catalogue that refuses this reader (the wrong key) or breaks the
 /// protocol; a record file that cannot be read.
 pub(crate) fn lookup(at: &Rendezvous, name: &str, key: &JobKey, timeout: Duration) -> Result<Found> {
-    match at {
+    let (signed, from) = match at {
         Rendezvous::Dir(dir) => {
+            trust::check_dir(dir, "the publish directory")?;
             let path = record_file(dir, name);
-            let meta = match std::fs::metadata(&path) {
-                Ok(m) => m,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Found::Nothing(format!("{} does not exist", path.display()))),
-                Err(e) => return Err(Error::io(format!("reading {}", path.display()), e)),
-            };
-            if meta.len() > RECORD_MAX as u64 {
-                return Err(Error::Malformed {
-                    from: path.display().to_string(),
-                    detail: format!("a record of {} bytes (at most {RECORD_MAX})", meta.len()),
-                });
-            }
-            match std::fs::read(&path) {
-                Ok(b) => Ok(Found::Record(b)),
-                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Found::Nothing(format!("{} does not exist", path.display()))),
-                Err(e) => Err(Error::io(format!("reading {}", path.display()), e)),
+            match trust::read_owned(&path, RECORD_MAX + trust::SIGNED_OVERHEAD, "the table record")? {
+                Some(b) => (b, path.display().to_string()),
+                None => return Ok(Found::Nothing(format!("{} does not exist", path.display()))),
             }
         }
-        Rendezvous::Tcp(addr) => ask(&resolve(addr)?, name, key, timeout),
-    }
+        Rendezvous::Tcp(addr) => {
+            let addr = resolve(addr)?;
+            match ask(&addr, name, key, timeout)? {
+                Found::Record(b) => (b, format!("the catalogue at {addr}")),
+                nothing => return Ok(nothing),
+            }
+        }
+    };
+    // A record this key did not sign was published by a process that
+    // cannot prove the key this reader holds: refused as such.
+    let body = key.open_record(RecordKind::Table, &signed).map_err(|why| Error::Refused {
+        at: from,
+        detail: format!(
+            "the table's record is refused: {why}; a key mismatch (does this process hold the job's key, {}?) or a planted record",
+            wm_topology::env::WM_JOB_KEY.name
+        ),
+    })?;
+    Ok(Found::Record(body.to_vec()))
 }
 
 /// `host:port`, with port 0 read from `WM_RENDEZVOUS_PORT_FILE`.
@@ -165,7 +180,11 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
     };
     let session = match auth::call_as_reader(&mut s, key, ReaderId::Outside, CATALOGUE_NONCE, deadline) {
         Ok(session) => session,
-        Err(detail) => return Err(Error::Refused { at: format!("the catalogue at {addr}"), detail }),
+        // Closed without a verdict: a key mismatch, or a catalogue
+        // shedding unauthenticated connections under a flood; the caller
+        // asks again for a while.
+        Err(r) if r.closed => return Ok(Found::Closed(Error::Refused { at: format!("the catalogue at {addr}"), detail: r.detail })),
+        Err(r) => return Err(Error::Refused { at: format!("the catalogue at {addr}"), detail: r.detail }),
     };
     let mut s = Sealed::new(s, session);
     let io_err = |e: io::Error| Error::io(format!("looking up table {name:?} at {addr}"), e);
@@ -177,7 +196,7 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
     let len = u32::from_le_bytes([head[1], head[2], head[3], head[4]]) as usize;
     let bad = |d: String| Error::Malformed { from: format!("the catalogue at {addr}"), detail: d };
     match head[0] {
-        0 if len <= RECORD_MAX => {
+        0 if len <= RECORD_MAX + trust::SIGNED_OVERHEAD => {
             // Grows as the bytes arrive, never to the announced length first.
             let mut body = Vec::new();
             Read::by_ref(&mut s).take(len as u64).read_to_end(&mut body).map_err(io_err)?;
@@ -186,7 +205,7 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
             }
             Ok(Found::Record(body))
         }
-        0 => Err(bad(format!("a record of {len} bytes (at most {RECORD_MAX})"))),
+        0 => Err(bad(format!("a record of {len} bytes (at most {})", RECORD_MAX + trust::SIGNED_OVERHEAD))),
         1 if len == 0 => Ok(Found::Nothing(format!("the job at {addr} has published no table of that name (now)"))),
         s => Err(bad(format!("the answer {s} with {len} bytes"))),
     }
@@ -204,32 +223,52 @@ static SERVICE: Mutex<Option<Service>> = Mutex::new(None);
 impl Service {
     fn start(addr: &str, key: &JobKey) -> Result<Self> {
         let addr = resolve(addr)?;
-        let listener = TcpListener::bind(&addr)
-            .map_err(|e| Error::io(format!("serving the table catalogue at {addr} (the job's rendezvous address)"), e))?;
+        let port = addr.rsplit_once(':').and_then(|(_, p)| p.parse::<u16>().ok());
+        // Rank 0's rendezvous listener when it is this address: the port
+        // stays this job's from the rendezvous on.
+        let listener = match port.and_then(wm_comm::socket::take_kept_listener) {
+            Some(l) => l,
+            None => TcpListener::bind(&addr)
+                .map_err(|e| Error::io(format!("serving the table catalogue at {addr} (the job's rendezvous address)"), e))?,
+        };
+        listener.set_nonblocking(false).map_err(|e| Error::io("the table catalogue's listener", e))?;
+        let limit = wm_comm::gate::handshake_limit()?;
         let tables: Arc<Mutex<HashMap<String, Vec<u8>>>> = Arc::default();
         let (t, k) = (tables.clone(), key.clone());
-        let in_flight = Arc::new(AtomicUsize::new(0));
+        let gate = Gate::new("the table catalogue");
         std::thread::Builder::new()
             .name("wm-onesided-catalogue".into())
             .spawn(move || {
                 for s in listener.incoming() {
-                    let Ok(s) = s else { continue };
+                    let s = match s {
+                        Ok(s) => s,
+                        Err(e) => {
+                            // Out of descriptors, say: do not spin.
+                            wm_comm::warn(&format!("the table catalogue: accepting failed: {e}"));
+                            std::thread::sleep(Duration::from_millis(10));
+                            continue;
+                        }
+                    };
                     let from = s.peer_addr().map_or_else(|_| "an unknown address".to_owned(), |a| a.to_string());
-                    if in_flight.load(Ordering::Relaxed) >= IN_FLIGHT_MAX {
-                        wm_comm::warn(&format!("the table catalogue refused {from}: {IN_FLIGHT_MAX} lookups are in flight"));
-                        continue;
-                    }
-                    in_flight.fetch_add(1, Ordering::Relaxed);
-                    let (t, k, n) = (t.clone(), k.clone(), in_flight.clone());
+                    let peer = s.peer_addr().map_or_else(|_| from.clone(), |a| a.ip().to_string());
+                    let Ok(kill) = s.try_clone() else { continue };
+                    let ticket = match gate.admit(&peer, 2, Box::new(move || Shut::Tcp(kill).shutdown())) {
+                        Ok(t) => t,
+                        Err(why) => {
+                            wm_comm::warn(&format!("the table catalogue refused {from}: {why}"));
+                            continue;
+                        }
+                    };
+                    let (t, k) = (t.clone(), k.clone());
                     let spawned = std::thread::Builder::new().name("wm-onesided-lookup".into()).spawn(move || {
-                        if let Err(why) = answer(s, &t, &k) {
+                        if let Err(why) = answer(s, &t, &k, Instant::now() + limit, &ticket)
+                            && !ticket.evicted()
+                        {
                             wm_comm::warn(&format!("the table catalogue refused {from}: {why}"));
                         }
-                        n.fetch_sub(1, Ordering::Relaxed);
+                        drop(ticket);
                     });
-                    if spawned.is_err() {
-                        in_flight.fetch_sub(1, Ordering::Relaxed);
-                    }
+                    drop(spawned);
                 }
             })
             .map_err(|e| Error::io("starting the table catalogue", e))?;
@@ -238,20 +277,24 @@ impl Service {
 }
 
 /// One lookup: the handshake, a name, the record or "not published".
-fn answer(mut s: TcpStream, tables: &Mutex<HashMap<String, Vec<u8>>>, key: &JobKey) -> std::result::Result<(), String> {
-    let deadline = Instant::now() + LOOKUP_LIMIT;
+fn answer(
+    mut s: TcpStream,
+    tables: &Mutex<HashMap<String, Vec<u8>>>,
+    key: &JobKey,
+    deadline: Instant,
+    ticket: &wm_comm::gate::Ticket,
+) -> std::result::Result<(), String> {
     let (_, session) = auth::serve_reader(&mut s, key, CATALOGUE_NONCE, deadline)?;
-    s.set_read_timeout(Some(LOOKUP_LIMIT)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(LOOKUP_LIMIT)).map_err(|e| e.to_string())?;
+    ticket.authenticated();
     let mut s = Sealed::new(s, session);
     let mut len = [0u8; 2];
-    s.read_exact(&mut len).map_err(|e| format!("no name arrived: {e}"))?;
+    auth::read_by(&mut s, &mut len, deadline).map_err(|e| format!("no name arrived: {e}"))?;
     let len = u16::from_le_bytes(len) as usize;
     if len > 64 {
         return Err(format!("a table name of {len} bytes"));
     }
     let mut name = vec![0u8; len];
-    s.read_exact(&mut name).map_err(|e| format!("no name arrived: {e}"))?;
+    auth::read_by(&mut s, &mut name, deadline).map_err(|e| format!("no name arrived: {e}"))?;
     let record = std::str::from_utf8(&name).ok().and_then(|n| tables.lock().unwrap_or_else(|p| p.into_inner()).get(n).cloned());
     let mut reply = Vec::new();
     match record {
@@ -262,5 +305,5 @@ fn answer(mut s: TcpStream, tables: &Mutex<HashMap<String, Vec<u8>>>, key: &JobK
         }
         None => reply.extend_from_slice(&[1, 0, 0, 0, 0]),
     }
-    s.write_all(&reply).map_err(|e| e.to_string())
+    auth::write_by(&mut s, &reply, deadline).map_err(|e| e.to_string())
 }

@@ -190,6 +190,37 @@ pub(crate) fn lost(table: &str, owner: usize, at: &Addr, what: &str, e: &io::Err
 /// proves its own. `nonce` is the one the server published.
 pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Identity) -> Result<Conn> {
     let deadline = Instant::now() + id.timeout.min(Duration::from_secs(30));
+    // A server shedding unauthenticated connections under a flood closes
+    // some callers' connections before they prove themselves: such a
+    // close is retried for a while (a key mismatch is reported after it).
+    let retry_until = Instant::now() + RETRY_CLOSED.min(id.timeout);
+    loop {
+        match connect_once(table, owner, at, nonce, id, deadline) {
+            Err(Refused::Closed(e)) if Instant::now() < retry_until => {
+                drop(e);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(Refused::Closed(e) | Refused::Other(e)) => return Err(e),
+            Ok(c) => return Ok(c),
+        }
+    }
+}
+
+/// How long a reader retries connections closed during its handshake.
+pub(crate) const RETRY_CLOSED: Duration = Duration::from_secs(10);
+
+enum Refused {
+    Closed(Error),
+    Other(Error),
+}
+
+impl From<Error> for Refused {
+    fn from(e: Error) -> Self {
+        Self::Other(e)
+    }
+}
+
+fn connect_once(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Identity, deadline: Instant) -> std::result::Result<Conn, Refused> {
     let mut stream = match at {
         Addr::Unix(name) => {
             let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| Error::io("an abstract socket name", e))?;
@@ -198,20 +229,27 @@ pub(crate) fn connect(table: &str, owner: usize, at: &Addr, nonce: u64, id: &Ide
             // rows to this process.
             let uid = wm_comm::fdpass::peer_uid(&s).map_err(|e| Error::io("reading a read server's credentials", e))?;
             if uid != wm_comm::fdpass::effective_uid() {
-                return Err(Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") });
+                return Err(
+                    Error::Refused { at: at.to_string(), detail: format!("the server there runs as uid {uid}, not as this user") }.into()
+                );
             }
             Stream::Unix(s)
         }
         Addr::Tcp(a) => {
-            wm_comm::tcp::choice()?;
+            wm_comm::tcp::choice().map_err(Error::from)?;
             let s =
                 wm_comm::tcp::connect(*a, id.timeout.min(Duration::from_secs(30))).map_err(|e| lost(table, owner, at, "connecting", &e))?;
             let _ = s.set_nodelay(true);
             Stream::Tcp(s)
         }
     };
-    let session = auth::call_as_reader(&mut stream, &id.key, id.who, nonce, deadline)
-        .map_err(|detail| Error::Refused { at: format!("rank {owner}'s read server at {at}"), detail })?;
+    let session = match auth::call_as_reader(&mut stream, &id.key, id.who, nonce, deadline) {
+        Ok(session) => session,
+        Err(r) => {
+            let e = Error::Refused { at: format!("rank {owner}'s read server at {at}"), detail: r.detail };
+            return Err(if r.closed { Refused::Closed(e) } else { Refused::Other(e) });
+        }
+    };
     stream.set_timeouts(id.timeout).map_err(|e| Error::io("setting a connection's timeouts", e))?;
     Ok(Conn { stream: Sealed::new(stream, session), sent: 0, answered: 0 })
 }

@@ -74,9 +74,10 @@ pub enum Error {
         /// What was wrong.
         detail: String,
     },
-    /// A server or catalogue refused this reader, or could not prove it
-    /// holds the job's key.
-    #[error("{at} refused the connection: {detail} (does this process hold the job's key, WM_JOB_KEY?)")]
+    /// A server or catalogue refused this reader (a key mismatch, or its
+    /// policy), or could not prove it holds the job's key; `detail` says
+    /// which.
+    #[error("{at} refused the connection: {detail}")]
     Refused {
         /// Where it connected.
         at: String,

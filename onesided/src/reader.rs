@@ -146,8 +146,16 @@ impl Reader {
         let wait = opts.join_timeout.unwrap_or(timeout);
         let deadline = Instant::now() + wait;
         let from = format!("the catalogue at {}", catalog::describe(at));
+        let mut closed_since: Option<Instant> = None;
         loop {
             match catalog::lookup(at, name, &key, timeout)? {
+                Found::Closed(e) => {
+                    let since = *closed_since.get_or_insert_with(Instant::now);
+                    if Instant::now() >= deadline || since.elapsed() >= crate::client::RETRY_CLOSED {
+                        return Err(e);
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 Found::Record(bytes) => {
                     let (record, c) = TableRecord::parse(&bytes, &from)?;
                     if record.name != name {

@@ -3,11 +3,17 @@
 //! rank itself never takes part in a read.
 //!
 //! Two listeners — an abstract Unix socket for readers on this node (which
-//! may also ask for the portion's memfd, to map it themselves) and TCP for
-//! the others — each with a thread blocked in `accept`. Every connection
-//! gets a thread: the reader's handshake (job key; on Unix sockets also
-//! this user's uid), then requests until the reader hangs up. Strangers
-//! are refused and reported, never fatal. [`Server::stop`] shuts every
+//! may also ask for the portion's memfds, handed out read-only, to map
+//! them themselves) and TCP for the others — and one acceptor thread
+//! polling both and a wake-up socket. Every connection passes a
+//! [`Gate`] (the process's descriptor budget, a bounded share of
+//! unauthenticated connections per peer, the oldest evicted when full)
+//! and gets a thread: the reader's handshake (job key, all of it within
+//! `WM_HANDSHAKE_S`; on Unix sockets also this user's uid, checked before
+//! anything else), then requests until the reader hangs up. Strangers are
+//! refused and reported, never fatal. [`Server::stop`] wakes the acceptor
+//! through the wake-up socket it opened at start — no new descriptor, so
+//! it returns even when the process has none left — and shuts every
 //! connection down, so readers see the table go at once.
 
 use std::collections::HashMap;
@@ -23,6 +29,7 @@ use std::time::{Duration, Instant};
 
 use wm_comm::JobKey;
 use wm_comm::auth::{self, Timed};
+use wm_comm::gate::{Gate, Shut, Ticket};
 use wm_comm::session::Sealed;
 use wm_gather::rows::gather_from;
 use wm_gather::{DType, RowLayout};
@@ -31,11 +38,6 @@ use crate::record::UNIX_PREFIX;
 use crate::shm::Mapped;
 use crate::wire::{self, Request, Response};
 use crate::{Error, Result};
-
-/// Connections a server holds at once; more are refused until some end.
-const CONNS_MAX: usize = 1024;
-/// How long a caller has to prove itself.
-const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
 
 /// What every connection thread shares.
 #[derive(Debug)]
@@ -56,6 +58,9 @@ struct Shared {
     conns: Mutex<HashMap<u64, Open>>,
     next: AtomicU64,
     timeout: Duration,
+    /// How long a caller has for its whole handshake.
+    handshake: Duration,
+    gate: Arc<Gate>,
 }
 
 /// An open connection: a handle to shut it down with, and its thread.
@@ -81,6 +86,8 @@ impl Stream {
 pub(crate) struct Server {
     shared: Arc<Shared>,
     acceptors: Vec<JoinHandle<()>>,
+    /// Written to wake the acceptor at stop.
+    wake: UnixStream,
     pub unix_name: String,
     pub tcp_addr: SocketAddr,
 }
@@ -111,6 +118,8 @@ impl Server {
         // each connection's first byte (before anyone knows the address).
         wm_comm::tcp::listen(&tcp)?;
         let tcp_addr = tcp.local_addr().map_err(|e| Error::io("a read server's address", e))?;
+        let handshake = wm_comm::gate::handshake_limit()?;
+        let gate = Gate::new(format!("rank {}'s read server of table {:?}", s.rank, s.table));
         let shared = Arc::new(Shared {
             table: s.table,
             rank: s.rank,
@@ -125,37 +134,16 @@ impl Server {
             conns: Mutex::new(HashMap::new()),
             next: AtomicU64::new(0),
             timeout: s.timeout,
+            handshake,
+            gate,
         });
-        let mut acceptors = Vec::new();
+        let (wake, woken) = UnixStream::pair().map_err(|e| Error::io("a read server's wake-up socket", e))?;
+        for (what, r) in [("Unix", unix.set_nonblocking(true)), ("TCP", tcp.set_nonblocking(true))] {
+            r.map_err(|e| Error::io(format!("a read server's {what} listener"), e))?;
+        }
         let sh = shared.clone();
-        acceptors.push(spawn("wm-onesided-unix", move || {
-            for s in unix.incoming() {
-                if sh.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                match s {
-                    Ok(s) => admit(&sh, Stream::Unix(s), "a process on this node".into()),
-                    Err(e) => report_accept(&sh, &e),
-                }
-            }
-        })?);
-        let sh = shared.clone();
-        acceptors.push(spawn("wm-onesided-tcp", move || {
-            for s in tcp.incoming() {
-                if sh.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                match s {
-                    Ok(s) => {
-                        let from = s.peer_addr().map_or_else(|_| "an unknown address".to_owned(), |a| a.to_string());
-                        let _ = s.set_nodelay(true);
-                        admit(&sh, Stream::Tcp(s), from)
-                    }
-                    Err(e) => report_accept(&sh, &e),
-                }
-            }
-        })?);
-        Ok(Self { shared, acceptors, unix_name, tcp_addr })
+        let acceptors = vec![spawn("wm-onesided-accept", move || accept_loop(&sh, &unix, &tcp, &woken))?];
+        Ok(Self { shared, acceptors, wake, unix_name, tcp_addr })
     }
 
     /// Sets the epoch readers are told.
@@ -170,11 +158,9 @@ impl Server {
         if self.shared.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Wake the acceptors: each sees the flag on its next connection.
-        if let Ok(a) = UnixAddr::from_abstract_name(self.unix_name.as_bytes()) {
-            let _ = UnixStream::connect_addr(&a);
-        }
-        let _ = TcpStream::connect_timeout(&self.tcp_addr, Duration::from_secs(1));
+        // Wake the acceptor through the socket it polls (it also looks at
+        // the flag every poll interval, should this write fail).
+        let _ = (&self.wake).write(&[1]);
         for a in self.acceptors.drain(..) {
             let _ = a.join();
         }
@@ -208,14 +194,83 @@ fn report_accept(sh: &Shared, e: &io::Error) {
     }
 }
 
-/// Registers a connection and gives it a thread.
-fn admit(sh: &Arc<Shared>, s: Stream, from: String) {
-    let mut conns = sh.conns.lock().unwrap_or_else(|p| p.into_inner());
-    if conns.len() >= CONNS_MAX {
-        drop(conns);
-        wm_comm::warn(&format!("rank {} refused a one-sided reader from {from}: {CONNS_MAX} connections are open", sh.rank));
-        return;
+/// How often the acceptor looks at the stop flag without being woken.
+const ACCEPT_POLL: Duration = Duration::from_millis(500);
+
+/// Accepts on both listeners until `stop`: woken by a byte on `woken`.
+fn accept_loop(sh: &Arc<Shared>, unix: &UnixListener, tcp: &TcpListener, woken: &UnixStream) {
+    while !sh.stop.load(Ordering::Acquire) {
+        let ready = match wm_comm::gate::wait_readable(&[unix.as_fd(), tcp.as_fd(), woken.as_fd()], ACCEPT_POLL) {
+            Ok(r) => r,
+            Err(e) => {
+                report_accept(sh, &e);
+                continue;
+            }
+        };
+        if ready[2] || sh.stop.load(Ordering::Acquire) {
+            break;
+        }
+        if ready[0] {
+            loop {
+                match unix.accept() {
+                    Ok((s, _)) => admit_unix(sh, s),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        report_accept(sh, &e);
+                        break;
+                    }
+                }
+            }
+        }
+        if ready[1] {
+            loop {
+                match tcp.accept() {
+                    Ok((s, from)) => {
+                        let _ = s.set_nodelay(true);
+                        admit(sh, Stream::Tcp(s), from.to_string(), from.ip().to_string());
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        report_accept(sh, &e);
+                        break;
+                    }
+                }
+            }
+        }
     }
+}
+
+/// A Unix connection: another user's process is refused before it costs
+/// a slot or a thread.
+fn admit_unix(sh: &Arc<Shared>, s: UnixStream) {
+    match wm_comm::fdpass::peer_uid(&s) {
+        Ok(uid) if uid == wm_comm::fdpass::effective_uid() => {
+            admit(sh, Stream::Unix(s), "a process on this node".into(), format!("uid {uid}"))
+        }
+        Ok(uid) => refused(sh, "a process on this node", format!("it runs as uid {uid}, not as this user")),
+        Err(e) => refused(sh, "a process on this node", format!("its credentials cannot be read: {e}")),
+    }
+}
+
+fn refused(sh: &Shared, from: &str, why: String) {
+    wm_comm::warn(&format!("rank {} refused a one-sided reader of table {:?} from {from}: {why}", sh.rank, sh.table));
+}
+
+/// Registers a connection and gives it a thread.
+fn admit(sh: &Arc<Shared>, s: Stream, from: String, peer: String) {
+    let kill = match &s {
+        Stream::Unix(u) => u.try_clone().map(Shut::Unix),
+        Stream::Tcp(t) => t.try_clone().map(Shut::Tcp),
+    };
+    let Ok(kill) = kill else {
+        return refused(sh, &from, "cannot duplicate its socket".into());
+    };
+    // Three descriptors: the stream, its copy for `stop`, the evictor's.
+    let ticket = match sh.gate.admit(&peer, 3, Box::new(move || kill.shutdown())) {
+        Ok(t) => t,
+        Err(why) => return refused(sh, &from, why),
+    };
+    let mut conns = sh.conns.lock().unwrap_or_else(|p| p.into_inner());
     let kept = match &s {
         Stream::Unix(u) => u.try_clone().map(Stream::Unix),
         Stream::Tcp(t) => t.try_clone().map(Stream::Tcp),
@@ -229,7 +284,7 @@ fn admit(sh: &Arc<Shared>, s: Stream, from: String) {
     let sh2 = sh.clone();
     let who = from.clone();
     let spawned = spawn("wm-onesided-conn", move || {
-        serve(&sh2, s, &who);
+        serve(&sh2, s, &who, &ticket);
         // Gone from the table unless `stop` took it (and joins this thread).
         let mine = sh2.conns.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
         drop(mine);
@@ -246,29 +301,34 @@ fn admit(sh: &Arc<Shared>, s: Stream, from: String) {
 }
 
 /// One connection, from handshake to hang-up.
-fn serve(sh: &Shared, s: Stream, from: &str) {
-    let deadline = Instant::now() + HANDSHAKE_LIMIT;
-    let refused =
-        |why: String| wm_comm::warn(&format!("rank {} refused a one-sided reader of table {:?} from {from}: {why}", sh.rank, sh.table));
+fn serve(sh: &Shared, s: Stream, from: &str, ticket: &Ticket) {
+    let deadline = Instant::now() + sh.handshake;
     let result = match s {
         Stream::Unix(mut u) => {
-            match wm_comm::fdpass::peer_uid(&u) {
-                Ok(uid) if uid == wm_comm::fdpass::effective_uid() => {}
-                Ok(uid) => return refused(format!("it runs as uid {uid}, not as this user")),
-                Err(e) => return refused(format!("its credentials cannot be read: {e}")),
-            }
             let session = match auth::serve_reader(&mut u, &sh.key, sh.nonce, deadline) {
                 Ok((_, session)) => session,
-                Err(why) => return refused(why),
+                Err(why) => {
+                    if !ticket.evicted() {
+                        refused(sh, from, why);
+                    }
+                    return;
+                }
             };
+            ticket.authenticated();
             let dup = u.try_clone().ok();
             requests(sh, &mut Sealed::new(u, session), dup.as_ref())
         }
         Stream::Tcp(mut t) => {
             let session = match auth::serve_reader(&mut t, &sh.key, sh.nonce, deadline) {
                 Ok((_, session)) => session,
-                Err(why) => return refused(why),
+                Err(why) => {
+                    if !ticket.evicted() {
+                        refused(sh, from, why);
+                    }
+                    return;
+                }
             };
+            ticket.authenticated();
             requests(sh, &mut Sealed::new(t, session), None)
         }
     };

@@ -78,14 +78,17 @@ fn columns(granularity: usize, dtype: DType) -> Result<usize> {
     Ok(granularity / dtype.size())
 }
 
-/// The job key every rank holds (checked equal without sending it), or one
-/// rank 0 draws and hands to the others when none holds one.
+/// The job key every rank holds, checked equal without sending it: the
+/// one given, `WM_JOB_KEY`/`WM_JOB_KEY_FILE`, the key the job's
+/// communicator was started with, or a `dir:` rendezvous's `job.key`. A key
+/// is never sent: a job of several ranks without one is refused, saying
+/// how to set one; a single process draws its own.
 fn job_key(comm: &dyn Communicator, given: Option<&JobKey>, at: Option<&Rendezvous>) -> Result<JobKey> {
     let mine = match given {
         Some(k) => Ok(Some(k.clone())),
         None => match JobKey::from_env() {
             Ok(Some(k)) => Ok(Some(k)),
-            Ok(None) => Ok(at.and_then(|a| a.reader_key().ok())),
+            Ok(None) => Ok(wm_comm::trust::process_key().or_else(|| at.and_then(|a| a.reader_key().ok()))),
             Err(e) => Err(Error::from(e)),
         },
     };
@@ -102,12 +105,13 @@ fn job_key(comm: &dyn Communicator, given: Option<&JobKey>, at: Option<&Rendezvo
     }
     match mine {
         Some(k) => Ok(k),
-        None => {
-            let mut hex = if comm.rank() == 0 { JobKey::generate()?.to_hex().into_bytes() } else { Vec::new() };
-            comm.broadcast(0, &mut hex)?;
-            let text = String::from_utf8_lossy(&hex).into_owned();
-            Ok(JobKey::from_hex(&text, "the key rank 0 drew for the table")?)
-        }
+        None if comm.size() == 1 => Ok(JobKey::generate()?),
+        None => Err(Error::InvalidArgument(format!(
+            "a one-sided table of {} ranks needs a job key its ranks already share (a key is never sent in clear text): \
+             set WM_JOB_KEY to the same 64 hexadecimal digits on every rank (`export WM_JOB_KEY=$(openssl rand -hex 32)`), \
+             or pass Options::key",
+            comm.size()
+        ))),
     }
 }
 
@@ -186,12 +190,19 @@ impl Table {
             let portion = served
                 .portion()
                 .ok_or_else(|| Error::Unsupported { what: "one-sided reads".into(), reason: "the table has no host portion".into() })?;
+            // Opened again read-only (not duplicated): readers are handed
+            // descriptors that can neither write nor map for writing.
             let fds = portion
                 .pieces()
                 .iter()
-                .map(|(fd, _)| fd.try_clone_to_owned())
+                .map(|(fd, _)| {
+                    std::fs::OpenOptions::new()
+                        .read(true)
+                        .open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd)))
+                        .map(std::os::fd::OwnedFd::from)
+                })
                 .collect::<std::io::Result<Vec<_>>>()
-                .map_err(|e| Error::io("duplicating the portion's descriptors", e))?;
+                .map_err(|e| Error::io("opening the portion's memfds again read-only", e))?;
             let sizes: Vec<usize> = portion.pieces().iter().map(|p| p.1).collect();
             let map = MappedPortion::open(&fds.iter().map(|f| f.as_fd()).zip(sizes.iter().copied()).collect::<Vec<_>>(), world_rank)?;
             let own = Arc::new(OwnerRows::new(map, portion.offset(), p.count(me), g, world_rank)?);

@@ -12,7 +12,10 @@
 #   2. The link is cut (ip link set ... down) during a long gather with
 #      WM_TIMEOUT_S=10: every rank exits non-zero with an error naming a
 #      peer, within the timeout and some slack.
-#   3. Nothing is left: no process of ours, nothing new in /dev/shm; the
+#   3. With wm-test-flood beside wm-bench: a stranger (uid 65534) on host b
+#      holds 2000 idle connections to rank 0's rendezvous while the job
+#      starts; every rank of wm-bench probe exits 0.
+#   4. Nothing is left: no process of ours, nothing new in /dev/shm; the
 #      namespaces are deleted on any exit.
 #
 # Usage: tests/netns/run.sh [--bench] [WM_BENCH]   (default: target/release/wm-bench,
@@ -209,6 +212,40 @@ grep -q 'ranks 0 and 2 are on different nodes (wm-host-a and wm-host-b)' "$log.0
   echo "netns: probe does not name the two hosts" >&2
   exit 1
 }
+
+# A stranger (uid 65534) on host b holds 2000 idle connections to rank 0's
+# rendezvous before the other ranks arrive (wm-test-flood, beside wm-bench
+# when the tests were built into the same directory): the job must start.
+flood_bin="$(dirname "$bench")/wm-test-flood"
+if [ -x "$flood_bin" ]; then
+  echo "-- wm-bench probe while a stranger on host b holds 2000 connections to the rendezvous"
+  log="$work/flood"
+  start 0 120 "$log" probe --json
+  until ip netns exec "$nsa" ss -ltnH "sport = :$port" | grep -q .; do
+    kill -0 "${pids[0]}" 2>/dev/null || { show "$log"; echo "netns: rank 0 ended before listening" >&2; exit 1; }
+    sleep 0.2
+  done
+  ip netns exec "$nsb" env WM_NETNS_MARKER="$marker" setpriv --reuid 65534 --regid 65534 --clear-groups \
+    "$flood_bin" idle 2000 600 "$addr_a:$port" >"$log.flood" 2>&1 &
+  flood_pid=$!
+  until grep -q issued "$log.flood" 2>/dev/null; do
+    kill -0 "$flood_pid" 2>/dev/null || { cat "$log.flood" >&2; echo "netns: the flood did not start" >&2; exit 1; }
+    sleep 0.2
+  done
+  for r in 1 2 3; do
+    start "$r" 120 "$log" probe --json
+  done
+  wait_all 300
+  kill "$flood_pid" 2>/dev/null || true
+  wait "$flood_pid" 2>/dev/null || true
+  if [ "${codes[*]}" != "0 0 0 0" ]; then
+    show "$log"
+    echo "netns: probe under a flood: exit codes ${codes[*]}" >&2
+    exit 1
+  fi
+else
+  echo "-- (no wm-test-flood beside $bench: the flood step is skipped; cargo build -p wm-tests builds it)"
+fi
 
 echo "-- the link cut during a long gather (WM_TIMEOUT_S=$timeout_s)"
 log="$work/cut"

@@ -265,3 +265,23 @@ impl Rng {
         self.next() % n.max(1)
     }
 }
+
+/// The TCP ports `pid` listens on, from its descriptors and /proc/net/tcp.
+pub fn tcp_listeners_of(pid: u32) -> Vec<u16> {
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
+    let inodes: Vec<String> = fds
+        .flatten()
+        .filter_map(|e| std::fs::read_link(e.path()).ok())
+        .filter_map(|l| l.to_str().and_then(|s| s.strip_prefix("socket:[")).map(|s| s.trim_end_matches(']').to_owned()))
+        .collect();
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
+            (*state == "0A" && inodes.iter().any(|i| i == inode)).then(|| u16::from_str_radix(local.rsplit(':').next()?, 16).ok())?
+        })
+        .collect()
+}

@@ -223,6 +223,7 @@ fn outside_with(world: World, method: &str, ty: &str, mode: &str, mirrored: bool
     let dir = Scratch::new(&format!("{method}-{ty}-{mode}"));
     let key = key();
     let name = format!("outside-{ty}");
+    let world_on_one_node = world.node_size.is_none();
     let world = world.env("WM_JOB_KEY", &key).env("WM_TIMEOUT_S", "60");
     let mut args: Vec<String> = ["job", &dir.0.to_string_lossy(), &name, "3", method, ty, mode].iter().map(|s| s.to_string()).collect();
     if mirrored {
@@ -260,6 +261,11 @@ fn outside_with(world: World, method: &str, ty: &str, mode: &str, mirrored: bool
         ),
     }
     assert!(out.contains("child reader read epoch 3"), "{out}");
+    // Readers on the job's node map every owner's portion (auto picks
+    // shared memory there), and none of those mappings can be made writable.
+    if method == "auto" && world_on_one_node {
+        assert!(!out.contains("\n0 portions mapped") && out.contains("portions mapped, none can be made writable"), "{out}");
+    }
     eprintln!("{out}");
 }
 

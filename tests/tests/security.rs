@@ -18,7 +18,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use wm_tests::{Scratch, World, random_key as key};
+use wm_tests::{Scratch, World, random_key as key, tcp_listeners_of};
 
 const SEC: &str = env!("CARGO_BIN_EXE_wm-test-security");
 
@@ -47,26 +47,6 @@ fn unix_listener_of(pid: u32) -> Option<String> {
     let table = std::fs::read_to_string("/proc/net/unix").ok()?;
     let prefix = format!("@wholemem.{pid}.");
     table.lines().filter_map(|l| l.split_whitespace().last()).find(|p| p.starts_with(&prefix)).map(|p| p[1..].to_owned())
-}
-
-/// The TCP ports `pid` listens on, from its descriptors and /proc/net/tcp.
-fn tcp_listeners_of(pid: u32) -> Vec<u16> {
-    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { return Vec::new() };
-    let inodes: Vec<String> = fds
-        .flatten()
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|l| l.to_str().and_then(|s| s.strip_prefix("socket:[")).map(|s| s.trim_end_matches(']').to_owned()))
-        .collect();
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (local, state, inode) = (f.get(1)?, f.get(3)?, f.get(9)?);
-            (*state == "0A" && inodes.iter().any(|i| i == inode)).then(|| u16::from_str_radix(local.rsplit(':').next()?, 16).ok())?
-        })
-        .collect()
 }
 
 /// What a stranger does with a connection.
@@ -323,4 +303,137 @@ fn a_rank_killed_during_barriers_is_named_by_every_survivor_twenty_times() {
             }
         }
     }
+}
+
+/// Hands `path` to the stranger's uid (root only).
+fn give_away(path: &Path) {
+    std::os::unix::fs::chown(path, Some(65534), Some(65534)).unwrap();
+}
+
+/// A rank record signed with `key` (as a rank of that job would write it).
+fn signed_rank_record(key: &str, rank: usize, world: usize) -> Vec<u8> {
+    let body = format!(
+        r#"{{"rank":{rank},"world":{world},"node_id":"planted:node","hostname":"planted","node_overridden":false,"unix_name":"wholemem.1.00000000000000ff","tcp_addr":"127.0.0.1:9","nonce":7,"pid":1}}"#
+    );
+    wm_comm::JobKey::from_hex(key, "the test's key").unwrap().sign_record(wm_comm::trust::RecordKind::Rank, body.as_bytes())
+}
+
+/// Rank 0 of 2 alone in `dir`, with `key` and a short timeout: its output.
+fn alone_in(dir: &Path, key: &str) -> String {
+    let rv = format!("dir:{}", dir.display());
+    let o = finish(rank(0, 2, &rv, &[("WM_JOB_KEY", key), ("WM_TIMEOUT_S", "3")], &["collectives"]), "rank 0 alone");
+    assert!(!o.status.success(), "rank 0 started a job of two ranks alone");
+    wm_tests::output_text(&o)
+}
+
+/// A directory others can write is refused even with `WM_JOB_KEY`; a
+/// record with a bad signature or none is never used; a record of another
+/// user is refused at once.
+#[test]
+fn planted_rendezvous_records_and_untrusted_directories_are_refused() {
+    let key = key();
+    let shared = Scratch::new("planted-shared");
+    std::fs::set_permissions(&shared.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let said = alone_in(&shared.0, &key);
+    assert!(said.contains("not trusted") && said.contains("mode 777"), "{said}");
+
+    // Signed with another job's key, and not signed at all: refused, named
+    // at the timeout.
+    let dir = Scratch::new("planted-sig");
+    std::fs::write(dir.0.join("rank-1.json"), signed_rank_record(&wm_tests::random_key(), 1, 2)).unwrap();
+    let said = alone_in(&dir.0, &key);
+    assert!(said.contains("rank-1.json is refused") && said.contains("signature does not verify"), "{said}");
+    let plain = signed_rank_record(&key, 1, 2);
+    std::fs::write(dir.0.join("rank-1.json"), &plain[wm_comm::trust::SIGNED_OVERHEAD..]).unwrap();
+    let said = alone_in(&dir.0, &key);
+    assert!(said.contains("rank-1.json is refused") && said.contains("not a signed record"), "{said}");
+
+    if !wm_tests::running_as_root() {
+        println!("SKIP the records and directories of another user: needs root to make files another uid owns");
+        return;
+    }
+    // Correctly signed, but the file is another user's.
+    std::fs::write(dir.0.join("rank-1.json"), signed_rank_record(&key, 1, 2)).unwrap();
+    give_away(&dir.0.join("rank-1.json"));
+    let said = alone_in(&dir.0, &key);
+    assert!(said.contains("belongs to uid 65534"), "{said}");
+    // A sticky directory everyone can write, of another user (/tmp's kind).
+    let sticky = Scratch::new("planted-sticky");
+    std::fs::set_permissions(&sticky.0, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    give_away(&sticky.0);
+    let said = alone_in(&sticky.0, &key);
+    assert!(said.contains("not trusted") && said.contains("belongs to uid 65534"), "{said}");
+}
+
+/// A table record planted where an outside reader looks: refused before
+/// any field is used — in a directory others can write, of another user,
+/// unsigned, or signed with another key.
+#[test]
+fn planted_table_records_are_refused_by_readers() {
+    use wm_onesided::{Options, Reader, Rendezvous};
+    let key = wm_comm::JobKey::from_hex(&key(), "the test's key").unwrap();
+    let opts = Options { key: Some(key.clone()), join_timeout: Some(Duration::from_secs(1)), ..Options::default() };
+    let body = br#"{"version":2,"name":"planted"}"#;
+    let join = |dir: &Path| Reader::join(&Rendezvous::Dir(dir.to_owned()), "planted", &opts).map(|_| ()).unwrap_err().to_string();
+    let dir = Scratch::new("planted-table");
+    let file = dir.0.join("onesided-planted.json");
+    std::fs::write(&file, body).unwrap();
+    let e = join(&dir.0);
+    assert!(e.contains("not a signed record"), "{e}");
+    let other = wm_comm::JobKey::generate().unwrap();
+    std::fs::write(&file, other.sign_record(wm_comm::trust::RecordKind::Table, body)).unwrap();
+    let e = join(&dir.0);
+    assert!(e.contains("signature does not verify") && e.contains("WM_JOB_KEY"), "{e}");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let e = join(&dir.0);
+    assert!(e.contains("not trusted"), "{e}");
+    std::fs::set_permissions(&dir.0, std::fs::Permissions::from_mode(0o700)).unwrap();
+    if !wm_tests::running_as_root() {
+        println!("SKIP a table record of another user: needs root to make a file another uid owns");
+        return;
+    }
+    std::fs::write(&file, key.sign_record(wm_comm::trust::RecordKind::Table, body)).unwrap();
+    give_away(&file);
+    let e = join(&dir.0);
+    assert!(e.contains("belongs to uid 65534"), "{e}");
+}
+
+/// `WM_JOB_KEY_FILE`: a symbolic link, a file others can read, and a file
+/// of another user are refused, each named.
+#[test]
+fn key_files_that_are_links_readable_by_others_or_not_ours_are_refused() {
+    let dir = Scratch::new("keyfile");
+    let good = dir.0.join("key");
+    std::fs::write(&good, format!("{}\n", key())).unwrap();
+    std::fs::set_permissions(&good, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let try_with = |path: &Path| {
+        let o = finish(
+            rank(1, 2, "127.0.0.1:9", &[("WM_JOB_KEY_FILE", path.to_str().unwrap()), ("WM_TIMEOUT_S", "2")], &["collectives"]),
+            "a rank",
+        );
+        assert!(!o.status.success());
+        wm_tests::output_text(&o)
+    };
+    // The good file is read (the rank then finds nobody at port 9).
+    let said = try_with(&good);
+    assert!(!said.contains("job key file"), "{said}");
+    let link = dir.0.join("link");
+    std::os::unix::fs::symlink(&good, &link).unwrap();
+    let said = try_with(&link);
+    assert!(said.contains("is a symbolic link"), "{said}");
+    let open = dir.0.join("open");
+    std::fs::copy(&good, &open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o640)).unwrap();
+    let said = try_with(&open);
+    assert!(said.contains("mode 640") && said.contains("chmod 600"), "{said}");
+    if !wm_tests::running_as_root() {
+        println!("SKIP a key file of another user: needs root to make a file another uid owns");
+        return;
+    }
+    let theirs = dir.0.join("theirs");
+    std::fs::copy(&good, &theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o600)).unwrap();
+    give_away(&theirs);
+    let said = try_with(&theirs);
+    assert!(said.contains("belongs to uid 65534"), "{said}");
 }

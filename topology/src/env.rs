@@ -102,6 +102,12 @@ pub const WM_TIMEOUT_S: EnvVar = EnvVar {
     default: "300",
     doc: "seconds a blocking call waits for a peer before failing with a timeout that names it",
 };
+/// Seconds a connection has to complete its whole handshake.
+pub const WM_HANDSHAKE_S: EnvVar = EnvVar {
+    name: "WM_HANDSHAKE_S",
+    default: "5",
+    doc: "seconds an accepted connection has for its whole handshake (every byte of it, not each read) before it is dropped; at rendezvous, mesh listeners, read servers and the table catalogue",
+};
 /// The GPU this rank uses.
 pub const WM_DEVICE: EnvVar = EnvVar {
     name: "WM_DEVICE",
@@ -209,6 +215,7 @@ pub const ALL: &[EnvVar] = &[
     WM_WIRE,
     WM_NODE_ID,
     WM_TIMEOUT_S,
+    WM_HANDSHAKE_S,
     WM_BACKEND,
     WM_DEVICE,
     WM_THREADS,
@@ -227,6 +234,22 @@ pub const ALL: &[EnvVar] = &[
 
 /// The default of [`WM_TIMEOUT_S`].
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The default of [`WM_HANDSHAKE_S`].
+pub const DEFAULT_HANDSHAKE: Duration = Duration::from_secs(5);
+
+/// The whole-handshake limit from [`WM_HANDSHAKE_S`] (fractions allowed),
+/// or the default.
+///
+/// # Errors
+/// A message naming the bad value when it is not a positive number of
+/// seconds up to [`MAX_SECONDS`].
+pub fn handshake() -> Result<Duration, String> {
+    match WM_HANDSHAKE_S.get() {
+        None => Ok(DEFAULT_HANDSHAKE),
+        Some(v) => seconds(WM_HANDSHAKE_S.name, &v, false),
+    }
+}
 
 /// The timeout from [`WM_TIMEOUT_S`] (fractions allowed), or the default.
 ///

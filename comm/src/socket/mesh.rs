@@ -14,14 +14,14 @@ use std::os::fd::AsRawFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant};
 
 use super::bootstrap::{Listeners, RankInfo, Rendezvous, warn};
 use super::endpoint::Conn;
-use super::rendezvous::{HANDSHAKE_LIMIT, IN_FLIGHT_MAX, read_rank_file};
+use super::rendezvous::read_rank_file;
 use crate::auth::{self, Claim, JobKey, Purpose};
+use crate::gate::{Gate, handshake_limit};
 use crate::session::{Session, Wire};
 use crate::sys;
 use crate::{Error, Result};
@@ -66,7 +66,7 @@ impl Judge {
         }
         // We may hold a stale record of the caller; the caller wrote its
         // fresh one before calling.
-        match self.dir.as_deref().and_then(|d| read_rank_file(d, r, self.world)) {
+        match self.dir.as_deref().and_then(|d| read_rank_file(d, r, self.world, &self.key).ok().and_then(|f| f.ok().flatten())) {
             Some(i) if i.nonce == c.from_nonce => Ok(Some(i)),
             _ => Err(format!("it is not the rank {r} this job knows (a process of an earlier job?)")),
         }
@@ -101,7 +101,7 @@ pub(crate) fn mesh(
                     }
                     // A record left by an earlier job: wait for the fresh one.
                     std::thread::sleep(Duration::from_millis(20));
-                    if let Some(i) = dir.as_deref().and_then(|d| read_rank_file(d, r, world)) {
+                    if let Some(i) = dir.as_deref().and_then(|d| read_rank_file(d, r, world, key).ok().and_then(|f| f.ok().flatten())) {
                         infos[r] = i;
                     }
                 }
@@ -113,7 +113,8 @@ pub(crate) fn mesh(
     let judge =
         Arc::new(Judge { me, world, my_nonce: l.info.nonce, nonces: infos.iter().map(|i| i.nonce).collect(), dir, key: key.clone(), wire });
     let (tx, rx) = mpsc::channel::<Admitted>();
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let gate = Gate::new(format!("rank {me}'s mesh listeners"));
+    let limit = handshake_limit()?;
     let mut missing = world - 1 - me;
     while missing > 0 {
         let mut pfds = [
@@ -125,13 +126,13 @@ pub(crate) fn mesh(
             let mut got = false;
             if let Ok((s, _)) = l.unix.accept() {
                 got = true;
-                admit(Conn::Unix(s), &judge, &tx, &in_flight, deadline);
+                admit(Conn::Unix(s), &judge, &tx, &gate, (limit, deadline));
             }
             if let Ok((s, _)) = l.tcp.accept() {
                 got = true;
                 let _ = s.set_nodelay(true);
                 crate::tcp::record(&s);
-                admit(Conn::Tcp(s), &judge, &tx, &in_flight, deadline);
+                admit(Conn::Tcp(s), &judge, &tx, &gate, (limit, deadline));
             }
             if !got {
                 break;
@@ -182,32 +183,56 @@ fn check_uid(c: &Conn) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn admit(mut c: Conn, judge: &Arc<Judge>, tx: &mpsc::Sender<Admitted>, in_flight: &Arc<AtomicUsize>, deadline: Instant) {
+/// The peer a gate counts a connection against: its address, or its uid.
+fn peer_key(c: &Conn) -> String {
+    match c {
+        Conn::Unix(s) => sys::peer_cred(s.as_raw_fd()).map_or_else(|_| "a local process".into(), |(_, uid)| format!("uid {uid}")),
+        Conn::Tcp(s) => s.peer_addr().map_or_else(|_| "a TCP peer".into(), |a| a.ip().to_string()),
+    }
+}
+
+fn admit(mut c: Conn, judge: &Arc<Judge>, tx: &mpsc::Sender<Admitted>, gate: &Arc<Gate>, (limit, deadline): (Duration, Instant)) {
     let me = judge.me;
-    if in_flight.load(Ordering::Relaxed) >= IN_FLIGHT_MAX {
-        warn(&format!("rank {me} refused a connection from {}: {IN_FLIGHT_MAX} others are still being checked", origin(&c)));
+    // Another user's process on this node is refused before it costs a
+    // thread or a slot.
+    if let Err(why) = check_uid(&c) {
+        warn(&format!("rank {me} refused a connection from {}: {why}", origin(&c)));
         return;
     }
-    in_flight.fetch_add(1, Ordering::Relaxed);
-    let (judge, tx, in_flight) = (judge.clone(), tx.clone(), in_flight.clone());
+    let kill: Option<crate::gate::Shut> = match &c {
+        Conn::Unix(s) => s.try_clone().ok().map(crate::gate::Shut::Unix),
+        Conn::Tcp(s) => s.try_clone().ok().map(crate::gate::Shut::Tcp),
+    };
+    let Some(kill) = kill else {
+        warn(&format!("rank {me} refused a connection from {}: cannot duplicate its socket", origin(&c)));
+        return;
+    };
+    let ticket = match gate.admit(&peer_key(&c), 2, Box::new(move || kill.shutdown())) {
+        Ok(t) => t,
+        Err(why) => {
+            warn(&format!("rank {me} refused a connection from {}: {why}", origin(&c)));
+            return;
+        }
+    };
+    let (judge, tx) = (judge.clone(), tx.clone());
     let spawned = std::thread::Builder::new().name("wm-mesh-accept".into()).spawn(move || {
-        let limit = (Instant::now() + HANDSHAKE_LIMIT).min(deadline);
+        let limit = (Instant::now() + limit).min(deadline);
         let mut fresh = None;
-        let checked = check_uid(&c).and_then(|()| {
-            let judged = |claim: &Claim| judge.judge(claim).map(|f| fresh = f);
-            match &mut c {
-                Conn::Unix(s) => auth::serve(s, &judge.key, judge.wire, limit, judged),
-                Conn::Tcp(s) => auth::serve(s, &judge.key, judge.wire, limit, judged),
-            }
-            .map_err(|e| e.to_string())
-        });
+        let judged = |claim: &Claim| judge.judge(claim).map(|f| fresh = f);
+        let checked = match &mut c {
+            Conn::Unix(s) => auth::serve(s, &judge.key, judge.wire, limit, judged),
+            Conn::Tcp(s) => auth::serve(s, &judge.key, judge.wire, limit, judged),
+        }
+        .map_err(|e| e.to_string());
         match checked {
             Ok((claim, session)) => {
+                ticket.authenticated();
                 let _ = tx.send((claim.rank as usize, (c, session), fresh));
             }
+            Err(_) if ticket.evicted() => {}
             Err(why) => warn(&format!("rank {me} refused a connection from {}: {why}", origin(&c))),
         }
-        in_flight.fetch_sub(1, Ordering::Relaxed);
+        drop(ticket);
     });
     if spawned.is_err() {
         warn(&format!("rank {me} refused a connection: cannot start a thread for it"));

@@ -22,6 +22,7 @@ use std::time::Instant;
 
 pub use bootstrap::{Exchange, Rendezvous};
 use endpoint::{Endpoint, Land, Outgoing, Sink, Wanted};
+pub use rendezvous::take_kept_listener;
 use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
 
@@ -144,6 +145,9 @@ impl SocketComm {
             Some(k) => k.clone(),
             None => bootstrap::job_key(how)?,
         };
+        crate::gate::handshake_limit()?;
+        crate::gate::descriptor_budget();
+        crate::trust::remember_key(&key);
         let deadline = Instant::now() + timeout;
         let (l, infos) = rendezvous::run(rank, world, &node, how, &key, deadline).map_err(|e| with_secs(e, timeout))?;
         let comm = Self::connect(&l, infos, Some(how), &key, deadline, timeout, max_frame)?;
@@ -171,6 +175,9 @@ impl SocketComm {
         if world == 1 {
             return Ok(Self::world(Endpoint::new(0, vec![node], vec![None], timeout, max_frame)));
         }
+        crate::gate::handshake_limit()?;
+        crate::gate::descriptor_budget();
+        crate::trust::remember_key(key);
         let deadline = Instant::now() + timeout;
         let (l, infos) = bootstrap::exchange(rank, world, &node, exchange)?;
         Self::connect(&l, infos, None, key, deadline, timeout, max_frame)

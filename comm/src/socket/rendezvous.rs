@@ -1,39 +1,40 @@
 //! Rendezvous: how every rank gets the table of all ranks' records.
 //!
-//! - `host:port`: rank 0 listens there and serves callers concurrently, each
-//!   with its own short deadline, so a silent or garbled connection costs
+//! - `host:port`: rank 0 listens there and serves callers concurrently,
+//!   each within the whole-handshake deadline (`WM_HANDSHAKE_S`) and behind
+//!   a [`Gate`] (a bounded share of unauthenticated connections, the oldest
+//!   evicted when full), so a silent, dripping or garbled connection costs
 //!   one thread for a few seconds, never the job. A caller proves it holds
 //!   the job key before it may send its record; rank 0 proves it back before
-//!   the caller trusts the table. With port 0, rank 0 lets the kernel pick
-//!   the port and publishes it in `WM_RENDEZVOUS_PORT_FILE`.
-//! - `dir:/path`: each rank writes its record (mode 600) and reads the
-//!   others'; the key comes from the environment or the directory's
-//!   `job.key` (mode 600), which only a directory of this user's that no
-//!   one else can write may hold.
+//!   the caller trusts the table; record and table are signed with the key.
+//!   With port 0, rank 0 lets the kernel pick the port and publishes it in
+//!   `WM_RENDEZVOUS_PORT_FILE`. Rank 0 keeps the listener afterwards for
+//!   the table catalogue ([`take_kept_listener`]): the port is never
+//!   released and bound again.
+//! - `dir:/path`: only a directory no other user can write
+//!   ([`trust::check_dir`]); each rank writes its signed record (mode 600)
+//!   and reads the others', refusing files that are not its user's or whose
+//!   signature does not verify; the key comes from the environment or the
+//!   directory's `job.key` (mode 600).
 
-use std::io::{self, Read, Write};
+use std::io::{self, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, mpsc};
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use wm_topology::NodeIdentity;
 use wm_topology::env::WM_RENDEZVOUS_PORT_FILE;
 
 use super::bootstrap::{self, Listeners, RECORD_MAX, RankInfo, Rendezvous, warn};
-use crate::auth::{self, Claim, JobKey, Purpose};
+use crate::auth::{self, Claim, HandshakeError, JobKey, Purpose};
+use crate::gate::{Gate, handshake_limit};
 use crate::session::{Sealed, Wire};
 use crate::sys;
+use crate::trust::{self, RecordKind};
 use crate::{Error, Result};
-
-/// How long rank 0 gives one caller to prove itself and send its record.
-pub(crate) const HANDSHAKE_LIMIT: Duration = Duration::from_secs(10);
-/// Connections rank 0 (or a mesh listener) handles at once; more are
-/// refused until some finish.
-pub(crate) const IN_FLIGHT_MAX: usize = 64;
 
 fn left(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1))
@@ -58,7 +59,7 @@ pub(crate) fn run(
         Rendezvous::Tcp(addr) => tcp_join(rank, world, node, addr, key, deadline),
         Rendezvous::Dir(dir) => {
             let l = Listeners::open(rank, world, node, bootstrap::choose_addr(bootstrap::hostname_ip)?)?;
-            let infos = dir_rendezvous(&l.info, dir, deadline)?;
+            let infos = dir_rendezvous(&l.info, dir, key, deadline)?;
             Ok((l, infos))
         }
     }
@@ -69,26 +70,40 @@ type Channel = Sealed<TcpStream>;
 
 fn write_frame(s: &mut Channel, body: &[u8], deadline: Instant) -> io::Result<()> {
     let len = u32::try_from(body.len()).map_err(|_| io::Error::other("a rendezvous frame over 4 GiB"))?;
-    s.get_ref().set_write_timeout(Some(left(deadline)))?;
-    s.write_all(&[&len.to_le_bytes()[..], body].concat())
+    auth::write_by(s, &[&len.to_le_bytes()[..], body].concat(), deadline)
 }
 
-/// Reads one length-prefixed frame of at most `max` bytes; its buffer
-/// grows as the bytes arrive, never to the announced length first.
+/// Reads one length-prefixed frame of at most `max` bytes, all of it by
+/// `deadline`; its buffer grows as the bytes arrive, never to the announced
+/// length first.
 fn read_frame(s: &mut Channel, max: usize, deadline: Instant) -> io::Result<Vec<u8>> {
-    s.get_ref().set_read_timeout(Some(left(deadline)))?;
     let mut len = [0u8; 4];
-    s.read_exact(&mut len)?;
+    auth::read_by(s, &mut len, deadline)?;
     let len = u32::from_le_bytes(len) as usize;
     if len > max {
         return Err(io::Error::other(format!("a rendezvous frame of {len} bytes (at most {max})")));
     }
     let mut body = Vec::new();
-    Read::by_ref(s).take(len as u64).read_to_end(&mut body)?;
-    if body.len() < len {
-        return Err(io::Error::new(io::ErrorKind::UnexpectedEof, format!("a rendezvous frame cut short at {} of {len} bytes", body.len())));
+    while body.len() < len {
+        let at = body.len();
+        body.resize(at + (len - at).min(64 << 10), 0);
+        auth::read_by(s, &mut body[at..], deadline)?;
     }
     Ok(body)
+}
+
+/// Rank 0's rendezvous listener, kept after the job has met so that the
+/// table catalogue serves at the same address without binding it again.
+static KEPT: Mutex<Option<TcpListener>> = Mutex::new(None);
+
+/// The rendezvous listener this process kept, if it listens on `port`
+/// (for the table catalogue of `wm-onesided`): handed over once.
+pub fn take_kept_listener(port: u16) -> Option<TcpListener> {
+    let mut kept = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    match kept.as_ref().map(TcpListener::local_addr) {
+        Some(Ok(a)) if a.port() == port => kept.take(),
+        _ => None,
+    }
 }
 
 /// Binds rank 0's rendezvous listener at `addr` (port 0: a port the kernel
@@ -166,7 +181,8 @@ fn tcp_serve(world: usize, node: &NodeIdentity, addr: &str, key: &JobKey, deadli
     infos[0] = Some(l.info.clone());
     let mut streams: Vec<Option<Channel>> = (0..world).map(|_| None).collect();
     let (tx, rx) = mpsc::channel::<Arrival>();
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let gate = Gate::new("rank 0's rendezvous");
+    let limit = handshake_limit()?;
     let key = Arc::new(key.clone());
     let wire = Wire::current()?;
     while infos.iter().any(Option::is_none) {
@@ -174,7 +190,7 @@ fn tcp_serve(world: usize, node: &NodeIdentity, addr: &str, key: &JobKey, deadli
         sys::poll(&mut pfd, 20).map_err(|e| Error::io("waiting at the rendezvous", e))?;
         loop {
             match listener.accept() {
-                Ok((s, from)) => admit(s, from, world, (&key, wire), &tx, &in_flight, deadline),
+                Ok((s, from)) => admit(s, from, world, (&key, wire), &tx, &gate, (limit, deadline)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 // Out of descriptors, a connection reset before accept:
@@ -203,34 +219,43 @@ fn tcp_serve(world: usize, node: &NodeIdentity, addr: &str, key: &JobKey, deadli
     }
     let infos: Vec<RankInfo> = infos.into_iter().flatten().collect();
     let table = serde_json::to_vec(&infos).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let table = key.sign_record(RecordKind::RankTable, &table);
     for (r, s) in streams.iter_mut().enumerate() {
         if let Some(s) = s {
             // Bounded: a rank that stopped reading is named, not waited for.
             write_frame(s, &table, deadline).map_err(|e| Error::io(format!("sending the rank table to rank {r}"), e))?;
         }
     }
+    *KEPT.lock().unwrap_or_else(|p| p.into_inner()) = Some(listener);
     Ok((l, infos))
 }
 
-/// Hands one rendezvous connection to a thread of its own: the handshake,
-/// then the caller's record, each bounded by [`HANDSHAKE_LIMIT`].
+/// Hands one rendezvous connection to a thread of its own, through the
+/// gate: the handshake, then the caller's signed record, all of it within
+/// the whole-handshake limit.
 fn admit(
     mut s: TcpStream,
     from: SocketAddr,
     world: usize,
     (key, wire): (&Arc<JobKey>, Wire),
     tx: &mpsc::Sender<Arrival>,
-    in_flight: &Arc<AtomicUsize>,
-    deadline: Instant,
+    gate: &Arc<Gate>,
+    (limit, deadline): (Duration, Instant),
 ) {
-    if in_flight.load(Ordering::Relaxed) >= IN_FLIGHT_MAX {
-        warn(&format!("rank 0 refused a rendezvous connection from {from}: {IN_FLIGHT_MAX} others are still being checked"));
+    let Ok(kill) = s.try_clone() else {
+        warn(&format!("rank 0 refused a rendezvous connection from {from}: cannot duplicate its socket"));
         return;
-    }
-    in_flight.fetch_add(1, Ordering::Relaxed);
-    let (key, tx, in_flight) = (key.clone(), tx.clone(), in_flight.clone());
+    };
+    let ticket = match gate.admit(&from.ip().to_string(), 2, Box::new(move || drop(kill.shutdown(std::net::Shutdown::Both)))) {
+        Ok(t) => t,
+        Err(why) => {
+            warn(&format!("rank 0 refused a rendezvous connection from {from}: {why}"));
+            return;
+        }
+    };
+    let (key, tx) = (key.clone(), tx.clone());
     let spawned = std::thread::Builder::new().name("wm-rendezvous".into()).spawn(move || {
-        let limit = (Instant::now() + HANDSHAKE_LIMIT).min(deadline);
+        let limit = (Instant::now() + limit).min(deadline);
         let _ = s.set_nodelay(true);
         let checked = auth::serve(&mut s, &key, wire, limit, |c| {
             if c.purpose != Purpose::Rendezvous {
@@ -243,9 +268,12 @@ fn admit(
         })
         .map_err(|e| e.to_string())
         .and_then(|(claim, session)| {
+            ticket.authenticated();
             let mut s = Sealed::new(s, session);
-            let body = read_frame(&mut s, RECORD_MAX, limit).map_err(|e| format!("its record did not arrive: {e}"))?;
-            let info = RankInfo::parse(&body, world)?;
+            let signed =
+                read_frame(&mut s, RECORD_MAX + trust::SIGNED_OVERHEAD, limit).map_err(|e| format!("its record did not arrive: {e}"))?;
+            let body = key.open_record(RecordKind::Rank, &signed).map_err(|e| format!("its record is refused: {e}"))?;
+            let info = RankInfo::parse(body, world)?;
             if info.rank as u64 != claim.rank || info.nonce != claim.from_nonce {
                 return Err(format!("its record (rank {}) is not the one its handshake claimed (rank {})", info.rank, claim.rank));
             }
@@ -255,9 +283,10 @@ fn admit(
             Ok(arrival) => {
                 let _ = tx.send(arrival);
             }
+            Err(_) if ticket.evicted() => {}
             Err(why) => warn(&format!("rank 0 refused a rendezvous connection from {from}: {why}")),
         }
-        in_flight.fetch_sub(1, Ordering::Relaxed);
+        drop(ticket);
     });
     if spawned.is_err() {
         warn(&format!("rank 0 refused a rendezvous connection from {from}: cannot start a thread for it"));
@@ -279,10 +308,10 @@ fn tcp_join(
     let mut at;
     // The nonce goes into the claim before the record exists, so it is
     // drawn here and the record made to match.
-    let mut last;
-    // Whether the last attempt reached a process there: then a refused
-    // handshake points at the key; otherwise at rank 0 itself.
-    let mut reached;
+    let mut last = String::new();
+    // What the last attempt's failure points at, in words.
+    let mut hint = String::new();
+    let mut verdict = false;
     let (mut s, l) = loop {
         at = match picked {
             Some(host) => format!("{host}:{}", published_port(deadline)?),
@@ -308,48 +337,86 @@ fn tcp_join(
                 };
                 match auth::call(&mut s, key, &claim, deadline) {
                     Ok(session) => break (Sealed::new(s, session), l),
-                    Err(e) => (last, reached) = (format!("the process there did not complete the handshake: {e}"), true),
+                    // A verdict (a key mismatch, a refusal) outweighs a
+                    // later attempt cut short by the deadline.
+                    Err(HandshakeError::Io(_)) if verdict => {}
+                    Err(e) => {
+                        verdict = !matches!(e, HandshakeError::Io(_));
+                        hint = join_hint(&e);
+                        last = format!("the process there did not complete the handshake: {e}");
+                    }
                 }
             }
-            Err(e) => (last, reached) = (e.to_string(), false),
+            Err(e) => {
+                last = format!("unreachable: {e}");
+                hint = "is rank 0 running, and listening at that address? It may have failed at its start".to_owned();
+            }
         }
         if Instant::now() >= deadline {
-            let hint = if reached {
-                format!("is {} the same on every rank?", wm_topology::env::WM_JOB_KEY.name)
-            } else {
-                "is rank 0 running, and listening at that address? It may have failed at its start".to_owned()
-            };
             return Err(Error::Bootstrap(format!("rank {rank} could not join rank 0 at {at}: {last} ({hint})")));
         }
         std::thread::sleep(Duration::from_millis(50));
     };
     let record = serde_json::to_vec(&l.info).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let record = key.sign_record(RecordKind::Rank, &record);
     write_frame(&mut s, &record, deadline).map_err(|e| Error::io("sending this rank's record to rank 0", e))?;
-    let table = read_frame(&mut s, RECORD_MAX.saturating_mul(world), deadline).map_err(|e| match e.kind() {
+    let table = read_frame(&mut s, RECORD_MAX.saturating_mul(world) + trust::SIGNED_OVERHEAD, deadline).map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout { op: "rendezvous", ranks: vec![0], secs: 0.0 },
         _ => Error::io("receiving the rank table from rank 0", e),
     })?;
-    let infos = bootstrap::parse_table(&table, world).map_err(|e| Error::Bootstrap(format!("rank 0 sent a bad rank table: {e}")))?;
+    let table =
+        key.open_record(RecordKind::RankTable, &table).map_err(|e| Error::Bootstrap(format!("rank 0's rank table is refused: {e}")))?;
+    let infos = bootstrap::parse_table(table, world).map_err(|e| Error::Bootstrap(format!("rank 0 sent a bad rank table: {e}")))?;
     if infos[rank] != l.info {
         return Err(Error::Bootstrap(format!("rank 0's table does not hold rank {rank}'s record as it was sent")));
     }
     Ok((l, infos))
 }
 
+/// What a failed handshake with rank 0 points at, in words.
+fn join_hint(e: &HandshakeError) -> String {
+    let key = wm_topology::env::WM_JOB_KEY.name;
+    match e {
+        HandshakeError::WrongKey => {
+            format!("key mismatch: the process there cannot prove this job's key; is {key} the same on every rank?")
+        }
+        HandshakeError::Rejected => {
+            format!("key mismatch or a refused claim: is {key} the same on every rank, and the world size?")
+        }
+        HandshakeError::Claim(_) => "refused by policy: rank 0 does not accept this rank's claim (the same world size?)".to_owned(),
+        HandshakeError::Dropped => "refused by policy: rank 0 closed the connection before the handshake (its connection limits); \
+                                    retried until the timeout"
+            .to_owned(),
+        HandshakeError::Malformed(_) => "the process listening there is not a wholemem rendezvous".to_owned(),
+        HandshakeError::Io(_) => "unreachable: is rank 0 running, and listening at that address?".to_owned(),
+    }
+}
+
 pub(crate) fn rank_file(dir: &Path, rank: usize) -> PathBuf {
     dir.join(format!("rank-{rank}.json"))
 }
 
-/// Rank `rank`'s record, if there is a valid one for a world of `world`
-/// ranks (a record for another world size is left over from an earlier job).
-pub(crate) fn read_rank_file(dir: &Path, rank: usize, world: usize) -> Option<RankInfo> {
+/// Rank `rank`'s record, if there is one signed with `key` for a world of
+/// `world` ranks: `Ok(None)` when there is none yet, `Err` with the reason
+/// when the file there is refused (a record of an earlier job with
+/// another key or world size is refused, and waited past).
+///
+/// # Errors
+/// [`Error::Untrusted`] for a file that is not this user's or is a link:
+/// the rank could never replace it, so waiting would only time out.
+pub(crate) fn read_rank_file(dir: &Path, rank: usize, world: usize, key: &JobKey) -> Result<std::result::Result<Option<RankInfo>, String>> {
     let path = rank_file(dir, rank);
-    let meta = std::fs::metadata(&path).ok()?;
-    if meta.len() > RECORD_MAX as u64 {
-        return None;
-    }
-    let bytes = std::fs::read(path).ok()?;
-    RankInfo::parse(&bytes, world).ok().filter(|i| i.rank == rank)
+    let signed = match trust::read_owned(&path, RECORD_MAX + trust::SIGNED_OVERHEAD, "the rendezvous record") {
+        Ok(Some(b)) => b,
+        Ok(None) => return Ok(Ok(None)),
+        Err(e @ Error::Untrusted(_)) => return Err(e),
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let checked = key
+        .open_record(RecordKind::Rank, &signed)
+        .and_then(|body| RankInfo::parse(body, world))
+        .and_then(|i| if i.rank == rank { Ok(i) } else { Err(format!("it holds rank {}'s record", i.rank)) });
+    Ok(checked.map(Some).map_err(|e| format!("{} is refused: {e}", path.display())))
 }
 
 /// Writes `body` to `path` atomically, readable only by this user.
@@ -361,18 +428,24 @@ fn write_private(path: &Path, body: &[u8], tag: u64) -> io::Result<()> {
     })
 }
 
-fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<RankInfo>> {
+fn dir_rendezvous(me: &RankInfo, dir: &Path, key: &JobKey, deadline: Instant) -> Result<Vec<RankInfo>> {
     if !dir.is_dir() {
         return Err(Error::Bootstrap(format!("rendezvous directory {} does not exist", dir.display())));
     }
+    trust::check_dir(dir, "rendezvous directory")?;
     let body = serde_json::to_vec(me).map_err(|e| Error::Bootstrap(e.to_string()))?;
+    let body = key.sign_record(RecordKind::Rank, &body);
     write_private(&rank_file(dir, me.rank), &body, me.nonce)
         .map_err(|e| Error::io(format!("writing this rank's record into {}", dir.display()), e))?;
     let mut infos: Vec<Option<RankInfo>> = vec![None; me.world];
+    let mut refused: Vec<Option<String>> = vec![None; me.world];
     loop {
         for (r, slot) in infos.iter_mut().enumerate() {
             if slot.is_none() {
-                *slot = read_rank_file(dir, r, me.world);
+                match read_rank_file(dir, r, me.world, key)? {
+                    Ok(i) => *slot = i,
+                    Err(why) => refused[r] = Some(why),
+                }
             }
         }
         if infos.iter().all(Option::is_some) {
@@ -380,6 +453,14 @@ fn dir_rendezvous(me: &RankInfo, dir: &Path, deadline: Instant) -> Result<Vec<Ra
         }
         if Instant::now() >= deadline {
             let missing: Vec<usize> = (0..me.world).filter(|&r| infos[r].is_none()).collect();
+            let why: Vec<String> = missing.iter().filter_map(|&r| refused[r].clone()).collect();
+            if !why.is_empty() {
+                return Err(Error::Bootstrap(format!(
+                    "rendezvous timed out waiting for {}; records refused: {}",
+                    crate::rank_list(&missing),
+                    why.join("; ")
+                )));
+            }
             return Err(Error::Timeout { op: "rendezvous", ranks: missing, secs: 0.0 });
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -412,21 +493,7 @@ pub(crate) fn existing_dir_key(dir: &Path) -> Result<JobKey> {
 }
 
 fn dir_key_with(dir: &Path, create: bool) -> Result<JobKey> {
-    let meta = std::fs::metadata(dir).map_err(|e| Error::Bootstrap(format!("rendezvous directory {}: {e}", dir.display())))?;
-    let me = sys::effective_uid();
-    if !meta.is_dir() {
-        return Err(Error::Bootstrap(format!("rendezvous directory {} is not a directory", dir.display())));
-    }
-    if meta.uid() != me || meta.mode() & 0o022 != 0 {
-        return Err(Error::Bootstrap(format!(
-            "rendezvous directory {} (owner uid {}, mode {:o}) could hold a job key planted by another user: \
-             use a directory of your own that only you can write (`mkdir -m 700`), or set {}",
-            dir.display(),
-            meta.uid(),
-            meta.mode() & 0o7777,
-            wm_topology::env::WM_JOB_KEY.name
-        )));
-    }
+    trust::check_dir(dir, "rendezvous directory")?;
     let path = dir.join(KEY_FILE);
     if !path.exists() && !create {
         return Err(Error::Bootstrap(format!(

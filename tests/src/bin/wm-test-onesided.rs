@@ -660,6 +660,32 @@ fn job(world: &Comm, rest: &[String]) -> Result<()> {
     }
 }
 
+/// Every owner's portion this reader process mapped (the `memfd:`
+/// mappings in `/proc/self/maps`; it holds no table of its own) refuses
+/// to be made writable: the server handed out read-only descriptors, so
+/// `mprotect(PROT_WRITE)` on the shared mapping fails with `EACCES`.
+/// Returns how many there are.
+fn portions_are_read_only() -> Result<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps")?;
+    let mut n = 0;
+    for line in maps.lines().filter(|l| l.contains("/memfd:")) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let (range, perms) = (f[0], f[1]);
+        ensure!(perms.starts_with("r-") && perms.ends_with('s'), "a portion is mapped {perms}: {line}");
+        let (a, b) = range.split_once('-').context("a maps range")?;
+        let (a, b) = (usize::from_str_radix(a, 16)?, usize::from_str_radix(b, 16)?);
+        // SAFETY: the range is a whole mapping of this process; asking for
+        // write access changes nothing when it is refused, and a success is
+        // reported as this test's failure before any write.
+        let r = unsafe { libc::mprotect(a as *mut libc::c_void, b - a, libc::PROT_READ | libc::PROT_WRITE) };
+        let e = std::io::Error::last_os_error();
+        ensure!(r != 0, "a reader could make its mapping of a portion writable: {line}");
+        ensure!(e.raw_os_error() == Some(libc::EACCES), "mprotect failed with {e}, not EACCES: {line}");
+        n += 1;
+    }
+    Ok(n)
+}
+
 fn read_all(reader: &Reader, epoch: u64, threads: u64) -> Result<()> {
     let info = reader.info();
     std::thread::scope(|s| -> Result<()> {
@@ -718,6 +744,8 @@ fn outside_reader(rest: &[String]) -> Result<()> {
     let reader = Reader::join(&at, name, &opts)?;
     let info = reader.info();
     ensure!((info.rows, info.cols, info.dtype, info.name.as_str()) == (3000, OUT_COLS, DType::F32, name.as_str()), "info {info:?}");
+    let mapped = portions_are_read_only()?;
+    println!("{mapped} portions mapped, none can be made writable");
     println!(
         "joined {name} at {at:?}: {} rows x {} {} over {} ranks, read by {}",
         info.rows,
@@ -830,7 +858,9 @@ fn impostor(rest: &[String]) -> Result<()> {
         IMPOSTOR_ROWS * row_bytes
     );
     let tmp = Path::new(dir).join(".impostor.tmp");
-    std::fs::write(&tmp, record)?;
+    // Signed with the job's key: this impostor holds it (the tests are
+    // about what a key holder's server can do to a reader).
+    std::fs::write(&tmp, key.sign_record(wm_comm::trust::RecordKind::Table, record.as_bytes()))?;
     std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
     listener.set_nonblocking(true)?;
     let accept = || -> Result<Sealed<TcpStream>> {
