@@ -301,7 +301,8 @@ fn joining_a_table_nobody_published_is_an_error_not_a_hang() {
 }
 
 /// A job of two ranks under `WM_WIRE=wire`, a relay process that holds no
-/// key and plants a record pointing at itself (`relay MODE`), and a reader
+/// key for the channel and plants a record pointing at itself (`relay
+/// MODE`, signing it as the job would), and a reader
 /// that joins that record and reads `runs` times. Returns (reader's,
 /// relay's) output.
 fn through_relay(wire: &str, mode: &str, runs: usize) -> (String, String) {
@@ -330,9 +331,11 @@ fn through_relay(wire: &str, mode: &str, runs: usize) -> (String, String) {
             .stderr(Stdio::piped());
         c
     };
-    // The relay gets no key: it has none to use.
+    // The relay gets no key for the channel: it has none to use. Records
+    // are signed, so it gets the key to sign the one it plants (standing
+    // for an attacker on the path who redirects the reader without one).
     let mut relay_cmd = start(&["relay", &d, name, mode]);
-    relay_cmd.env_remove("WM_JOB_KEY");
+    relay_cmd.env_remove("WM_JOB_KEY").env("WM_TEST_RECORD_KEY", &key);
     let relay = relay_cmd.spawn().unwrap();
     let reader = start(&["relay-reader", &d, name, &runs.to_string()]).output().unwrap();
     if !reader.status.success() {

@@ -1036,8 +1036,14 @@ fn relay(rest: &[String]) -> Result<()> {
     let flipping = flip == "flip";
     let Rendezvous::Dir(rdv) = rendezvous_of(&dir)? else { bail!("the relay test needs a dir: rendezvous") };
     wait_file(&dir.join("published-1"), 120)?;
+    // Records are signed with the job key, so planting one takes the key
+    // (WM_TEST_RECORD_KEY). The relay stands for an attacker on the path
+    // who redirects the reader's connection without one: the key signs the
+    // record and is never used for the channel.
+    let record_key = JobKey::from_hex(&std::env::var("WM_TEST_RECORD_KEY")?, "WM_TEST_RECORD_KEY")?;
     let real = std::fs::read(rdv.join(format!("onesided-{name}.json")))?;
-    let mut record: serde_json::Value = serde_json::from_slice(&real)?;
+    let body = record_key.open_record(wm_comm::trust::RecordKind::Table, &real).map_err(|e| anyhow::anyhow!("the job's record: {e}"))?;
+    let mut record: serde_json::Value = serde_json::from_slice(body)?;
     let server: std::net::SocketAddr = record["owners"][0]["tcp_addr"].as_str().context("no tcp_addr")?.parse()?;
     let row_bytes = record["row_bytes"].as_u64().context("no row_bytes")? as usize;
     let listener = TcpListener::bind("127.0.0.1:0")?;
@@ -1047,7 +1053,7 @@ fn relay(rest: &[String]) -> Result<()> {
     record["owners"][0]["node_id"] = "the-relay's-node".into();
     record["owners"][0]["unix_name"] = "wholemem.onesided.relay-none".into();
     let tmp = rdv.join(".relayed.tmp");
-    std::fs::write(&tmp, serde_json::to_vec(&record)?)?;
+    std::fs::write(&tmp, record_key.sign_record(wm_comm::trust::RecordKind::Table, &serde_json::to_vec(&record)?))?;
     std::fs::rename(&tmp, rdv.join(format!("onesided-{relayed}.json")))?;
     listener.set_nonblocking(true)?;
     // What one answer of RELAY_ROWS rows is on the wire: a record of its
