@@ -202,3 +202,36 @@ fn the_checks_see_what_they_look_for() {
         ["pub const S: i32", "pub x: libc::pid_t,"]
     );
 }
+
+/// Issue 30, item 7: `Mailbox::bytes_mut` handed out a safe `&mut [u8]`
+/// over memory another process writes at the same time, and
+/// `Transport::register` kept its contract in prose. Each is now an
+/// `unsafe fn` whose doc comment has a `# Safety` section.
+#[test]
+fn shared_memory_slices_and_registrations_are_unsafe_fns_with_a_safety_section() {
+    for (file, name) in [
+        ("comm/src/socket/shm.rs", "bytes_mut"),
+        ("wholemem/src/handle/rows.rs", "local_bytes_for_io"),
+        ("wholemem/src/handle/rows.rs", "local_bytes_for_output"),
+        ("onesided/src/transport.rs", "register"),
+    ] {
+        let text = std::fs::read_to_string(root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
+        let lines: Vec<&str> = text.lines().collect();
+        let at = lines
+            .iter()
+            .position(|l| l.contains(&format!("fn {name}(")))
+            .unwrap_or_else(|| panic!("{file} has no fn {name}"));
+        assert!(lines[at].contains(&format!("unsafe fn {name}(")), "{file}: fn {name} is not an unsafe fn: {}", lines[at].trim());
+        // Its doc comment (the `///` lines above, attributes and plain
+        // comments skipped) has a `# Safety` section.
+        let doc = lines[..at]
+            .iter()
+            .rev()
+            .take_while(|l| {
+                let t = l.trim_start();
+                t.starts_with("///") || t.starts_with("#[") || t.starts_with("//")
+            })
+            .any(|l| l.trim_start() == "/// # Safety");
+        assert!(doc, "{file}: unsafe fn {name} has no # Safety section");
+    }
+}
