@@ -290,6 +290,31 @@ impl NodeCache {
         })
     }
 
+    /// How fast the access counts fade: the node's leader halves every
+    /// count once the node has counted `periods_per_slot` × [`capacity`]
+    /// accesses since the last halving (the default is 1: as many accesses
+    /// as slots); `None` keeps every count growing (pure LFU, which never
+    /// lets a moved hot set displace the old one's rows). Only the leader
+    /// decides, so pass the same on every rank. Not collective.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a period that is not a positive finite number.
+    ///
+    /// [`capacity`]: Self::capacity
+    pub fn set_ageing(&mut self, periods_per_slot: Option<f64>) -> Result<()> {
+        let every = match periods_per_slot {
+            None => None,
+            Some(p) if p.is_finite() && p > 0.0 => Some(((p * self.tags.slots() as f64).ceil() as u64).max(1)),
+            Some(p) => {
+                return Err(Error::InvalidArgument(format!(
+                    "cache ageing {p}: counts are halved after a positive number of accesses per slot"
+                )));
+            }
+        };
+        self.tags.set_ageing(every);
+        Ok(())
+    }
+
     /// The fraction of the table's rows asked for.
     pub fn ratio(&self) -> f64 {
         self.ratio
