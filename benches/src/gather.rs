@@ -86,7 +86,7 @@ pub struct MoveArgs {
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) cache_ratio: Option<f64>,
     /// With --cache-ratio: how fast the node cache's access counts fade — `off` (pure LFU: counts only grow) or F
-    /// (every count halved once the node counted F x slots accesses) [default: the library's, 1].
+    /// (every count halved once the node counted F x slots accesses) [default: the library's, 4].
     #[arg(long, value_name = "off|F")]
     pub(crate) cache_ageing: Option<crate::cached::Ageing>,
     /// Gather through `wm_embedding::Embedding::gather` (f32, f16 or bf16 tables; f32 output) instead of

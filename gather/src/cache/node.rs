@@ -292,8 +292,9 @@ impl NodeCache {
 
     /// How fast the access counts fade: the node's leader halves every
     /// count once the node has counted `periods_per_slot` × [`capacity`]
-    /// accesses since the last halving (the default is 1: as many accesses
-    /// as slots); `None` keeps every count growing (pure LFU, which never
+    /// accesses since the last halving (the default is
+    /// [`AGEING_PER_SLOT`](super::AGEING_PER_SLOT), 4); `None` keeps
+    /// every count growing (pure LFU, which never
     /// lets a moved hot set displace the old one's rows). Only the leader
     /// decides, so pass the same on every rank. Not collective.
     ///
