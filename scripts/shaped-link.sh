@@ -186,20 +186,32 @@ fi
 
 world=$((2 * per_host))
 key=$(od -An -tx1 -N32 /dev/urandom | tr -d ' \n')
-echo "shaped-link: $world ranks: 0-$((per_host - 1)) on wm-host-a ($nsa, $addr_a), $per_host-$((world - 1)) on wm-host-b ($nsb, $addr_b); tbf $rate each way (burst $burst bytes), MTU $mtu" >&2
+# span FIRST LAST: "rank F" or "ranks F-L".
+span() { if [ "$1" = "$2" ]; then echo "rank $1"; else echo "ranks $1-$2"; fi; }
+echo "shaped-link: $world ranks: $(span 0 $((per_host - 1))) on wm-host-a ($nsa, $addr_a), $(span "$per_host" $((world - 1))) on wm-host-b ($nsb, $addr_b); tbf $rate each way (burst $burst bytes), MTU $mtu" >&2
 
-pids=()
-for ((r = 0; r < world; r++)); do
-  ns=$nsa host=wm-host-a addr=$addr_a
+# start RANK: rank RANK in its host's namespaces, in the background, its
+# output on this script's descriptors (rank 0 without --logs: the script's
+# own, shared rather than reopened, so a file the caller redirected to is
+# not truncated) or in the log folder.
+start() {
+  local r=$1 ns=$nsa host=wm-host-a addr=$addr_a
   if [ "$r" -ge "$per_host" ]; then ns=$nsb host=wm-host-b addr=$addr_b; fi
-  out="$logdir/rank.$r.out" err="$logdir/rank.$r.err"
-  if [ "$r" = 0 ] && [ -z "$logs" ]; then out=/dev/stdout err=/dev/stderr; fi
   # shellcheck disable=SC2016 # $0 and $@ belong to the inner shell
   ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$host" \
     env -u WM_NODE_ID -u WM_UNTAGGED -u WM_BACKEND \
     SHAPED_LINK_MARKER="$marker" WM_RANK="$r" WM_WORLD_SIZE="$world" \
     WM_RENDEZVOUS="$addr_a:$port" WM_HOST_ADDR="$addr" WM_JOB_KEY="$key" \
-    "$@" >"$out" 2>"$err" &
+    "${cmd[@]}"
+}
+cmd=("$@")
+pids=()
+for ((r = 0; r < world; r++)); do
+  if [ "$r" = 0 ] && [ -z "$logs" ]; then
+    start "$r" &
+  else
+    start "$r" >"$logdir/rank.$r.out" 2>"$logdir/rank.$r.err" &
+  fi
   pids[r]=$!
 done
 
