@@ -43,6 +43,11 @@ const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 /// A ratio outside (0, 1], device output, a memory type or element type
 /// the path cannot take.
 pub(crate) fn check(a: &MoveArgs) -> Result<()> {
+    if let Some(Ageing::Every(f)) = a.cache_ageing {
+        // The library's own check, before any rank starts.
+        ensure!(f.is_finite() && f > 0.0, "--cache-ageing {f}: counts are halved after a positive number of accesses per slot");
+    }
+    ensure!(!(a.embedding && a.cache_ageing.is_some()), "--cache-ageing: the embedding path keeps its node cache's default ageing");
     if let Some(r) = a.cache_ratio {
         wm_gather::cache::check_ratio(r)?;
         ensure!(
@@ -57,6 +62,38 @@ pub(crate) fn check(a: &MoveArgs) -> Result<()> {
         ensure!(a.out_dtype.is_none_or(|d| d == DType::F32), "--embedding gathers into f32");
     }
     Ok(())
+}
+
+/// `--cache-ageing`: how fast a node cache's counts fade.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Ageing {
+    /// Pure LFU: counts only grow.
+    Off,
+    /// Counts halved after this many accesses per slot.
+    Every(f64),
+}
+
+impl std::str::FromStr for Ageing {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s == "off" {
+            return Ok(Self::Off);
+        }
+        match s.parse::<f64>() {
+            Ok(f) if f.is_finite() && f > 0.0 => Ok(Self::Every(f)),
+            _ => Err(format!("{s:?}: expected off, or a positive number of accesses per slot between halvings (e.g. 1)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Ageing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Off => f.write_str("off"),
+            Self::Every(x) => write!(f, "{x}"),
+        }
+    }
 }
 
 /// The path under test, and the plain gather of the same table.
@@ -162,8 +199,9 @@ fn best_static(local: &dyn Communicator, counts: &HashMap<u64, u64>, capacity: u
 /// ids' distribution: the remote rows (`remote`) most likely to be asked,
 /// by the distribution's own probabilities — Zipf ranks in order, mapped to
 /// rows as the ids are (for uniform ids every row is as likely: the first
-/// remote rows in table order). A table-sized bitmap.
-fn likeliest(dist: IdDist, rows: usize, capacity: usize, remote: impl Fn(i64) -> bool) -> Vec<bool> {
+/// remote rows in table order), in hot-set phase `phase` (`--id-drift`). A
+/// table-sized bitmap.
+fn likeliest(dist: IdDist, rows: usize, capacity: usize, phase: u64, remote: impl Fn(i64) -> bool) -> Vec<bool> {
     let mut held = vec![false; rows];
     let mut n = 0;
     let a = crate::ids::spread(rows as u64);
@@ -172,7 +210,7 @@ fn likeliest(dist: IdDist, rows: usize, capacity: usize, remote: impl Fn(i64) ->
             break;
         }
         let row = match dist {
-            IdDist::Zipf(_) => crate::ids::row_of_rank(k, rows as u64, a),
+            IdDist::Zipf(_) => crate::ids::row_of_rank(crate::ids::drifted(k, rows as u64, phase), rows as u64, a),
             IdDist::Uniform => k - 1,
         };
         if remote(row as i64) {
@@ -208,7 +246,12 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             let mut mem = WholeMemory::allocate(world, &req)?;
             values::fill(&mut mem, a.dim, a.dtype)?;
             world.barrier()?;
-            let cache = NodeCache::new(&mem, &layout, ratio)?;
+            let mut cache = NodeCache::new(&mem, &layout, ratio)?;
+            match a.cache_ageing {
+                None => {}
+                Some(Ageing::Off) => cache.set_ageing(None)?,
+                Some(Ageing::Every(f)) => cache.set_ageing(Some(f))?,
+            }
             Box::new(TablePath { mem, cache })
         }
     };
@@ -293,8 +336,9 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
     let cache = path.cache();
     let window = cache.map(|c| c.0.since(&before)).unwrap_or_default();
     let local = world.local();
-    // The static choice by the distribution's own probabilities.
-    let held = likeliest(a.id_dist, rows, cache.map_or(0, |c| c.1), remote);
+    // The static choice by the distribution's own probabilities (with
+    // --id-drift: the hot set of the first timed batch).
+    let held = likeliest(a.id_dist, rows, cache.map_or(0, |c| c.1), a.phase(a.warmup), remote);
     let true_hits: u64 = counts.iter().filter(|(id, _)| held[**id as usize]).map(|(_, c)| c).sum();
     let true_node = local.allgather_pod(&[true_hits])?.iter().sum::<u64>();
     let node = local.allgather_pod(&[window.lookups, window.hits])?;
@@ -365,8 +409,14 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             let mut j = serde_json::json!({
                 "op": "gather", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
                 "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(), "batch": a.batch,
-                "iters": a.iters, "id_dist": a.id_dist.to_string(), "verified": verified,
+                "iters": a.iters, "warmup": a.warmup, "id_dist": a.id_dist.to_string(), "verified": verified,
             });
+            if let Some(n) = a.id_drift {
+                j["id_drift"] = n.into();
+            }
+            if let Some(g) = a.cache_ageing {
+                j["cache_ageing"] = g.to_string().into();
+            }
             figures.extend_json(&mut j);
             if let Some(p) = &phases {
                 j["profile"] = p.json();
@@ -374,7 +424,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             report::json_line(&j);
         } else {
             println!(
-                "gather host {} memory through the {} path: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} {} ids -> {}, {} timed",
+                "gather host {} memory through the {} path: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} {} ids{} -> {}, {} timed after {} warm-up{}",
                 a.ty,
                 figures.path,
                 a.dim,
@@ -382,8 +432,11 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 (rows * row_bytes) as f64 / (1u64 << 30) as f64,
                 a.batch,
                 a.id_dist,
+                a.id_drift.map(|n| format!(" (hot set moved every {n} batches)")).unwrap_or_default(),
                 out_dt,
-                a.iters
+                a.iters,
+                a.warmup,
+                a.cache_ageing.map(|g| format!(", cache ageing {g}")).unwrap_or_default()
             );
             figures.print();
             report::print_verified(wrong_total);
@@ -405,7 +458,7 @@ mod tests {
         let a = crate::ids::spread(rows as u64);
         // Rows below 500 are this node's.
         let remote = |id: i64| id >= 500;
-        let held = likeliest(IdDist::Zipf(1.1), rows, 10, remote);
+        let held = likeliest(IdDist::Zipf(1.1), rows, 10, 0, remote);
         assert_eq!(held.iter().filter(|&&h| h).count(), 10);
         let mut want = Vec::new();
         for k in 1..=rows as u64 {
@@ -416,9 +469,9 @@ mod tests {
         }
         assert!(want.iter().all(|&r| held[r]), "{want:?}");
         // Uniform: every row as likely, the first remote rows in order.
-        let held = likeliest(IdDist::Uniform, rows, 3, remote);
+        let held = likeliest(IdDist::Uniform, rows, 3, 0, remote);
         assert_eq!(held.iter().enumerate().filter(|(_, h)| **h).map(|(r, _)| r).collect::<Vec<_>>(), vec![500, 501, 502]);
         // More slots than remote rows: all of them.
-        assert_eq!(likeliest(IdDist::Uniform, rows, 5000, remote).iter().filter(|&&h| h).count(), 500);
+        assert_eq!(likeliest(IdDist::Uniform, rows, 5000, 0, remote).iter().filter(|&&h| h).count(), 500);
     }
 }

@@ -77,10 +77,18 @@ pub struct MoveArgs {
     /// spread over the table by a fixed permutation).
     #[arg(long, default_value = "uniform")]
     pub(crate) id_dist: IdDist,
+    /// With zipf ids: move the hot set every N batches (warm-up batches count): the Zipf ranks shift by 0.382 of the
+    /// table, so each phase's hot rows were cold before.
+    #[arg(long, value_name = "N")]
+    pub(crate) id_drift: Option<usize>,
     /// Gather through a node cache of this fraction of the table's rows (distributed and hierarchy tables across
     /// nodes), and each batch also without it: reports both, the speed-up, the hit rate and the best static choice's.
     #[arg(long, allow_negative_numbers = true)]
     pub(crate) cache_ratio: Option<f64>,
+    /// With --cache-ratio: how fast the node cache's access counts fade — `off` (pure LFU: counts only grow) or F
+    /// (every count halved once the node counted F x slots accesses) [default: the library's, 4].
+    #[arg(long, value_name = "off|F")]
+    pub(crate) cache_ageing: Option<crate::cached::Ageing>,
     /// Gather through `wm_embedding::Embedding::gather` (f32, f16 or bf16 tables; f32 output) instead of
     /// `wm_gather::gather`; with --cache-ratio, the embedding's node cache.
     #[arg(long)]
@@ -120,6 +128,11 @@ pub(crate) enum BaselinePages {
 }
 
 impl MoveArgs {
+    /// The hot-set phase of batch `b` (`--id-drift`; 0 without).
+    pub(crate) fn phase(&self, b: usize) -> u64 {
+        self.id_drift.map_or(0, |n| (b / n.max(1)) as u64)
+    }
+
     /// Whether the gathered rows land in device memory.
     pub(crate) fn device_out(&self) -> bool {
         self.location == Location::Device || self.out_location == Some(Location::Device)
@@ -155,6 +168,11 @@ pub(crate) const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 /// Bad options, an unsupported type or location, a failed move, a lost peer.
 pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
     ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    if let Some(n) = a.id_drift {
+        ensure!(n > 0, "--id-drift {n}: the hot set moves every N batches, N at least 1");
+        ensure!(matches!(a.id_dist, IdDist::Zipf(_)), "--id-drift moves a Zipf hot set; {} ids have none", a.id_dist);
+    }
+    ensure!(a.cache_ageing.is_none() || a.cache_ratio.is_some(), "--cache-ageing applies to a node cache (--cache-ratio)");
     a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
     ensure!(
         !(op == Op::Scatter && a.out_location.is_some_and(|l| l != a.location)),
@@ -181,7 +199,7 @@ pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
 
 /// Batch `b` of rank `rank`, as `--id-dist` draws it.
 pub(crate) fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
-    crate::ids::batch(a.id_dist, a.seed, rows, a.batch, rank, b)
+    crate::ids::batch(a.id_dist, a.seed, rows, a.batch, rank, b, a.phase(b))
 }
 
 /// The benchmark proper, on every rank.

@@ -154,15 +154,27 @@ pub(crate) fn spread(rows: u64) -> u64 {
     a
 }
 
-/// Batch `b` of rank `rank`: `len` ids below `rows` drawn from `dist`.
-pub(crate) fn batch(dist: IdDist, seed: u64, rows: usize, len: usize, rank: usize, b: usize) -> Vec<i64> {
+/// The Zipf rank that rank `k` (1-based) of phase `phase` is asked as,
+/// among `rows`: ranks move by 0.382 of the table per phase (the golden
+/// section's smaller part, so that no phase of the first twenty comes
+/// back within 1.3 % of the table to an earlier one's ranks), and the hot
+/// rows of one phase were cold rows of every phase before
+/// (`--id-drift`).
+pub(crate) fn drifted(k: u64, rows: u64, phase: u64) -> u64 {
+    let step = ((rows as f64 * 0.381_966_011_25) as u64).max(1);
+    ((u128::from(k - 1) + u128::from(phase) * u128::from(step)) % u128::from(rows)) as u64 + 1
+}
+
+/// Batch `b` of rank `rank`: `len` ids below `rows` drawn from `dist`, the
+/// Zipf ranks of hot-set phase `phase` ([`drifted`]; 0 without drift).
+pub(crate) fn batch(dist: IdDist, seed: u64, rows: usize, len: usize, rank: usize, b: usize, phase: u64) -> Vec<i64> {
     let mut rng = Rng::new(seed, rank, b);
     match dist {
         IdDist::Uniform => (0..len).map(|_| rng.below(rows as u64) as i64).collect(),
         IdDist::Zipf(s) => {
             let z = Zipf::new(rows as u64, s);
             let a = spread(rows as u64);
-            (0..len).map(|_| row_of_rank(z.sample(&mut rng), rows as u64, a) as i64).collect()
+            (0..len).map(|_| row_of_rank(drifted(z.sample(&mut rng), rows as u64, phase), rows as u64, a) as i64).collect()
         }
     }
 }
@@ -217,8 +229,37 @@ mod tests {
                 assert!(!std::mem::replace(&mut hit[r], true), "rows {rows}: row {r} twice");
             }
         }
-        let b = batch(IdDist::Zipf(1.1), 1, 1000, 5000, 0, 0);
+        let b = batch(IdDist::Zipf(1.1), 1, 1000, 5000, 0, 0, 0);
         assert!(b.iter().all(|&x| (0..1000).contains(&x)));
-        assert_eq!(b, batch(IdDist::Zipf(1.1), 1, 1000, 5000, 0, 0), "the same seed, the same ids");
+        assert_eq!(b, batch(IdDist::Zipf(1.1), 1, 1000, 5000, 0, 0, 0), "the same seed, the same ids");
+    }
+
+    /// `--id-drift`: each phase's ranks are a permutation, and the hot rows
+    /// of one phase (its first ranks) are none of an earlier phase's.
+    #[test]
+    fn drifted_ranks_move_the_hot_set_to_rows_that_were_cold() {
+        let rows = 3000u64;
+        for phase in 0..4 {
+            let mut hit = vec![false; rows as usize + 1];
+            for k in 1..=rows {
+                let d = drifted(k, rows, phase);
+                assert!((1..=rows).contains(&d));
+                assert!(!std::mem::replace(&mut hit[d as usize], true), "phase {phase}: rank {d} twice");
+            }
+        }
+        assert_eq!(drifted(1, rows, 0), 1);
+        let a = spread(rows);
+        let hot = |phase| -> std::collections::HashSet<u64> { (1..=100).map(|k| row_of_rank(drifted(k, rows, phase), rows, a)).collect() };
+        for phase in 1..8 {
+            for before in 0..phase {
+                assert!(hot(phase).is_disjoint(&hot(before)), "phase {phase} and {before}");
+            }
+        }
+        // And the ids follow: the first batch of phase 1 mostly asks rows
+        // that phase 0's likeliest 100 do not hold.
+        let ids = batch(IdDist::Zipf(1.1), 1, rows as usize, 5000, 0, 0, 1);
+        let old = hot(0);
+        let stale = ids.iter().filter(|&&x| old.contains(&(x as u64))).count();
+        assert!(stale < 500, "{stale} of 5000 ids in the old hot set");
     }
 }

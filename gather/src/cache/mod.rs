@@ -31,7 +31,7 @@ mod policy;
 #[cfg(feature = "cuda")]
 pub use device::DeviceCache;
 pub use node::{NodeCache, WriteMark};
-pub use policy::WAYS;
+pub use policy::{AGEING_PER_SLOT, WAYS};
 
 use crate::{Error, Result};
 
