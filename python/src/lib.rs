@@ -84,6 +84,30 @@ fn probe<'py>(py: Python<'py>, comm: Option<&comm::Comm>) -> PyResult<Bound<'py,
     Ok(d)
 }
 
+/// Starts recording where the time of this thread's gathers and scatters
+/// goes, phase by phase (`wm_gather::profile`); `profile_take` returns it.
+#[pyfunction]
+fn profile_record() {
+    wm_gather::profile::record();
+}
+
+/// What was recorded since `profile_record` on this thread, and stops
+/// recording: `{"calls": n, "phases": {name: seconds, ...}}` with the
+/// phases in the order they first ran (see `wm_gather::profile` for their
+/// meaning); zero calls when nothing was recorded.
+#[pyfunction]
+fn profile_take<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let p = wm_gather::profile::take();
+    let d = PyDict::new(py);
+    d.set_item("calls", p.calls)?;
+    let phases = PyDict::new(py);
+    for (name, t) in &p.phases {
+        phases.set_item(*name, t.as_secs_f64())?;
+    }
+    d.set_item("phases", phases)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _wholemem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
@@ -92,6 +116,8 @@ fn _wholemem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<onesided::OneSided>()?;
     m.add_class::<onesided::Reader>()?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_record, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_take, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -28,6 +28,8 @@ from ._wholemem import (
     WholememError,
     __version__,
     probe,
+    profile_record,
+    profile_take,
 )
 
 __all__ = [
@@ -45,4 +47,6 @@ __all__ = [
     "WholememError",
     "__version__",
     "probe",
+    "profile_record",
+    "profile_take",
 ]
