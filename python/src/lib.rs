@@ -9,6 +9,7 @@
 
 mod buffers;
 mod comm;
+mod embedding;
 mod errors;
 mod onesided;
 mod table;
@@ -113,6 +114,7 @@ fn _wholemem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<comm::Comm>()?;
     m.add_class::<table::Table>()?;
+    m.add_class::<embedding::Embedding>()?;
     m.add_class::<onesided::OneSided>()?;
     m.add_class::<onesided::Reader>()?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;

@@ -15,6 +15,7 @@ also ``ValueError``, bad row ids ``IndexError``, waits past their limit
 
 from ._wholemem import (
     Comm,
+    Embedding,
     GoneError,
     IndexOutOfRangeError,
     InvalidArgumentError,
@@ -34,6 +35,7 @@ from ._wholemem import (
 
 __all__ = [
     "Comm",
+    "Embedding",
     "GoneError",
     "IndexOutOfRangeError",
     "InvalidArgumentError",
