@@ -11,6 +11,7 @@ mod buffers;
 mod comm;
 mod embedding;
 mod errors;
+mod graph;
 mod onesided;
 mod table;
 
@@ -115,6 +116,7 @@ fn _wholemem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<comm::Comm>()?;
     m.add_class::<table::Table>()?;
     m.add_class::<embedding::Embedding>()?;
+    m.add_class::<graph::Graph>()?;
     m.add_class::<onesided::OneSided>()?;
     m.add_class::<onesided::Reader>()?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;

@@ -178,6 +178,17 @@ impl Table {
         Ok((r.start, r.end))
     }
 
+    /// The fraction of the table this process maps that is backed by huge
+    /// pages (host memory; 0 for device memory): a table of random rows in
+    /// 4 KiB pages misses the TLB on nearly every row. Reads
+    /// `/proc/self/smaps`: a diagnostic, not for every call.
+    #[getter]
+    fn huge_pages(&self) -> PyResult<f64> {
+        let g = self.read()?;
+        let m = g.as_ref().expect("checked by read");
+        Ok(m.huge_page_bytes() as f64 / m.mapped_bytes().max(1) as f64)
+    }
+
     /// Rows of every rank, in rank order.
     #[getter]
     fn partition(&self) -> PyResult<Vec<usize>> {

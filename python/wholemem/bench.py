@@ -78,6 +78,7 @@ def gather(a):
         last = min(hi, first + (1 << 18))
         t.write_rows_bytes(first, _values(np.arange(first, last), a.dim))
     job.barrier()
+    huge = t.huge_pages
     id_dtype = np.int32 if a.ids == "i32" else np.int64
     rng = np.random.default_rng([a.seed, rank])
     out = np.empty((a.batch, a.dim), np.float32)
@@ -108,7 +109,7 @@ def gather(a):
     profile = wholemem.profile_take() if a.profile else {"calls": 0, "phases": {}}
     t.free()
     gb = a.batch * a.dim * 4 / 1e9
-    mine = {"gbps": gb * len(calls) / sum(calls), "us_per_call": statistics.median(calls) * 1e6,
+    mine = {"gbps": gb * len(calls) / sum(calls), "us_per_call": statistics.median(calls) * 1e6, "huge_pages": huge,
             "phases_us": {k: v / max(1, profile["calls"]) * 1e6 for k, v in profile["phases"].items()}}
     every = _gathered(comm, job, mine)
     if rank != 0:
@@ -119,7 +120,7 @@ def gather(a):
     report = {"bench": "python gather", "type": a.type, "ranks": size, "rows": a.rows, "dim": a.dim, "batch": a.batch,
               "ids": a.ids, "iters": a.iters, "gbps_per_rank": per_rank, "us_per_call": us,
               "baseline_gbps": baseline, "baseline_is": "np.take from a private copy, rank 0 alone",
-              "ratio": per_rank["median"] / baseline}
+              "ratio": per_rank["median"] / baseline, "huge_pages": every[0]["huge_pages"]}
     if a.profile:
         report["profile_us_per_call"] = {k: _spread([e["phases_us"].get(k, 0.0) for e in every])
                                          for k in every[0]["phases_us"]}
@@ -132,6 +133,7 @@ def gather(a):
     print(f"  us per call     min {us['min']:.1f}   median {us['median']:.1f}   max {us['max']:.1f}")
     print(f"  baseline GB/s   {baseline:.2f}   ({report['baseline_is']})")
     print(f"  ratio           {report['ratio']:.2f}")
+    print(f"  huge pages      {report['huge_pages']:.0%} of the table rank 0 maps")
     for k, v in report.get("profile_us_per_call", {}).items():
         print(f"  phase {k:12s} us per call  min {v['min']:.1f}   median {v['median']:.1f}   max {v['max']:.1f}")
 
@@ -156,7 +158,7 @@ def get_batch(a):
     batches = [rng.integers(0, a.rows, a.batch) for _ in range(a.iters + 1)]
     out = np.empty((a.batch, a.dim), np.float32)
     gb = a.batch * a.dim * 4 / 1e9
-    results = {}
+    results, huge = {}, {}
     for m in map(int, a.methods.split(",")):
         hd = a.handshake_dir
         if m == 2 and not hd:
@@ -165,6 +167,7 @@ def get_batch(a):
             hd = comm.bcast(tempfile.mkdtemp(prefix="wm-bench-") if rank == 0 else None, 0)
         s = pyddstore.PyDDStore(comm, method=m, handshake_dir=hd if m == 2 else "")
         s.add("x", rows)
+        huge[f"method {m}"] = s._vars["x"].table.huge_pages
         comm.Barrier()
         times = []
         for i, ids in enumerate(batches):
@@ -198,13 +201,14 @@ def get_batch(a):
     if a.json:
         print(json.dumps({"bench": "python get_batch", "ranks": size, "rows": a.rows, "dim": a.dim, "batch": a.batch,
                           "iters": a.iters, "gbps_per_rank": {k: _spread([r[k] for r in every]) for k in results},
-                          "numpy_gbps_median": numpy_median}))
+                          "numpy_gbps_median": numpy_median, "huge_pages_rank0": huge}))
         return
     print(f"get_batch {a.rows}x{a.dim} f32, batch {a.batch}, {a.iters} batches, {size} ranks "
           f"(GB/s per rank: min / median / max; ratio: median over numpy's median)")
     for k in results:
         s = _spread([r[k] for r in every])
-        print(f"  {k:16s} {s['min']:7.2f} / {s['median']:7.2f} / {s['max']:7.2f}   {s['median'] / numpy_median:5.2f}")
+        pages = f"   huge pages {huge[k]:.0%}" if k in huge else ""
+        print(f"  {k:16s} {s['min']:7.2f} / {s['median']:7.2f} / {s['max']:7.2f}   {s['median'] / numpy_median:5.2f}{pages}")
 
 
 def main(argv=None):
