@@ -55,6 +55,6 @@ step "pytest, one process"
 python -m pytest -q --color=no -p no:cacheprovider .
 for n in 2 3 4; do
     step "mpirun -np $n pytest"
-    mpirun --allow-run-as-root --oversubscribe -np "$n" python -m pytest -q --color=no -p no:cacheprovider test_core.py test_pyddstore.py
+    mpirun --allow-run-as-root --oversubscribe -np "$n" python -m pytest -q --color=no -p no:cacheprovider test_core.py test_pyddstore.py test_embedding.py test_graph.py
 done
 step "python lane passed"

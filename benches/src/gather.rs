@@ -365,6 +365,10 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         base.as_ref().map_or_else(Vec::new, |b| b.batches.clone())
     };
     let ratio_batches = ratio_by_batch(&all_calls, batch_bytes, &base_batches);
+    // Each rank's median time of one call, in microseconds (the figure to
+    // set beside a binding's own per-call time).
+    let medians: Vec<f64> = all_calls.chunks(call_times.len().max(1)).map(|c| Spread::of(c).median * 1e6).collect();
+    let us_per_call = (!call_times.is_empty()).then(|| Spread::of(&medians));
     drop(base);
     #[cfg(feature = "cuda")]
     drop(gpu);
@@ -398,6 +402,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 "ratio_batches": ratio_batches, "verified": verified,
                 "huge_pages": huge_pages, "baseline_huge_pages": baseline_huge,
                 "baseline_ranks": if all_base { "all" } else { "one" },
+                "us_per_call": us_per_call,
             });
             let mut j = j;
             if let Some(g) = per_step {

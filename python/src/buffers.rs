@@ -1,7 +1,7 @@
 //! numpy arrays (and anything numpy can view without a copy: DLPack
 //! producers, CPU torch tensors, the buffer protocol) as bytes.
 
-use numpy::{PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArrayDescr, PyArrayDescrMethods, PyArrayDyn, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use wholemem::DType;
 
@@ -155,10 +155,55 @@ pub fn as_array<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py,
     arr.cast_into::<PyUntypedArray>().map_err(|_| value(format!("{what} is not an array")))
 }
 
+/// The element type of a dtype in native byte order, from its kind and
+/// size (no string made: this runs on every call).
+fn elem_of_descr(d: &Bound<'_, PyArrayDescr>) -> Option<Elem> {
+    if d.is_native_byteorder() == Some(false) {
+        return None;
+    }
+    Some(match (d.kind(), d.itemsize()) {
+        (b'f', 2) => Elem::F16,
+        (b'f', 4) => Elem::F32,
+        (b'f', 8) => Elem::F64,
+        (b'i', 1) => Elem::I8,
+        (b'i', 2) => Elem::I16,
+        (b'i', 4) => Elem::I32,
+        (b'i', 8) => Elem::I64,
+        (b'u', 1) => Elem::U8,
+        (b'b', 1) => Elem::Bool,
+        _ => return None,
+    })
+}
+
 /// The element type of an array.
 pub fn array_elem(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<Elem> {
-    let name: String = a.dtype().getattr("name")?.extract()?;
-    Elem::from_name(&name).ok_or_else(|| value(format!("{what} has dtype {name}, which is not supported; use one of {}", Elem::NAMES)))
+    let d = a.dtype();
+    elem_of_descr(&d).ok_or_else(|| {
+        let name = d.str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
+        value(format!("{what} has dtype {name}, which is not supported; use one of {} (native byte order)", Elem::NAMES))
+    })
+}
+
+/// Fails unless `a` is writable. Collective calls check this with their
+/// other arguments, before the call, so a read-only output on one rank
+/// still takes part.
+pub fn writable(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
+    if !a.getattr("flags")?.getattr("writeable")?.extract::<bool>()? {
+        return Err(read_only(what));
+    }
+    Ok(())
+}
+
+fn read_only(what: &str) -> PyErr {
+    value(format!("{what} is read-only; pass a writable array"))
+}
+
+/// A borrow of an array that numpy refuses, as an error naming it.
+fn borrow_error(what: &str, e: numpy::BorrowError) -> PyErr {
+    match e {
+        numpy::BorrowError::NotWriteable => read_only(what),
+        e => value(format!("{what}: {e}")),
+    }
 }
 
 fn contiguity(a: &Bound<'_, PyUntypedArray>, what: &str) -> PyResult<()> {
@@ -236,13 +281,10 @@ pub fn with_bytes<R>(a: &Bound<'_, PyUntypedArray>, what: &str, f: impl FnOnce(&
 pub fn with_bytes_mut<R>(a: &Bound<'_, PyUntypedArray>, what: &str, f: impl FnOnce(&mut [u8]) -> PyResult<R>) -> PyResult<R> {
     contiguity(a, what)?;
     let elem = array_elem(a, what)?;
-    let writable: bool = a.getattr("flags")?.getattr("writeable")?.extract()?;
-    if !writable {
-        return Err(value(format!("{what} is read-only; pass a writable array")));
-    }
+    // numpy's borrow refuses a read-only array (`borrow_error` says so).
     if elem == Elem::Bool {
         let arr = a.cast::<PyArrayDyn<bool>>()?;
-        let mut rw = arr.try_readwrite().map_err(|e| value(format!("{what}: {e}")))?;
+        let mut rw = arr.try_readwrite().map_err(|e| borrow_error(what, e))?;
         let s = rw.as_slice_mut().map_err(|e| value(format!("{what}: {e}")))?;
         let mut staging = vec![0u8; s.len()];
         let r = f(&mut staging)?;
@@ -253,7 +295,7 @@ pub fn with_bytes_mut<R>(a: &Bound<'_, PyUntypedArray>, what: &str, f: impl FnOn
     }
     each_elem!(a, elem, |T| {
         let arr = a.cast::<PyArrayDyn<T>>()?;
-        let mut rw = arr.try_readwrite().map_err(|e| value(format!("{what}: {e}")))?;
+        let mut rw = arr.try_readwrite().map_err(|e| borrow_error(what, e))?;
         let s = rw.as_slice_mut().map_err(|e| value(format!("{what}: {e}")))?;
         f(bytemuck::cast_slice_mut::<T, u8>(s))
     })
@@ -275,15 +317,16 @@ impl<'py> IdArray<'py> {
         if a.ndim() != 1 {
             return Err(value(format!("ids must be one-dimensional; got shape {:?}", a.shape())));
         }
-        let kind: String = a.dtype().getattr("kind")?.extract()?;
-        let name: String = a.dtype().getattr("name")?.extract()?;
+        let d = a.dtype();
+        let (kind, size) = (d.kind(), d.itemsize());
         // An empty list arrives as float64: no ids, nothing to convert badly.
-        if !(kind == "i" || kind == "u" || (a.len() == 0 && kind == "f")) {
-            return Err(value(format!("ids must be integers; got dtype {name}")));
+        if !(kind == b'i' || kind == b'u' || (a.len() == 0 && kind == b'f')) {
+            return Err(value(format!("ids must be integers; got dtype {}", d.str()?)));
         }
-        if !(name == "int32" || name == "int64") || !a.is_c_contiguous() {
+        let native = d.is_native_byteorder() != Some(false);
+        if !(kind == b'i' && (size == 4 || size == 8) && native) || !a.is_c_contiguous() {
             let np = numpy(obj.py())?;
-            if kind == "u" && name == "uint64" {
+            if kind == b'u' && size == 8 {
                 // Ids past i64::MAX are out of range anyway; say so rather than wrap.
                 let too_big: bool = np.getattr("any")?.call1((a.call_method1("__gt__", (i64::MAX as u64,))?,))?.extract()?;
                 if too_big {
@@ -292,8 +335,7 @@ impl<'py> IdArray<'py> {
             }
             a = np.getattr("ascontiguousarray")?.call1((a, "int64"))?.cast_into::<PyUntypedArray>()?;
         }
-        let name: String = a.dtype().getattr("name")?.extract()?;
-        Ok(if name == "int32" { Self::I32(a.cast_into()?) } else { Self::I64(a.cast_into()?) })
+        Ok(if a.dtype().itemsize() == 4 { Self::I32(a.cast_into()?) } else { Self::I64(a.cast_into()?) })
     }
 
     /// Number of ids.

@@ -9,7 +9,9 @@
 
 mod buffers;
 mod comm;
+mod embedding;
 mod errors;
+mod graph;
 mod onesided;
 mod table;
 
@@ -84,14 +86,42 @@ fn probe<'py>(py: Python<'py>, comm: Option<&comm::Comm>) -> PyResult<Bound<'py,
     Ok(d)
 }
 
+/// Starts recording where the time of this thread's gathers and scatters
+/// goes, phase by phase (`wm_gather::profile`); `profile_take` returns it.
+#[pyfunction]
+fn profile_record() {
+    wm_gather::profile::record();
+}
+
+/// What was recorded since `profile_record` on this thread, and stops
+/// recording: `{"calls": n, "phases": {name: seconds, ...}}` with the
+/// phases in the order they first ran (see `wm_gather::profile` for their
+/// meaning); zero calls when nothing was recorded.
+#[pyfunction]
+fn profile_take<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let p = wm_gather::profile::take();
+    let d = PyDict::new(py);
+    d.set_item("calls", p.calls)?;
+    let phases = PyDict::new(py);
+    for (name, t) in &p.phases {
+        phases.set_item(*name, t.as_secs_f64())?;
+    }
+    d.set_item("phases", phases)?;
+    Ok(d)
+}
+
 #[pymodule]
 fn _wholemem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<comm::Comm>()?;
     m.add_class::<table::Table>()?;
+    m.add_class::<embedding::Embedding>()?;
+    m.add_class::<graph::Graph>()?;
     m.add_class::<onesided::OneSided>()?;
     m.add_class::<onesided::Reader>()?;
     m.add_function(wrap_pyfunction!(probe, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_record, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_take, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::Communicator;
 use wm_gather::RowLayout;
 
-use crate::buffers::{Elem, IdArray, array_elem, as_array, elem_of, numpy, with_bytes, with_bytes_mut};
+use crate::buffers::{Elem, IdArray, array_elem, as_array, elem_of, numpy, with_bytes, with_bytes_mut, writable};
 use crate::comm::Comm;
 use crate::errors::{IntoPy, Kind, raise, value};
 
@@ -65,6 +65,11 @@ impl Table {
             }
             other => other,
         }
+    }
+
+    /// One row in files: `cols` elements of the stored type.
+    fn row_format(&self) -> PyResult<wholemem::files::RowFormat> {
+        Ok(wholemem::files::RowFormat::vector(self.elem.core(), self.cols))
     }
 
     fn collective(&self) -> bool {
@@ -173,6 +178,17 @@ impl Table {
         Ok((r.start, r.end))
     }
 
+    /// The fraction of the table this process maps that is backed by huge
+    /// pages (host memory; 0 for device memory): a table of random rows in
+    /// 4 KiB pages misses the TLB on nearly every row. Reads
+    /// `/proc/self/smaps`: a diagnostic, not for every call.
+    #[getter]
+    fn huge_pages(&self) -> PyResult<f64> {
+        let g = self.read()?;
+        let m = g.as_ref().expect("checked by read");
+        Ok(m.huge_page_bytes() as f64 / m.mapped_bytes().max(1) as f64)
+    }
+
     /// Rows of every rank, in rank order.
     #[getter]
     fn partition(&self) -> PyResult<Vec<usize>> {
@@ -202,6 +218,7 @@ impl Table {
                 None => self.new_rows(py, ids.len(), self.elem)?,
             };
             let out_elem = array_elem(&out, "out")?;
+            writable(&out, "out")?;
             let out_dtype = self.elem.convert_to(out_elem)?;
             self.check_rows(&out, ids.len(), "out", out_elem)?;
             Ok((ids, out, out_dtype))
@@ -221,6 +238,7 @@ impl Table {
         let prepared = (|| {
             let ids = IdArray::new(ids)?;
             let out = as_array(out, "out")?;
+            writable(&out, "out")?;
             let want = ids.len() * self.row_bytes();
             if out.len() * out.dtype().itemsize() != want {
                 return Err(value(format!(
@@ -296,6 +314,46 @@ impl Table {
         })
     }
 
+    /// Fills the table from files (collective; every rank passes the same
+    /// arguments and reads its own rows). `source` is a directory of
+    /// `shard_0000.npy, shard_0001.npy, …` (what `store` writes), or a list
+    /// of `.npy` files (`kind="npy"`) or raw files (`kind="raw"`: rows of
+    /// the table's dtype, little-endian, no header) stacked in order. The
+    /// files' dtype and row shape must be the table's (a `uint8` or `bool`
+    /// table is `int8` in files) and their rows add up to the table's.
+    /// Returns this rank's `{"bytes": …, "files": …, "threads": …}`.
+    #[pyo3(signature = (source, kind="npy"))]
+    fn load<'py>(&self, py: Python<'py>, source: &Bound<'py, PyAny>, kind: &str) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let shards = shard_set(source, kind)?;
+        let row = self.row_format()?;
+        let mut g = self.write()?;
+        let mem = g.as_mut().expect("checked by write");
+        let done = py.detach(|| wholemem::files::load(mem, &row, &shards)).py()?;
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("bytes", done.bytes)?;
+        d.set_item("files", done.files)?;
+        d.set_item("threads", done.threads)?;
+        Ok(d)
+    }
+
+    /// Writes the table to files (collective; every rank writes its own
+    /// rows): `kind="npy"` makes `path` a directory of one
+    /// `shard_NNNN.npy` per rank (rank order; other `shard_*.npy` files
+    /// there are removed), `kind="raw"` one raw file of every row in
+    /// order. `load` of the result gives the table back.
+    #[pyo3(signature = (path, kind="npy"))]
+    fn store(&self, py: Python<'_>, path: std::path::PathBuf, kind: &str) -> PyResult<()> {
+        let target = match kind {
+            "npy" => wholemem::files::StoreTarget::NpyDir(path),
+            "raw" => wholemem::files::StoreTarget::RawFile(path),
+            other => return Err(value(format!("kind {other:?} is not \"npy\" or \"raw\""))),
+        };
+        let row = self.row_format()?;
+        let g = self.read()?;
+        let mem = g.as_ref().expect("checked by read");
+        py.detach(|| wholemem::files::store(mem, &row, &target)).py()
+    }
+
     /// Makes this table readable one-sidedly under `name` (collective):
     /// see `OneSided`. `method` forces a transport (`shm`, `socket`,
     /// `fabric`, `mpi`); `publish_at` is a rendezvous (`dir:/path`) where
@@ -325,5 +383,23 @@ impl Table {
 
     fn __repr__(&self) -> String {
         format!("Table(shape=({}, {}), dtype={}, type={}, location={})", self.rows, self.cols, self.elem.name(), self.ty, self.loc)
+    }
+}
+
+/// The files `load` reads: a directory of NPY shards, or a list of files.
+fn shard_set(source: &Bound<'_, PyAny>, kind: &str) -> PyResult<wholemem::files::ShardSet> {
+    use wholemem::files::ShardSet;
+    let files: Option<Vec<std::path::PathBuf>> =
+        if source.is_instance_of::<pyo3::types::PyList>() || source.is_instance_of::<pyo3::types::PyTuple>() {
+            Some(source.extract()?)
+        } else {
+            None
+        };
+    match (kind, files) {
+        ("npy", None) => Ok(ShardSet::npy_dir(source.extract::<std::path::PathBuf>()?)),
+        ("npy", Some(f)) => Ok(ShardSet::npy_files(f)),
+        ("raw", Some(f)) => Ok(ShardSet::raw_files(f)),
+        ("raw", None) => Ok(ShardSet::raw_files([source.extract::<std::path::PathBuf>()?])),
+        (other, _) => Err(value(format!("kind {other:?} is not \"npy\" or \"raw\""))),
     }
 }

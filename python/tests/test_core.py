@@ -141,3 +141,80 @@ def test_onesided_reads_without_the_owners(comm):
     comm.barrier()
     pub.free()
     t.free()
+
+
+@pytest.mark.parametrize("method", ["gather", "gather_bytes"])
+def test_a_read_only_output_on_one_rank_fails_there_alone(comm, method):
+    rows = 20
+    t = filled(comm, rows, 2, "int32", "distributed")
+    ref = values(rows, 2, "int32")
+    out = np.zeros((2, 2), np.int32)
+    call = getattr(t, method)
+    if comm.rank == comm.size - 1:
+        out.flags.writeable = False
+        with pytest.raises(ValueError, match="read-only"):
+            call([3, 19], out)
+    else:
+        call([3, 19], out)
+        assert np.array_equal(out, ref[[3, 19]])
+    # Every rank took part: the next collective call works everywhere.
+    assert np.array_equal(t.gather([5, 0]), ref[[5, 0]])
+    t.free()
+
+
+def test_byte_order(comm):
+    rows = 12
+    t = filled(comm, rows, 3, "float32", "distributed")
+    ref = values(rows, 3, "float32")
+    ids = np.array([11, 0, 4], dtype=">i8")  # converted to native int64
+    assert np.array_equal(t.gather(ids), ref[[11, 0, 4]])
+    with pytest.raises(ValueError, match="native byte order"):
+        t.gather([1], out=np.zeros((1, 3), ">f4"))
+    assert np.array_equal(t.gather(np.array([2], "<i4")), ref[[2]])
+    t.free()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int64", "uint8"])
+def test_store_and_load_npy_shards(comm, shared_dir, dtype):
+    rows, cols = 9 * comm.size + 2, 3
+    t = filled(comm, rows, cols, dtype, "distributed")
+    where = f"{shared_dir}/npy"
+    t.store(where)
+    comm.barrier()
+    # One file per rank, which numpy reads as this rank's rows (uint8 as int8: the same bits).
+    start, stop = t.local_rows
+    mine = np.load(f"{where}/shard_{comm.rank:04d}.npy")
+    assert np.array_equal(mine.view(np.dtype(dtype)), values(rows, cols, dtype)[start:stop])
+    back = wholemem.Table(comm, rows, cols, dtype, "chunked")
+    got = back.load(where)
+    assert got["bytes"] == (back.local_rows[1] - back.local_rows[0]) * cols * np.dtype(dtype).itemsize
+    comm.barrier()
+    assert np.array_equal(back.gather(np.arange(rows)), values(rows, cols, dtype))
+    # The same files listed, and a raw file.
+    files = [f"{where}/shard_{r:04d}.npy" for r in range(comm.size)]
+    again = wholemem.Table(comm, rows, cols, dtype, "distributed")
+    again.load(files)
+    comm.barrier()
+    assert np.array_equal(again.gather(np.arange(rows)), values(rows, cols, dtype))
+    raw = f"{shared_dir}/table.raw"
+    t.store(raw, kind="raw")
+    again.load(raw, kind="raw")
+    comm.barrier()
+    assert np.array_equal(again.gather(np.arange(rows)[::-1]), values(rows, cols, dtype)[::-1])
+    for x in (t, back, again):
+        x.free()
+
+
+def test_load_refuses_files_of_another_shape_on_every_rank(comm, shared_dir):
+    rows = 4 * comm.size
+    if comm.rank == 0:
+        np.save(f"{shared_dir}/shard_0000.npy", np.zeros((rows, 5), np.float32))
+    comm.barrier()
+    t = wholemem.Table(comm, rows, 4, "float32", "distributed")
+    with pytest.raises(ValueError, match="shard_0000.npy|shape"):
+        t.load(shared_dir)
+    with pytest.raises(ValueError, match="kind"):
+        t.load(shared_dir, kind="hdf5")
+    # Still usable: a collective call after the failure works.
+    assert t.gather([0]).shape == (1, 4)
+    t.free()

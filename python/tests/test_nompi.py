@@ -53,3 +53,24 @@ def test_rank_killed_during_get_batch(tmp_path, size):
     for code, out in zip(codes[:-1], outs[:-1]):
         assert code == 3, out  # a WholememError, not a hang and not a crash
         assert "error after" in out and f"rank {size - 1}" in out, out
+
+
+@solo
+@pytest.mark.parametrize("what", ["gather", "get_batch"])
+def test_the_benchmark_runs_and_verifies(what):
+    """`python -m wholemem.bench` on one rank: it exits non-zero on a wrong row."""
+    import json
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_", "PMI_", "WM_"))}
+    args = [sys.executable, "-m", "wholemem.bench", what, "--rows", "3000", "--dim", "8", "--batch", "64", "--iters", "4", "--json"]
+    if what == "gather":
+        args.append("--profile")
+    p = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    j = json.loads(p.stdout.strip().splitlines()[-1])
+    if what == "gather":
+        assert j["gbps_per_rank"]["min"] > 0 and j["us_per_call"]["median"] > 0 and j["baseline_gbps"] > 0
+        assert "ids" in j["profile_us_per_call"] and j["huge_pages"] >= 0
+    else:
+        assert set(j["gbps_per_rank"]) == {"method 0", "method 1", "method 2", "numpy full[ids]"}
+        assert all(v["min"] > 0 for v in j["gbps_per_rank"].values())

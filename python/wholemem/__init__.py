@@ -3,7 +3,8 @@
 A job is a set of processes (ranks) joined by a :class:`Comm`; a
 :class:`Table` is partitioned by rows among them; ``gather`` and
 ``scatter`` move any rows by global id into and out of numpy arrays;
-:meth:`Table.onesided` makes a table readable by any rank alone, or by a
+:class:`Embedding` adds sparse optimizers to a table, :class:`Graph`
+samples neighbours; :meth:`Table.onesided` makes a table readable by any rank alone, or by a
 process outside the job (:meth:`Reader.join`). ``wholemem.pyddstore`` is a
 drop-in for PyDDStore.
 
@@ -15,7 +16,9 @@ also ``ValueError``, bad row ids ``IndexError``, waits past their limit
 
 from ._wholemem import (
     Comm,
+    Embedding,
     GoneError,
+    Graph,
     IndexOutOfRangeError,
     InvalidArgumentError,
     OneSided,
@@ -28,11 +31,15 @@ from ._wholemem import (
     WholememError,
     __version__,
     probe,
+    profile_record,
+    profile_take,
 )
 
 __all__ = [
     "Comm",
+    "Embedding",
     "GoneError",
+    "Graph",
     "IndexOutOfRangeError",
     "InvalidArgumentError",
     "OneSided",
@@ -45,4 +52,6 @@ __all__ = [
     "WholememError",
     "__version__",
     "probe",
+    "profile_record",
+    "profile_take",
 ]
