@@ -35,6 +35,7 @@ mod exchange;
 mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
+pub mod parallel;
 pub mod profile;
 #[allow(unsafe_code)]
 pub mod rows;
