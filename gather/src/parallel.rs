@@ -70,7 +70,7 @@ pub fn map_pieces<R: Send>(n: usize, grain: usize, threads: usize, f: impl Fn(Ra
         }
     };
     let mut done = std::thread::scope(|s| {
-        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(&work)).collect();
+        let helpers: Vec<_> = (1..threads).map(|_| s.spawn(work)).collect();
         let mut done = work();
         for h in helpers {
             done.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
