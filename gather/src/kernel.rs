@@ -3,7 +3,7 @@
 
 use half::{bf16, f16};
 
-use crate::DType;
+use crate::{DType, parallel};
 
 /// A pointer that may cross threads: into table memory or an output buffer
 /// that outlives the scoped threads using it.
@@ -227,25 +227,26 @@ pub fn prefetch_slice<T>(v: &[T]) {
     prefetch(v.as_ptr().cast(), std::mem::size_of_val(v));
 }
 
-/// Rows a CPU row kernel gives each thread at least: a call over at most
-/// this many rows runs on the calling thread alone, whatever number of
-/// threads it is allowed. Below that, starting a thread costs more than
-/// it saves. What only one thread makes safe — a repeated output slot in
-/// [`gather_rows`], see [`crate::rows::gather_from`] — is allowed exactly
-/// when [`threads_for`] says one.
+/// Rows a CPU row kernel gives each thread at least: a call over fewer
+/// than twice this many rows runs on the calling thread alone, whatever
+/// number of threads it is allowed. Below that, starting a thread costs
+/// more than it saves. What only one thread makes safe — a repeated output
+/// slot in [`gather_rows`], see [`crate::rows::gather_from`] — is allowed
+/// exactly when [`threads_for`] says one.
 pub const MIN_ROWS_PER_THREAD: usize = 2048;
 
 /// The threads a row kernel uses for `rows` rows when allowed `threads`:
-/// one per [`MIN_ROWS_PER_THREAD`] rows started, at most `threads`, at
-/// least one.
+/// one per whole [`MIN_ROWS_PER_THREAD`] rows, at most `threads`, at least
+/// one ([`parallel::threads_for`]).
 #[inline]
 pub(crate) fn threads_for(rows: usize, threads: usize) -> usize {
-    threads.clamp(1, rows.div_ceil(MIN_ROWS_PER_THREAD).max(1))
+    parallel::threads_for(rows, MIN_ROWS_PER_THREAD, threads)
 }
 
 /// Copies `rows[i]` of the source into output row `i` — or output row
 /// `to[i]` when `to` is given — for every `i`, split over `threads`
-/// ([`threads_for`] of them).
+/// ([`threads_for`] of them), which claim pieces of the rows as they come
+/// free ([`parallel::for_each_piece`]).
 ///
 /// # Safety
 /// Every `src.addr(rows[i])` is readable for `conv.src_bytes()`; `out` holds
@@ -256,7 +257,9 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
     debug_assert!(to.map_or(out.len() == rows.len() * db, |t| t.len() == rows.len() && t.iter().all(|&p| (p + 1) * db <= out.len())));
     let base = SendPtr(out.as_mut_ptr());
     let sb = conv.src_bytes();
-    let run = |first: usize, rows: &[usize]| {
+    let run = |piece: std::ops::Range<usize>| {
+        let first = piece.start;
+        let rows = &rows[piece];
         for (i, &r) in rows.iter().enumerate() {
             if let Some(&ahead) = rows.get(i + PREFETCH_DISTANCE) {
                 prefetch(src.addr(ahead), sb);
@@ -267,17 +270,7 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
         }
     };
     let threads = threads_for(rows.len(), threads);
-    if threads == 1 {
-        run(0, rows);
-        return;
-    }
-    let per = rows.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (t, chunk) in rows.chunks(per).enumerate() {
-            let run = &run;
-            s.spawn(move || run(t * per, chunk));
-        }
-    });
+    parallel::for_each_piece(rows.len(), parallel::grain(rows.len(), threads), threads, run);
 }
 
 /// Whether `positions` are distinct rows of an output of `out_rows` rows:
@@ -330,12 +323,14 @@ pub(crate) fn place_rows(
 
 /// Copies input row `i` into table row `rows[i]` for every `i`, converting;
 /// when a row appears more than once the last occurrence wins. Split over
-/// `threads` by row (a row is always written by one thread, in order).
-/// With `locks`, each row is written under its row lock.
+/// `threads` by row: the rows fall into buckets by `row % buckets`, which
+/// the threads claim as they come free ([`parallel::for_each_piece`]), and
+/// a bucket's rows are written by one thread, in input order. With `locks`,
+/// each row is written under its row lock.
 ///
 /// # Errors
 /// A row lock that could not be had (a holder that kept it for the whole
-/// timeout): that thread stops there, the others finish.
+/// timeout): that bucket stops there, the others finish.
 ///
 /// # Safety
 /// Every `dst.addr(rows[i])` is writable for `conv.dst_bytes()`; `src` holds
@@ -352,41 +347,47 @@ pub(crate) unsafe fn scatter_rows(
     let sb = conv.src_bytes();
     debug_assert_eq!(src.len(), rows.len() * sb);
     let input = SendPtr(src.as_ptr().cast_mut());
-    let run = move |t: usize, nt: usize| -> Result<(), wholemem::Error> {
-        for (i, &r) in rows.iter().enumerate() {
-            if r % nt == t {
-                // Other ranks may write the same row now: one at a time
-                // (tried first without waiting: the cheap path).
-                let _row = match locks {
-                    Some(l) => Some(match l.try_lock(r) {
-                        Some(g) => g,
-                        None => l.lock(r)?,
-                    }),
-                    None => None,
-                };
-                // SAFETY: the caller's contract; rows with r % nt == t are
-                // written only by thread t, in input order.
-                unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };
-            }
-        }
+    let write = move |i: usize, r: usize| -> Result<(), wholemem::Error> {
+        // Other ranks may write the same row now: one at a time (tried
+        // first without waiting: the cheap path).
+        let _row = match locks {
+            Some(l) => Some(match l.try_lock(r) {
+                Some(g) => g,
+                None => l.lock(r)?,
+            }),
+            None => None,
+        };
+        // SAFETY: the caller's contract; each row is written by one
+        // thread, in input order (see below).
+        unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };
         Ok(())
     };
     let threads = threads_for(rows.len(), threads);
     if threads == 1 {
-        return run(0, 1);
+        return rows.iter().enumerate().try_for_each(|(i, &r)| write(i, r));
     }
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads).map(|t| s.spawn(move || run(t, threads))).collect();
-        // Every thread is joined; the first error wins.
-        let mut first = Ok(());
-        for h in handles {
-            let r = h.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
-            if first.is_ok() {
-                first = r;
-            }
-        }
-        first
-    })
+    // The input positions grouped by bucket (a counting sort, stable): a
+    // row is in exactly one bucket, so one thread writes all of its
+    // occurrences, in input order, and the last one wins.
+    let buckets = threads * parallel::PIECES_PER_THREAD;
+    let mut starts = vec![0usize; buckets + 1];
+    for &r in rows {
+        starts[r % buckets + 1] += 1;
+    }
+    for b in 0..buckets {
+        starts[b + 1] += starts[b];
+    }
+    let mut fill = starts.clone();
+    let mut order = vec![0usize; rows.len()];
+    for (i, &r) in rows.iter().enumerate() {
+        order[fill[r % buckets]] = i;
+        fill[r % buckets] += 1;
+    }
+    let outcomes = parallel::map_pieces(buckets, 1, threads, |bucket| {
+        bucket.into_iter().try_for_each(|b| order[starts[b]..starts[b + 1]].iter().try_for_each(|&i| write(i, rows[i])))
+    });
+    // Every bucket ran; the first error wins.
+    outcomes.into_iter().collect()
 }
 
 #[cfg(test)]
@@ -443,16 +444,26 @@ mod tests {
         }
     }
 
+    /// Whether the threads in `seen` are what a split over `want` threads
+    /// allows: the calling thread alone for one, else at most `want` (a
+    /// helper may take every piece before the caller claims one).
+    fn ran_as_said(seen: &std::collections::HashSet<std::thread::ThreadId>, want: usize, me: std::thread::ThreadId) -> bool {
+        if want == 1 { seen.len() == 1 && seen.contains(&me) } else { (1..=want).contains(&seen.len()) }
+    }
+
     /// What `rows::gather_from` relies on to accept repeated slots: the
-    /// kernels run on the calling thread alone up to `MIN_ROWS_PER_THREAD`
-    /// rows and split past it, as `threads_for` says.
+    /// kernels run on the calling thread alone below twice
+    /// `MIN_ROWS_PER_THREAD` rows and split from there, as `threads_for`
+    /// says. (A helper may find every piece taken: at most that many
+    /// threads, then.)
     #[test]
-    fn kernels_split_rows_over_threads_exactly_past_min_rows_per_thread() {
+    fn kernels_split_rows_over_threads_from_twice_min_rows_per_thread() {
         let m = MIN_ROWS_PER_THREAD;
-        let (rows, cols) = (2 * m + 1, 2usize);
+        let (rows, cols) = (3 * m + 1, 2usize);
         let mut table: Vec<u32> = (0..rows * cols).map(|i| i as u32).collect();
         let conv = RowConv::new(DType::I32, DType::I32, cols).unwrap();
-        for (n, want) in [(1, 1), (m - 1, 1), (m, 1), (m + 1, 2), (2 * m, 2), (2 * m + 1, 3)] {
+        let me = std::thread::current().id();
+        for (n, want) in [(1, 1), (m - 1, 1), (m, 1), (m + 1, 1), (2 * m - 1, 1), (2 * m, 2), (3 * m, 3), (3 * m + 1, 3)] {
             assert_eq!(threads_for(n, 4), want, "{n} rows");
             assert_eq!(threads_for(n, 1), 1, "{n} rows, one thread allowed");
             let ids: Vec<usize> = (0..n).map(|i| (i * 7919) % rows).collect();
@@ -461,15 +472,35 @@ mod tests {
             // SAFETY: every id is below `rows`; `out` is sized for the ids.
             unsafe { gather_rows(&watched, &ids, None, conv, &mut out, 4) };
             let seen = std::mem::take(&mut *watched.seen.lock().unwrap());
-            assert_eq!(seen.len(), want, "gather of {n} rows ran on {} threads", seen.len());
-            if want == 1 {
-                assert!(seen.contains(&std::thread::current().id()), "gather of {n} rows left the calling thread");
-            }
+            assert!(ran_as_said(&seen, want, me), "gather of {n} rows ran on {} threads (at most {want}; alone: the caller)", seen.len());
             let src = vec![0u8; n * cols * 4];
             // SAFETY: as above; the table is only reached through `watched`.
             unsafe { scatter_rows(&watched, &ids, conv, &src, 4, None) }.unwrap();
             let seen = watched.seen.lock().unwrap();
-            assert_eq!(seen.len(), want, "scatter of {n} rows ran on {} threads", seen.len());
+            assert!(ran_as_said(&seen, want, me), "scatter of {n} rows ran on {} threads (at most {want}; alone: the caller)", seen.len());
+        }
+    }
+
+    /// Issue 30 item 10: a copy split into a thread per started 2048 rows
+    /// gave a second thread as little as one row (2049 rows: two threads),
+    /// whose start and join cost more than its share. Below two full
+    /// shares the calling thread copies every row itself.
+    #[test]
+    fn threads_slowing_things_down_small_copies_stay_on_the_calling_thread() {
+        let m = MIN_ROWS_PER_THREAD;
+        let (rows, cols) = (2 * m, 1usize);
+        let mut table: Vec<u32> = (0..rows as u32).collect();
+        let conv = RowConv::new(DType::I32, DType::I32, cols).unwrap();
+        for n in [m + 1, 2 * m - 1] {
+            let ids: Vec<usize> = (0..n).map(|i| (i * 7919) % rows).collect();
+            let watched = Watched { slab: Slab(SendPtr(table.as_mut_ptr().cast()), cols * 4), seen: Default::default() };
+            let mut out = vec![0u8; n * cols * 4];
+            // SAFETY: every id is below `rows`; `out` is sized for the ids.
+            unsafe { gather_rows(&watched, &ids, None, conv, &mut out, 2) };
+            let seen = std::mem::take(&mut *watched.seen.lock().unwrap());
+            assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![std::thread::current().id()], "gather of {n} rows on 2 threads");
+            let got: Vec<u32> = bytemuck::pod_collect_to_vec(&out);
+            assert_eq!(got, ids.iter().map(|&i| i as u32).collect::<Vec<_>>());
         }
     }
 

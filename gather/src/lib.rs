@@ -35,6 +35,7 @@ mod exchange;
 mod kernel;
 #[allow(unsafe_code)]
 mod mapped;
+pub mod parallel;
 pub mod profile;
 #[allow(unsafe_code)]
 pub mod rows;
@@ -316,9 +317,9 @@ impl RowSpan {
 }
 
 /// Threads a rank uses for local row copies: the table's
-/// [`WholeMemory::copy_threads`](wholemem::WholeMemory::copy_threads).
+/// [`WholeMemory::compute_threads`](wholemem::WholeMemory::compute_threads).
 pub fn threads(mem: &wholemem::WholeMemory) -> usize {
-    mem.copy_threads()
+    mem.compute_threads()
 }
 
 /// Gathers table rows `ids` into `out` (`ids.len()` rows of `layout.cols`

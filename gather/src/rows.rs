@@ -95,8 +95,8 @@ impl RowAddr for Skipped<'_, '_> {
 /// [`Error::InvalidArgument`] naming the value: a layout that does not fit
 /// the stride, a row past the source, an output of the wrong size, a slot
 /// past it, or (when the copy is split over threads: `threads > 1` and
-/// more than [`MIN_ROWS_PER_THREAD`](crate::MIN_ROWS_PER_THREAD) rows) a
-/// slot repeated; [`Error::Conversion`] between float and int.
+/// at least twice [`MIN_ROWS_PER_THREAD`](crate::MIN_ROWS_PER_THREAD) rows)
+/// a slot repeated; [`Error::Conversion`] between float and int.
 pub fn gather_from(
     src: &RowSource<'_>,
     layout: &RowLayout,
@@ -162,7 +162,7 @@ mod tests {
     use super::*;
 
     /// The repeated-slot check and the kernel's split share one threshold:
-    /// up to `MIN_ROWS_PER_THREAD` rows one thread writes every slot, so a
+    /// below twice `MIN_ROWS_PER_THREAD` rows one thread writes every slot, so a
     /// repeated one is accepted and the output is that of one thread; past
     /// it, threads would race on the slot, so it is refused. Distinct
     /// slots give one thread's output on either side.
@@ -178,7 +178,7 @@ mod tests {
             let mut out = vec![0u8; rows.len() * stride];
             gather_from(&src, &layout, rows, Some(slots), &mut out, DType::I32, threads).map(|()| out)
         };
-        for n in [m - 1, m, m + 1, m + 2] {
+        for n in [m, 2 * m - 2, 2 * m - 1, 2 * m, 2 * m + 1] {
             let rows: Vec<usize> = (0..n).map(|i| (i * 5 + 3) % src_rows).collect();
             let distinct: Vec<usize> = (0..n).rev().collect();
             let one = gather(&rows, &distinct, 1).unwrap();
@@ -195,12 +195,12 @@ mod tests {
             for threads in [2, 4] {
                 assert_eq!(gather(&rows, &distinct, threads).unwrap(), one, "{n} distinct slots on {threads} threads");
                 match gather(&rows, &repeated, threads) {
-                    Ok(out) if n <= m => assert_eq!(out, alone, "{n} rows, a repeated slot, {threads} threads"),
-                    Ok(_) => panic!("{n} rows on {threads} threads: a repeated slot was accepted past {m} rows"),
-                    Err(e) if n > m => {
+                    Ok(out) if n < 2 * m => assert_eq!(out, alone, "{n} rows, a repeated slot, {threads} threads"),
+                    Ok(_) => panic!("{n} rows on {threads} threads: a repeated slot was accepted from {} rows", 2 * m),
+                    Err(e) if n >= 2 * m => {
                         assert!(e.to_string().contains(&format!("slot {} at position {} is repeated", n - 1, n - 1)), "{e}")
                     }
-                    Err(e) => panic!("{n} rows on {threads} threads: a repeated slot was refused at or below {m} rows: {e}"),
+                    Err(e) => panic!("{n} rows on {threads} threads: a repeated slot was refused below {} rows: {e}", 2 * m),
                 }
             }
         }
@@ -235,12 +235,13 @@ mod tests {
         // Bad input names the value.
         let e = gather_from(&src, &whole, &[9], None, &mut out[..stride], DType::F32, 1).unwrap_err();
         assert!(e.to_string().contains("row 9 at position 0"), "{e}");
-        let many: Vec<usize> = (0..3000).map(|i| i % 9).collect();
-        let mut slots: Vec<usize> = (0..3000).collect();
-        slots[2999] = 5;
-        let mut big = vec![0u8; 3000 * stride];
+        let n = 2 * crate::MIN_ROWS_PER_THREAD;
+        let many: Vec<usize> = (0..n).map(|i| i % 9).collect();
+        let mut slots: Vec<usize> = (0..n).collect();
+        slots[n - 1] = 5;
+        let mut big = vec![0u8; n * stride];
         let e = gather_from(&src, &whole, &many, Some(&slots), &mut big, DType::F32, 2).unwrap_err();
-        assert!(e.to_string().contains("slot 5 at position 2999 is repeated"), "{e}");
+        assert!(e.to_string().contains(&format!("slot 5 at position {} is repeated", n - 1)), "{e}");
         // One thread: a repeated slot is no race; one of its rows wins.
         gather_from(&src, &whole, &many, Some(&slots), &mut big, DType::F32, 1).unwrap();
         let e = gather_from(&src, &whole, &[1], Some(&[3]), &mut out, DType::F32, 1).unwrap_err();

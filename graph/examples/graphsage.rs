@@ -23,10 +23,20 @@
 //! the ranks (an allgather), and Adam. An epoch is `--batches` mini-batches
 //! of seeds drawn from this rank's training nodes (80 % of its nodes), not
 //! a full pass, so the run fits a few minutes on two cores; it prints the
-//! loss, train and validation accuracy and the time spent sampling,
-//! gathering and computing. First the same model is trained with fanout 0
-//! (no neighbours) as a baseline; the last line is the test accuracy of the
-//! GraphSAGE model, `acc=…`.
+//! loss, train and validation accuracy, the epoch's wall time and the time
+//! spent sampling, gathering and computing. First the same model is trained
+//! with fanout 0 (no neighbours) as a baseline; the last line is the test
+//! accuracy of the GraphSAGE model, `acc=…`.
+//!
+//! Threads: a rank has `WM_THREADS` of them (default: its share of the
+//! cores). With two or more on one rank, a prefetch thread samples and gathers the next
+//! mini-batch while the current one computes (one batch ahead), and
+//! candle's matmuls keep to one thread unless three or more are left for
+//! them: the matmuls here are a few million multiply-adds, which two
+//! threads of gemm finish no sooner than one while the prefetch thread
+//! needs the other core. With one thread everything runs in turn.
+//! `--prefetch off` turns the prefetch thread off. The batches, and so the
+//! loss and the accuracy, are the same either way.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,7 +101,54 @@ struct Args {
     /// Seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Sample and gather the next mini-batch in a second thread while the
+    /// current one computes: `auto` (one rank with two threads or more),
+    /// `on` (one rank) or `off`.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    prefetch: String,
 }
+
+/// How a rank spends its threads.
+#[derive(Debug, Clone, Copy)]
+struct Threads {
+    /// A prefetch thread samples and gathers the next mini-batch.
+    prefetch: bool,
+    /// Threads candle's matmuls may use.
+    matmul: usize,
+}
+
+impl Threads {
+    /// `budget` threads (`WM_THREADS`, else the rank's share of the cores):
+    /// one for the prefetch thread when there are two or more (or `on`),
+    /// the rest for the matmuls, which gemm splits only from three.
+    ///
+    /// Only for one rank: with several, a run with the prefetch thread's
+    /// collectives beside the steps' (each on its own communicator) hung
+    /// in testing, not yet understood, so several ranks never prefetch.
+    fn plan(budget: usize, prefetch: &str, ranks: usize) -> Result<Self> {
+        let prefetch = match prefetch {
+            "on" if ranks > 1 => anyhow::bail!("--prefetch on needs one rank, not {ranks}: with several, a run hung in testing"),
+            "on" => true,
+            "off" => false,
+            _ => budget >= 2 && ranks == 1,
+        };
+        Ok(Self { prefetch, matmul: budget.saturating_sub(usize::from(prefetch)).max(1) })
+    }
+
+    /// Tells gemm (candle's CPU matmuls) whether to split: below
+    /// [`MIN_MATMUL_THREADS`] threads it never does.
+    fn apply(&self) {
+        if self.matmul < MIN_MATMUL_THREADS {
+            gemm::set_threading_threshold(usize::MAX);
+        }
+    }
+}
+
+/// Threads the matmuls need before gemm may split them: at two, splitting
+/// this model's matmuls (some 6 million multiply-adds, ~1 ms) saves less
+/// than the hand-over to gemm's worker costs on a core shared with the
+/// prefetch thread or with other work.
+const MIN_MATMUL_THREADS: usize = 3;
 
 type Comm = Arc<dyn Communicator>;
 
@@ -162,11 +219,23 @@ fn run() -> Result<()> {
     let train: Vec<i64> = own.clone().filter(|&v| split(v) == 0).map(|v| v as i64).collect();
     let (val, test) = (pick(1, a.eval), pick(2, a.eval));
 
+    let threads = Threads::plan(features.memory().copy_threads(), &a.prefetch, ranks)?;
+    threads.apply();
+    say(format!(
+        "threads: {} per rank; prefetch thread {}, matmuls on {}",
+        features.memory().copy_threads(),
+        if threads.prefetch { "on" } else { "off" },
+        if threads.matmul < MIN_MATMUL_THREADS { "1".to_owned() } else { threads.matmul.to_string() }
+    ));
+    // The main thread's own collectives (gradients, figures) go through a
+    // communicator of their own while the prefetch thread's sampling and
+    // gathers use the tables' — two threads never share one.
+    let steps = world.split(0, me as u32).context("a communicator for the training steps")?;
     let zero = vec![0; a.fanouts.len()];
-    let base = train_model(&world, &a, &graph, &features, &train, &val, &zero, "baseline (fanout 0)")?;
+    let base = train_model(&world, &steps, &a, threads, &graph, &features, &train, &val, &zero, "baseline (fanout 0)")?;
     let base_acc = accuracy(&world, &a, &graph, &features, &base, &test, &zero)?;
     say(format!("baseline_acc={base_acc:.4}"));
-    let sage = train_model(&world, &a, &graph, &features, &train, &val, &a.fanouts, "graphsage")?;
+    let sage = train_model(&world, &steps, &a, threads, &graph, &features, &train, &val, &a.fanouts, "graphsage")?;
     let acc = accuracy(&world, &a, &graph, &features, &sage, &test, &a.fanouts)?;
     say(format!("graphsage test accuracy {acc:.4}, baseline {base_acc:.4}, gain {:.4}", acc - base_acc));
     features.free()?;
@@ -310,6 +379,59 @@ fn prepare(
     Ok((mb, x))
 }
 
+/// One training step's input: the seeds, the sampled blocks, the features.
+type Prepared = (Vec<i64>, MiniBatch, Tensor);
+
+/// Runs `step` on every batch of `batches` (seeds, sampling seed), each
+/// prepared first — in turn on this thread, or with `prefetch` in a second
+/// thread one batch ahead, so that sampling and gathering the next batch
+/// overlap the current step. The prefetch thread is the only user of the
+/// tables' communicator meanwhile; `step` must use another. Returns the
+/// time spent preparing (in whichever thread did it).
+fn each_batch(
+    graph: &CsrGraph,
+    features: &WholeTensor<f32>,
+    fanouts: &[usize],
+    batches: Vec<(Vec<i64>, u64)>,
+    prefetch: bool,
+    mut step: impl FnMut(Prepared) -> Result<()>,
+) -> Result<Split> {
+    let mut t = Split::default();
+    if !prefetch {
+        for (seeds, seed) in batches {
+            let (mb, x) = prepare(graph, features, &seeds, fanouts, seed, &mut t)?;
+            step((seeds, mb, x))?;
+        }
+        return Ok(t);
+    }
+    std::thread::scope(|s| {
+        // One batch waits while the step runs: the next one is being made.
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(1);
+        let producer = s.spawn(move || {
+            let mut t = Split::default();
+            for (seeds, seed) in batches {
+                let made = prepare(graph, features, &seeds, fanouts, seed, &mut t).map(|(mb, x)| (seeds, mb, x));
+                let failed = made.is_err();
+                // A closed channel: the step failed, and says why.
+                if tx.send(made).is_err() || failed {
+                    break;
+                }
+            }
+            t
+        });
+        let mut outcome = Ok(());
+        for made in rx.iter() {
+            if let Err(e) = made.and_then(&mut step) {
+                outcome = Err(e);
+                break;
+            }
+        }
+        drop(rx);
+        let prepared = producer.join().unwrap_or_else(|p| std::panic::resume_unwind(p));
+        outcome.map(|()| prepared)
+    })
+}
+
 fn labels(ids: &[i64], classes: usize) -> Result<Tensor> {
     let v: Vec<u32> = ids.iter().map(|&v| (v as usize % classes) as u32).collect();
     Ok(Tensor::from_vec(v, ids.len(), &Device::Cpu)?)
@@ -329,7 +451,9 @@ fn global_ratio(world: &Comm, correct: u64, total: u64) -> Result<f64> {
 #[allow(clippy::too_many_arguments)]
 fn train_model(
     world: &Comm,
+    steps: &Comm,
     a: &Args,
+    threads: Threads,
     graph: &CsrGraph,
     features: &WholeTensor<f32>,
     train: &[i64],
@@ -343,34 +467,43 @@ fn train_model(
     let mut rng = Rng(a.seed ^ 0x5a6e ^ (me as u64) << 32);
     let loss_key = if fanouts.iter().all(|&f| f == 0) { "xent" } else { "loss" };
     for epoch in 1..=a.epochs {
-        let mut t = Split::default();
-        let (mut loss_sum, mut right, mut seen) = (0f64, 0u64, 0u64);
-        for b in 0..a.batches {
-            let mut seeds: Vec<i64> = (0..a.batch.min(train.len())).map(|_| train[rng.below(train.len().max(1))]).collect();
-            seeds.sort_unstable();
-            seeds.dedup();
-            let step_seed = a.seed.wrapping_mul(1_000_003) ^ ((epoch * 10_000 + b) as u64);
-            let (mb, x) = prepare(graph, features, &seeds, fanouts, step_seed, &mut t)?;
+        let epoch_start = Instant::now();
+        let batches: Vec<(Vec<i64>, u64)> = (0..a.batches)
+            .map(|b| {
+                let mut seeds: Vec<i64> = (0..a.batch.min(train.len())).map(|_| train[rng.below(train.len().max(1))]).collect();
+                seeds.sort_unstable();
+                seeds.dedup();
+                (seeds, a.seed.wrapping_mul(1_000_003) ^ ((epoch * 10_000 + b) as u64))
+            })
+            .collect();
+        let (mut loss_sum, mut right, mut seen, mut compute) = (0f64, 0u64, 0u64, 0f64);
+        let mut t = each_batch(graph, features, fanouts, batches, threads.prefetch, |(seeds, mb, x)| {
             let s = Instant::now();
             let logits = model.forward(&x, &mb)?;
             let y = labels(&seeds, a.classes)?;
             let loss = candle_nn::loss::cross_entropy(&logits, &y)?;
             let mut grads = loss.backward()?;
-            allreduce(world, &model.varmap, &mut grads)?;
+            allreduce(steps, &model.varmap, &mut grads)?;
             opt.step(&grads)?;
             loss_sum += f64::from(loss.to_scalar::<f32>()?);
             right += correct(&logits, &y)?;
             seen += seeds.len() as u64;
-            t.compute += s.elapsed().as_secs_f64();
-        }
+            compute += s.elapsed().as_secs_f64();
+            Ok(())
+        })?;
+        t.compute = compute;
+        let wall = epoch_start.elapsed().as_secs_f64();
         let losses = world.allgather_value(loss_sum / a.batches.max(1) as f64)?;
         let loss = losses.iter().sum::<f64>() / losses.len() as f64;
         let train_acc = global_ratio(world, right, seen)?;
         let val_acc = accuracy(world, a, graph, features, &model, val, fanouts)?;
         if me == 0 {
             println!(
-                "{name} epoch {epoch}: {loss_key}={loss:.4} train_acc={train_acc:.4} val_acc={val_acc:.4} time: sampling {:.2} s, gather {:.2} s, compute {:.2} s",
-                t.sample, t.gather, t.compute
+                "{name} epoch {epoch}: {loss_key}={loss:.4} train_acc={train_acc:.4} val_acc={val_acc:.4} epoch_s={wall:.3} (sampling {:.3} s, gather {:.3} s, compute {:.3} s{})",
+                t.sample,
+                t.gather,
+                t.compute,
+                if threads.prefetch { "; sampling and gathering overlap the compute" } else { "" }
             );
         }
     }

@@ -219,9 +219,10 @@ impl CsrGraph {
     }
 
     /// Threads this rank samples with: the tables'
-    /// [`copy_threads`](wholemem::WholeMemory::copy_threads) (`WM_THREADS`).
+    /// [`compute_threads`](wholemem::WholeMemory::compute_threads)
+    /// (`WM_THREADS`, else the rank's share of the cores that are idle now).
     pub fn threads(&self) -> usize {
-        self.row_ptr.memory().copy_threads()
+        self.row_ptr.memory().compute_threads()
     }
 
     /// The first bad id of `ids`, as an error naming it.

@@ -208,9 +208,20 @@ pub(crate) fn sample_local<C: Copy + Sync>(
     }
 }
 
-/// Centers a sampling thread gets at least (some ten thousand edges at the
-/// usual fanouts: a few hundred microseconds of work).
-const CENTERS_PER_THREAD: usize = 1024;
+/// Sampled edges a sampling thread gets at least (the expected count:
+/// centers × the fanout or the mean degree, whichever is smaller). One
+/// thread samples some 80 million edges a second, so this is some 0.4 ms
+/// of work — ten times what starting and joining a thread costs — and
+/// below two such shares the calling thread samples alone.
+pub(crate) const MIN_EDGES_PER_THREAD: usize = 32_768;
+
+/// Threads for sampling `centers` centers at `fanout` from a graph of
+/// `nodes` nodes and `edges` edges, when allowed `threads`: one per whole
+/// [`MIN_EDGES_PER_THREAD`] expected edges, at least one.
+pub(crate) fn sample_threads(centers: usize, fanout: usize, nodes: usize, edges: usize, threads: usize) -> usize {
+    let per_center = fanout.min(edges.div_ceil(nodes.max(1))).max(1);
+    wm_gather::parallel::threads_for(centers.saturating_mul(per_center), MIN_EDGES_PER_THREAD, threads)
+}
 
 /// Centers between a prefetch and the read it prepares.
 const AHEAD: usize = 8;
@@ -254,7 +265,7 @@ fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
         Ok((start as usize, end as usize))
     };
     // A thread costs tens of microseconds to start: only for enough work.
-    let threads = threads.min(centers.len().div_ceil(CENTERS_PER_THREAD));
+    let threads = sample_threads(centers.len(), req.fanout, graph.nodes(), edges, threads);
     let parts = split_work(centers.len(), threads, |chunk| -> Result<Picked> {
         let mut s = Scratch::default();
         let guess = chunk.len().saturating_mul(req.fanout.min(16));
@@ -379,6 +390,7 @@ fn sample_gathered(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threa
     }
 
     // The picks: edge positions per center, in parallel.
+    let threads = sample_threads(n, req.fanout, graph.nodes(), graph.edges(), threads);
     let parts = split_work(n, threads, |chunk| {
         let mut s = Scratch::default();
         let (mut counts, mut positions) = (Vec::with_capacity(chunk.len()), Vec::new());
@@ -526,6 +538,28 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    /// Issue 30 item 10: the sampler started a thread per 1024 centers,
+    /// whatever the fanout — 1025 centers at fanout 1 (some 1000 edges,
+    /// tens of microseconds) got two threads, whose start and join cost
+    /// about as much as the work. Threads now come from the expected
+    /// edges: below two shares of `MIN_EDGES_PER_THREAD`, one.
+    #[test]
+    fn threads_slowing_things_down_small_samples_take_one_thread() {
+        let m = MIN_EDGES_PER_THREAD;
+        // The graph of `wm-bench sample`: 10 edges per node.
+        let (nodes, edges) = (1_000_000, 10_000_000);
+        assert_eq!(sample_threads(1025, 1, nodes, edges, 2), 1, "1025 centers at fanout 1");
+        assert_eq!(sample_threads(4096, 2, nodes, edges, 4), 1, "4096 centers at fanout 2");
+        assert_eq!(sample_threads((2 * m - 1) / 10, 10, nodes, edges, 2), 1, "just under two shares");
+        assert_eq!(sample_threads(2 * m / 10 + 1, 10, nodes, edges, 2), 2, "two shares");
+        assert_eq!(sample_threads(1 << 20, 10, nodes, edges, 2), 2, "never past the threads allowed");
+        // The mean degree caps the work a large fanout can promise.
+        assert_eq!(sample_threads(4096, ALL, nodes, edges, 2), 1, "fanout all, mean degree 10");
+        assert_eq!(sample_threads(4096, ALL, 1000, 1_000_000, 2), 2, "fanout all, mean degree 1000");
+        assert_eq!(sample_threads(1 << 20, 0, nodes, edges, 2), 2, "fanout 0 still reads every center's offsets");
+        assert_eq!(sample_threads(0, 10, 0, 0, 2), 1, "an empty graph");
+    }
 
     /// Issue 30, item 1: weighted sampling with fanout 0 asked
     /// `select_nth_unstable_by` for position `k - 1`, which underflowed.

@@ -123,8 +123,8 @@ pub const WM_BACKEND: EnvVar = EnvVar {
 /// Threads per rank for local row copies.
 pub const WM_THREADS: EnvVar = EnvVar {
     name: "WM_THREADS",
-    default: "the machine's cores divided by the ranks with this rank's host name",
-    doc: "threads a rank uses to copy rows in gather and scatter, and to read and write files in load and store",
+    default: "the machine's cores divided by the ranks with this rank's host name; for gather, scatter and sampling no more than one plus the cores idle at the call (`/proc/loadavg`)",
+    doc: "threads a rank uses to copy rows in gather and scatter, to sample, and to read and write files in load and store",
 };
 /// Whether shared host tables are built from huge pages.
 pub const WM_HUGE_PAGES: EnvVar = EnvVar {

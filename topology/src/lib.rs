@@ -11,6 +11,7 @@
 
 pub mod domains;
 pub mod env;
+pub mod load;
 pub mod node;
 pub mod record;
 

@@ -571,14 +571,24 @@ impl WholeMemory {
         if let Ok(Some(n)) = wm_topology::env::WM_THREADS.parse::<usize>() {
             return n.max(1);
         }
-        // Asked once: the answer reads the CPU affinity and cgroup files
-        // (tens of microseconds), and every gather asks.
-        static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let cores = *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         let nodes = self.comm.nodes();
         let host = nodes[self.comm.rank()].hostname();
         let here = nodes.iter().filter(|n| n.hostname() == host).count();
-        (cores / here.max(1)).max(1)
+        (crate::cores::cores() / here.max(1)).max(1)
+    }
+
+    /// Threads this rank uses for a CPU-bound call now (gather, scatter,
+    /// sampling): `WM_THREADS` if set; else [`copy_threads`](Self::copy_threads)'s
+    /// share of the cores, but only as many beyond the calling thread as
+    /// cores are idle now ([`idle_threads_now`](crate::cores::idle_threads_now)). On cores that other work
+    /// keeps busy, a second thread does not run beside the first: it waits
+    /// its turn, and the call waits for it — slower than one thread.
+    pub fn compute_threads(&self) -> usize {
+        let share = self.copy_threads();
+        if share <= 1 || matches!(wm_topology::env::WM_THREADS.parse::<usize>(), Ok(Some(_))) {
+            return share;
+        }
+        share.min(1 + crate::cores::idle_threads_now())
     }
 
     /// Bytes of the table this process maps with huge pages (host memory;

@@ -24,6 +24,7 @@
 
 pub mod agree;
 mod capability;
+pub mod cores;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod device;
