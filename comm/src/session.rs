@@ -20,8 +20,13 @@
 //! announces (a flipped length bit would otherwise stall the receiver until
 //! its timeout). Under [`Wire::Aead`] the body is the
 //! ciphertext and the length is authenticated data; under [`Wire::Mac`]
-//! the body is the plaintext and the tag is a GMAC over the length and
-//! the body (AES-GCM with an empty plaintext).
+//! the body is the plaintext and the tag is a GMAC over the body (AES-GCM
+//! with the body as authenticated data and an empty plaintext; GCM's last
+//! block counts the authenticated bytes, so the length is covered too).
+//!
+//! A sender that owns the bytes it sends seals them where they lie
+//! ([`Sealer::seal_in_place`]) and writes prefix, body and tag with one
+//! vectored call; no copy of the payload is made.
 //!
 //! [`Sealed`] wraps a blocking stream (rendezvous, read servers,
 //! readers, the catalogue); the mesh's poll-driven endpoint drives a
@@ -38,8 +43,12 @@ use wm_topology::env::WM_WIRE;
 use crate::auth::Timed;
 use crate::{Error, Result};
 
-/// Most bytes of payload in one record.
-pub const RECORD_MAX: usize = 256 << 10;
+/// Most bytes of payload in one record: large enough that a record's
+/// system calls, tag and check cost little beside its bytes (a tag per
+/// 256 KiB cost the gather a measurable share), small enough that the
+/// buffer a connection keeps for the record being received stays small
+/// beside its frame allowance (`AHEAD_MAX` of the endpoint).
+pub const RECORD_MAX: usize = 1 << 20;
 /// Bytes of a record's prefix: its length and the length's check.
 pub const PREFIX: usize = 8;
 const LEN: usize = 4;
@@ -228,23 +237,44 @@ impl Sealer {
 
     /// Appends `plain` (at most [`RECORD_MAX`] bytes) to `out` as one record.
     pub fn seal_record(&mut self, plain: &[u8], out: &mut Vec<u8>) {
-        debug_assert!(plain.len() <= RECORD_MAX);
+        self.seal_parts(&[plain], out);
+    }
+
+    /// Appends the concatenation of `parts` (at most [`RECORD_MAX`] bytes
+    /// in all) to `out` as one record, copied once.
+    pub fn seal_parts(&mut self, parts: &[&[u8]], out: &mut Vec<u8>) {
+        let len: usize = parts.iter().map(|p| p.len()).sum();
+        debug_assert!(len <= RECORD_MAX);
+        out.reserve(PREFIX + len + TAG);
         let start = out.len();
-        let len = (plain.len() as u32).to_le_bytes();
-        out.extend_from_slice(&len);
-        out.extend_from_slice(&length_check(&self.length, self.seq, &len));
-        out.extend_from_slice(plain);
+        out.extend_from_slice(&[0u8; PREFIX]);
+        for p in parts {
+            out.extend_from_slice(p);
+        }
+        let (prefix, body) = out[start..].split_at_mut(PREFIX);
+        let (p, tag) = self.seal_in_place(body);
+        prefix.copy_from_slice(&p);
+        out.extend_from_slice(&tag);
+    }
+
+    /// Seals `body` (at most [`RECORD_MAX`] bytes) as the next record
+    /// where it lies: under [`Wire::Aead`] it is encrypted in place. The
+    /// record on the wire is the returned prefix, then `body`, then the
+    /// returned tag.
+    pub fn seal_in_place(&mut self, body: &mut [u8]) -> ([u8; PREFIX], [u8; TAG]) {
+        debug_assert!(body.len() <= RECORD_MAX);
+        let mut prefix = [0u8; PREFIX];
+        prefix[..LEN].copy_from_slice(&(body.len() as u32).to_le_bytes());
+        let check = length_check(&self.length, self.seq, &prefix[..LEN]);
+        prefix[LEN..].copy_from_slice(&check);
         let n = nonce(self.seq);
         self.seq += 1;
         let tag: Tag = match self.wire {
-            Wire::Aead => {
-                let (prefix, body) = out[start..].split_at_mut(PREFIX);
-                self.key.seal_in_place_separate_tag(n, Aad::from(&*prefix), body)
-            }
-            Wire::Mac => self.key.seal_in_place_separate_tag(n, Aad::from(&out[start..]), &mut []),
+            Wire::Aead => self.key.seal_in_place_separate_tag(n, Aad::from(&prefix), body),
+            Wire::Mac => self.key.seal_in_place_separate_tag(n, Aad::from(&*body), &mut []),
         }
         .expect("a record is far below AES-GCM's message limit");
-        out.extend_from_slice(tag.as_ref());
+        (prefix, tag.as_ref().try_into().expect("16 bytes"))
     }
 
     /// Records sealed so far.
@@ -301,7 +331,7 @@ impl Opener {
             }
             Wire::Mac => {
                 let (covered, tag) = record.split_at_mut(end);
-                self.key.open_in_place(nonce(seq), Aad::from(&*covered), tag).map_err(|_| SealError::Forged(seq))?;
+                self.key.open_in_place(nonce(seq), Aad::from(&covered[PREFIX..]), tag).map_err(|_| SealError::Forged(seq))?;
                 Ok(&record[PREFIX..end])
             }
         }
@@ -421,7 +451,7 @@ impl<S: Write> Write for Sealed<S> {
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         // Sealed and sent a few records at a time, so a large answer needs
         // no copy of its own size.
-        for chunk in buf.chunks(4 * RECORD_MAX) {
+        for chunk in buf.chunks(2 * RECORD_MAX) {
             self.out.clear();
             self.session.sealer.seal(chunk, &mut self.out);
             self.inner.write_all(&self.out)?;
