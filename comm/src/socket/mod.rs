@@ -97,6 +97,13 @@ fn mix(parts: &[u64]) -> u64 {
 }
 
 impl SocketComm {
+    /// The most memory a frame's declared length alone can make this
+    /// process hold for one connection, beyond the bytes that arrived: the
+    /// frame buffer's allowance ahead of them and the buffer of the record
+    /// being received.
+    pub const CONNECTION_AHEAD_MAX: usize =
+        endpoint::AHEAD_MAX + crate::session::PREFIX + crate::session::RECORD_MAX + crate::session::TAG + crate::session::PREFIX;
+
     /// The world communicator from the environment (`WM_RANK`, Slurm, Open
     /// MPI or PMI for the rank; `WM_RENDEZVOUS` for the meeting point;
     /// `WM_JOB_KEY` for the job's key).
