@@ -1078,6 +1078,30 @@ mod tests {
         assert_eq!(got[0].payload, b"abc");
     }
 
+    /// A spent payload is sealed where it lies, a record at a time, and
+    /// arrives whole behind its header.
+    #[test]
+    fn a_spent_payload_of_several_records_arrives_whole() {
+        let (mut ep, mut peer) = endpoint();
+        ep.max_frame = 1 << 30;
+        let len = 3 * RECORD_MAX + 5;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut hdr = [0u8; HEADER_LEN];
+            std::io::Read::read_exact(&mut peer, &mut hdr).unwrap();
+            let hdr = Header::decode(&hdr).unwrap();
+            let mut got = vec![0u8; hdr.len as usize];
+            std::io::Read::read_exact(&mut peer, &mut got).unwrap();
+            got
+        });
+        let mut buf = data.clone();
+        let hdr = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len: len as u64 };
+        let mut out = [Outgoing { to: 1, hdr, payload: Payload::Spent(&mut buf), fds: &[] }];
+        ep.transact("send", &mut out, &[]).unwrap();
+        assert_eq!(reader.join().unwrap(), data);
+        assert_ne!(buf, data, "sealed in place: the buffer holds ciphertext");
+    }
+
     #[test]
     fn an_abort_names_the_lost_rank_with_its_reason() {
         let (ep, mut peer) = endpoint();
