@@ -168,7 +168,13 @@ fn length_check(key: &LessSafeKey, seq: u64, len: &[u8]) -> [u8; PREFIX - LEN] {
 
 /// The tag of a [`Wire::Mac`] record: AES-GCM's over `body` encrypted
 /// in `scratch` (a copy), with `prefix` as authenticated data.
-fn mac_tag(key: &LessSafeKey, n: Nonce, prefix: &[u8], body: &[u8], scratch: &mut Vec<u8>) -> std::result::Result<Tag, ring::error::Unspecified> {
+fn mac_tag(
+    key: &LessSafeKey,
+    n: Nonce,
+    prefix: &[u8],
+    body: &[u8],
+    scratch: &mut Vec<u8>,
+) -> std::result::Result<Tag, ring::error::Unspecified> {
     scratch.clear();
     scratch.extend_from_slice(body);
     key.seal_in_place_separate_tag(n, Aad::from(prefix), scratch)

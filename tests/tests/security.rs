@@ -304,10 +304,8 @@ fn a_frame_announcing_2_to_the_62_bytes_is_an_error_naming_its_sender_on_every_r
 #[test]
 fn a_key_holder_declaring_2_to_the_31_or_40_bytes_costs_the_victim_at_most_its_connection_cap() {
     for declared in [1u64 << 31, 1 << 40] {
-        let report = World::new(3)
-            .nodes_of(1)
-            .env("WM_MAX_FRAME_GIB", "2048")
-            .run(SEC, &["declared-length", "1", "0", &declared.to_string(), "3"]);
+        let report =
+            World::new(3).nodes_of(1).env("WM_MAX_FRAME_GIB", "2048").run(SEC, &["declared-length", "1", "0", &declared.to_string(), "3"]);
         let transcript = wm_tests::transcript(&report);
         assert!(report.success(), "a frame declaring {declared} bytes: {:?}\n{transcript}", report.failures());
         assert!(transcript.contains("peak memory grew by"), "{transcript}");

@@ -15,8 +15,8 @@
 
 use std::collections::VecDeque;
 use std::io;
-use std::ops::Range;
 use std::net::TcpStream;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Mutex, MutexGuard};
