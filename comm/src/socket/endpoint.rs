@@ -275,7 +275,7 @@ impl Sending {
 }
 
 /// `parts` without their first `at` bytes.
-fn skip<'b>(parts: [&'b [u8]; 3], mut at: usize) -> [&'b [u8]; 3] {
+fn skip(parts: [&[u8]; 3], mut at: usize) -> [&[u8]; 3] {
     parts.map(|p| {
         let n = at.min(p.len());
         at -= n;
