@@ -143,7 +143,8 @@ struct Peer {
     sealer: Option<Sealer>,
     opener: Option<Opener>,
     /// The record being received: `rec_got` of its `rec_need` bytes
-    /// (its prefix's, until the prefix has arrived).
+    /// (its prefix's, until the prefix has arrived); over TCP up to a
+    /// prefix of the next record may follow it.
     rec: Vec<u8>,
     rec_got: usize,
     rec_need: usize,
