@@ -35,6 +35,21 @@ fn cmsg_space(n: usize) -> usize {
     unsafe { libc::CMSG_SPACE((n * mem::size_of::<RawFd>()) as u32) as usize }
 }
 
+/// Sends the concatenation of `parts` without blocking, with one system
+/// call (empty parts are skipped).
+pub(crate) fn send_vectored(fd: RawFd, parts: &[&[u8]]) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> =
+        parts.iter().filter(|p| !p.is_empty()).map(|p| libc::iovec { iov_base: p.as_ptr() as *mut _, iov_len: p.len() }).collect();
+    // SAFETY: zeroed msghdr is a valid empty header; the vector is set below.
+    let mut msg: libc::msghdr = unsafe { mem::zeroed() };
+    msg.msg_iov = iov.as_mut_ptr();
+    msg.msg_iovlen = iov.len() as _;
+    // SAFETY: every iovec points into a live slice of `parts`, which the
+    // kernel only reads; fd is open.
+    let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
+    cvt(n)
+}
+
 /// Sends `buf` with `fds` attached to its first byte (Unix sockets only).
 pub(crate) fn send_with_fds(fd: RawFd, buf: &[u8], fds: &[RawFd]) -> io::Result<usize> {
     assert!(!buf.is_empty() && fds.len() <= MAX_FDS);

@@ -276,6 +276,23 @@ fn a_frame_announcing_2_to_the_62_bytes_is_an_error_naming_its_sender_on_every_r
     hostile(World::new(4).nodes_of(2), 2, "huge");
 }
 
+/// Issue 32: a rank that holds the key declares a frame of 2^31 or 2^40
+/// bytes (under a raised frame limit, so only the buffer's growth rule
+/// stands between it and the victim's memory) and sends a megabyte of it:
+/// the victim fails naming it, its peak memory grows by no more than the
+/// per-connection cap, and the third rank is told.
+#[test]
+fn a_key_holder_declaring_2_to_the_31_or_40_bytes_costs_the_victim_at_most_its_connection_cap() {
+    for declared in [1u64 << 31, 1 << 40] {
+        let report =
+            World::new(3).nodes_of(1).env("WM_MAX_FRAME_GIB", "2048").run(SEC, &["declared-length", "1", "0", &declared.to_string(), "3"]);
+        let transcript = wm_tests::transcript(&report);
+        assert!(report.success(), "a frame declaring {declared} bytes: {:?}\n{transcript}", report.failures());
+        assert!(transcript.contains("peak memory grew by"), "{transcript}");
+        assert!(transcript.contains("rank 0 reported that it lost rank 1"), "rank 2 was not told\n{transcript}");
+    }
+}
+
 #[test]
 fn garbled_frames_are_errors_naming_their_sender_on_every_rank() {
     for kind in ["garbage", "fds", "bogus-abort"] {

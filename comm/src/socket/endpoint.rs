@@ -16,6 +16,7 @@
 use std::collections::VecDeque;
 use std::io;
 use std::net::TcpStream;
+use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
 use std::sync::{Mutex, MutexGuard};
@@ -24,7 +25,7 @@ use std::time::{Duration, Instant};
 use wm_topology::NodeIdentity;
 
 use super::wire::{HEADER_LEN, Header, Kind, Op};
-use crate::session::{Opener, PREFIX, RECORD_MAX, Sealer, Session};
+use crate::session::{Opener, PREFIX, RECORD_MAX, Sealer, Session, TAG};
 use crate::sys;
 use crate::{Error, Result};
 
@@ -142,7 +143,8 @@ struct Peer {
     sealer: Option<Sealer>,
     opener: Option<Opener>,
     /// The record being received: `rec_got` of its `rec_need` bytes
-    /// (its prefix's, until the prefix has arrived).
+    /// (its prefix's, until the prefix has arrived); over TCP up to a
+    /// prefix of the next record may follow it.
     rec: Vec<u8>,
     rec_got: usize,
     rec_need: usize,
@@ -202,42 +204,84 @@ fn grow(buf: &mut Vec<u8>, n: usize, declared: usize) -> Result<(), std::collect
 }
 
 /// How far one outgoing frame has gone: its header and payload are sealed
-/// a few records at a time into `buf`, which is sent before the next.
+/// a record at a time, and each record is sent before the next is sealed.
 #[derive(Debug, Default)]
 struct Sending {
-    /// Bytes of header and payload sealed so far.
+    /// Records sealed (the first carries the header).
+    records: usize,
+    /// Bytes of the payload sealed so far.
     sealed: usize,
+    /// The record staged to send, when it is not in place: the header's
+    /// (with a shared payload's first bytes), or a copy of a shared
+    /// payload's bytes.
     buf: Vec<u8>,
+    /// The record staged to send when it was sealed in a spent payload:
+    /// its prefix, the payload's bytes that are its body, its tag.
+    in_place: Option<([u8; PREFIX], Range<usize>, [u8; TAG])>,
+    /// Bytes of the staged record sent.
     sent: usize,
 }
 
-/// Plaintext sealed at a time for one frame.
-const SEAL_BATCH: usize = 4 * RECORD_MAX;
+/// Spent payloads shorter than this are sealed in a copy like shared ones,
+/// in the same record as their header (one record, one system call).
+const IN_PLACE_MIN: usize = 64 << 10;
 
 impl Sending {
-    fn done(&self, o: &Outgoing<'_>) -> bool {
-        self.sealed == HEADER_LEN + o.payload.len() && self.sent == self.buf.len()
-    }
-
-    /// Seals the next records of `o` (its header first) with `sealer`.
-    fn seal_more(&mut self, sealer: &mut Sealer, hdr: &[u8; HEADER_LEN], o: &Outgoing<'_>) {
-        self.buf.clear();
-        self.sent = 0;
-        let total = HEADER_LEN + o.payload.len();
-        let stop = total.min(self.sealed + SEAL_BATCH);
-        while self.sealed < stop {
-            let end = stop.min(self.sealed + RECORD_MAX);
-            if self.sealed < HEADER_LEN {
-                let mut first = Vec::with_capacity(end - self.sealed);
-                first.extend_from_slice(&hdr[self.sealed..]);
-                first.extend_from_slice(&o.payload[..end - HEADER_LEN]);
-                sealer.seal_record(&first, &mut self.buf);
-            } else {
-                sealer.seal_record(&o.payload[self.sealed - HEADER_LEN..end - HEADER_LEN], &mut self.buf);
-            }
-            self.sealed = end;
+    /// Bytes of the record staged.
+    fn staged(&self) -> usize {
+        match &self.in_place {
+            Some((_, body, _)) => PREFIX + body.len() + TAG,
+            None => self.buf.len(),
         }
     }
+
+    fn done(&self, o: &Outgoing<'_>) -> bool {
+        self.records > 0 && self.sealed == o.payload.len() && self.sent == self.staged()
+    }
+
+    /// Seals the next record of `o` (its header first) with `sealer`: a
+    /// spent payload where it lies, a shared one into `buf`.
+    fn seal_more(&mut self, sealer: &mut Sealer, hdr: &[u8; HEADER_LEN], o: &mut Outgoing<'_>) {
+        self.buf.clear();
+        self.in_place = None;
+        self.sent = 0;
+        let len = o.payload.len();
+        let first = self.records == 0;
+        self.records += 1;
+        match &mut o.payload {
+            Payload::Spent(p) if len >= IN_PLACE_MIN => {
+                if first {
+                    sealer.seal_record(hdr, &mut self.buf);
+                } else {
+                    let body = self.sealed..len.min(self.sealed + RECORD_MAX);
+                    let (prefix, tag) = sealer.seal_in_place(&mut p[body.clone()]);
+                    self.sealed = body.end;
+                    self.in_place = Some((prefix, body, tag));
+                }
+            }
+            p => {
+                let p = p.bytes();
+                if first {
+                    let n = len.min(RECORD_MAX - HEADER_LEN);
+                    sealer.seal_parts(&[hdr, &p[..n]], &mut self.buf);
+                    self.sealed = n;
+                } else {
+                    let end = len.min(self.sealed + RECORD_MAX);
+                    sealer.seal_record(&p[self.sealed..end], &mut self.buf);
+                    self.sealed = end;
+                }
+            }
+        }
+    }
+}
+
+/// `parts` without their first `at` bytes.
+fn skip(parts: [&[u8]; 3], mut at: usize) -> [&[u8]; 3] {
+    parts.map(|p| {
+        let n = at.min(p.len());
+        at -= n;
+        &p[n..]
+    })
 }
 
 /// Why the endpoint stopped working.
@@ -271,8 +315,31 @@ const SPARE_MAX: usize = 16;
 pub(crate) struct Outgoing<'a> {
     pub to: usize,
     pub hdr: Header,
-    pub payload: &'a [u8],
+    pub payload: Payload<'a>,
     pub fds: &'a [RawFd],
+}
+
+/// The bytes of an outgoing frame.
+pub(crate) enum Payload<'a> {
+    /// The caller's, left as they are: sealed in a copy.
+    Shared(&'a [u8]),
+    /// A buffer the caller gives up: sealed where it lies, so under `aead`
+    /// it holds ciphertext once the frame has gone (and, should the
+    /// operation fail, any mix of plaintext and ciphertext).
+    Spent(&'a mut [u8]),
+}
+
+impl Payload<'_> {
+    pub(crate) fn len(&self) -> usize {
+        self.bytes().len()
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Payload::Shared(p) => p,
+            Payload::Spent(p) => p,
+        }
+    }
 }
 
 /// A frame one operation waits for.
@@ -329,7 +396,7 @@ impl Endpoint {
     }
 
     /// Sends `out`, then waits for `want`; returns the wanted frames in order.
-    pub fn transact(&self, op: &'static str, out: &[Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
+    pub fn transact(&self, op: &'static str, out: &mut [Outgoing<'_>], want: &[Wanted]) -> Result<Vec<Msg>> {
         self.transact_with(op, out, want, &mut || false)
     }
 
@@ -342,7 +409,7 @@ impl Endpoint {
     pub fn transact_with(
         &self,
         op: &'static str,
-        out: &[Outgoing<'_>],
+        out: &mut [Outgoing<'_>],
         want: &[Wanted],
         step: &mut dyn FnMut() -> bool,
     ) -> Result<Vec<Msg>> {
@@ -356,7 +423,7 @@ impl Endpoint {
     pub fn transact_landing(
         &self,
         op: &'static str,
-        out: &[Outgoing<'_>],
+        out: &mut [Outgoing<'_>],
         want: &[Wanted],
         mut land: Option<Land<'_>>,
         step: &mut dyn FnMut(&mut [u8]) -> bool,
@@ -400,7 +467,7 @@ impl Endpoint {
         &self,
         st: &mut State,
         op: &'static str,
-        out: &[Outgoing<'_>],
+        out: &mut [Outgoing<'_>],
         want: &[Wanted],
         land: &mut Option<Land<'_>>,
         step: &mut dyn FnMut(&mut [u8]) -> bool,
@@ -411,7 +478,7 @@ impl Endpoint {
         let mut written: Vec<Sending> = out.iter().map(|_| Sending::default()).collect();
         let mut got: Vec<Option<Msg>> = (0..want.len()).map(|_| None).collect();
         let mut last_progress = Instant::now();
-        for o in out {
+        for o in out.iter() {
             debug_assert_ne!(o.to, self.world_rank, "frames to self are handled by the caller");
             self.check_open(st, o.to, op)?;
         }
@@ -435,7 +502,7 @@ impl Endpoint {
             }
             // 2. Push what can be written.
             let mut progress = false;
-            for (i, o) in out.iter().enumerate() {
+            for (i, o) in out.iter_mut().enumerate() {
                 progress |= self.write_some(st, o, &headers[i], &mut written[i], op, land)?;
             }
             // The kernel holds what fitted in the sockets: a step of the
@@ -570,7 +637,7 @@ impl Endpoint {
     fn write_some(
         &self,
         st: &mut State,
-        o: &Outgoing<'_>,
+        o: &mut Outgoing<'_>,
         hdr: &[u8; HEADER_LEN],
         s: &mut Sending,
         op: &'static str,
@@ -583,12 +650,18 @@ impl Endpoint {
         let fd = conn.fd();
         let mut progress = false;
         while !s.done(o) {
-            if s.sent == s.buf.len() {
+            if s.sent == s.staged() {
                 s.seal_more(sealer, hdr, o);
             }
             // Descriptors ride on the first byte of the frame's first record.
-            let first = s.sealed <= SEAL_BATCH && s.sent == 0;
-            let r = if first && !o.fds.is_empty() { sys::send_with_fds(fd, &s.buf, o.fds) } else { sys::send(fd, &s.buf[s.sent..]) };
+            let r = if s.records == 1 && s.sent == 0 && !o.fds.is_empty() {
+                sys::send_with_fds(fd, &s.buf, o.fds)
+            } else if let Some((prefix, body, tag)) = &s.in_place {
+                // Prefix, body and tag of a record sealed in place: one call.
+                sys::send_vectored(fd, &skip([prefix, &o.payload.bytes()[body.clone()], tag], s.sent))
+            } else {
+                sys::send(fd, &s.buf[s.sent..])
+            };
             match r {
                 Ok(n) => {
                     s.sent += n;
@@ -632,20 +705,22 @@ impl Endpoint {
             let Some(conn) = &peer.conn else { return Ok(ReadOutcome::Closed) };
             let fd = conn.fd();
             let unix = conn.is_unix();
-            if peer.rec.len() < peer.rec_need {
-                peer.rec.resize(peer.rec_need, 0);
-            }
-            // A record's prefix, then its body and tag: never past the
-            // record, so descriptors (on a frame's first byte) arrive with
-            // the prefix of the record they came with.
+            // A record's prefix, then its body and tag: on a Unix socket never
+            // past the record, so descriptors (on a frame's first byte)
+            // arrive with the prefix of the record they came with; over TCP
+            // the next record's prefix comes in the same call as the body.
             let (got, need) = (peer.rec_got, peer.rec_need);
+            let upto = if unix || need == PREFIX { need } else { need + PREFIX };
+            if peer.rec.len() < upto {
+                peer.rec.resize(upto, 0);
+            }
             let r = if got < PREFIX && unix {
                 let mut fds = Vec::new();
                 let r = sys::recv_with_fds(fd, &mut peer.rec[got..PREFIX], &mut fds);
                 peer.fds.extend(fds);
                 r
             } else {
-                sys::recv(fd, &mut peer.rec[got..need])
+                sys::recv(fd, &mut peer.rec[got..upto])
             };
             let n = match r {
                 Ok(0) => return Ok(ReadOutcome::Closed),
@@ -658,26 +733,40 @@ impl Endpoint {
                 Err(e) => return Err(self.lost(rank, "receiving", &format!("its stream cannot be read any more: {e}"))),
             };
             progress = true;
-            peer.rec_got += n;
-            let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
-            if peer.rec_got == PREFIX && peer.rec_need == PREFIX {
+            st.peers[rank].rec_got += n;
+            self.open_records(st, rank, land)?;
+        }
+    }
+
+    /// Opens and feeds every record of `rank` whose bytes have all
+    /// arrived; a prefix that arrived behind one is kept for the next.
+    fn open_records(&self, st: &mut State, rank: usize, land: &mut Option<Land<'_>>) -> Result<()> {
+        let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
+        loop {
+            let peer = &mut st.peers[rank];
+            if peer.rec_need == PREFIX {
+                if peer.rec_got < PREFIX {
+                    return Ok(());
+                }
                 let prefix: [u8; PREFIX] = peer.rec[..PREFIX].try_into().expect("8 bytes");
                 let opener = peer.opener.as_ref().expect("a connection has its keys");
                 peer.rec_need = PREFIX + opener.rest(&prefix).map_err(|e| bad(format!("its stream does not authenticate: {e}")))?;
-                continue;
             }
             if peer.rec_got < peer.rec_need {
-                continue;
+                return Ok(());
             }
             let mut rec = std::mem::take(&mut peer.rec);
-            let len = peer.rec_need;
+            let (len, extra) = (peer.rec_need, peer.rec_got - peer.rec_need);
             (peer.rec_got, peer.rec_need) = (0, PREFIX);
             let opener = peer.opener.as_mut().expect("a connection has its keys");
             let fed = match opener.open(&mut rec[..len]) {
                 Ok(plain) => self.feed(st, rank, plain, land),
                 Err(e) => Err(bad(format!("its stream does not authenticate: {e}"))),
             };
-            st.peers[rank].rec = rec;
+            rec.copy_within(len..len + extra, 0);
+            let peer = &mut st.peers[rank];
+            peer.rec = rec;
+            peer.rec_got = extra;
             fed?;
         }
     }
@@ -966,7 +1055,7 @@ mod tests {
     }
 
     fn barrier_from_peer(ep: &Endpoint) -> Result<Vec<Msg>> {
-        ep.transact("barrier", &[], &[Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::Barrier, seq: Some(0) }])
+        ep.transact("barrier", &mut [], &[Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::Barrier, seq: Some(0) }])
     }
 
     #[test]
@@ -988,6 +1077,30 @@ mod tests {
         peer.write_all(&[&h.encode()[..], b"abc"].concat()).unwrap();
         let got = barrier_from_peer(&ep).unwrap();
         assert_eq!(got[0].payload, b"abc");
+    }
+
+    /// A spent payload is sealed where it lies, a record at a time, and
+    /// arrives whole behind its header.
+    #[test]
+    fn a_spent_payload_of_several_records_arrives_whole() {
+        let (mut ep, mut peer) = endpoint();
+        ep.max_frame = 1 << 30;
+        let len = 3 * RECORD_MAX + 5;
+        let data: Vec<u8> = (0..len).map(|i| (i * 13 % 251) as u8).collect();
+        let reader = std::thread::spawn(move || {
+            let mut hdr = [0u8; HEADER_LEN];
+            std::io::Read::read_exact(&mut peer, &mut hdr).unwrap();
+            let hdr = Header::decode(&hdr).unwrap();
+            let mut got = vec![0u8; hdr.len as usize];
+            std::io::Read::read_exact(&mut peer, &mut got).unwrap();
+            got
+        });
+        let mut buf = data.clone();
+        let hdr = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len: len as u64 };
+        let mut out = [Outgoing { to: 1, hdr, payload: Payload::Spent(&mut buf), fds: &[] }];
+        ep.transact("send", &mut out, &[]).unwrap();
+        assert_eq!(reader.join().unwrap(), data);
+        assert_ne!(buf, data, "sealed in place: the buffer holds ciphertext");
     }
 
     #[test]
@@ -1016,12 +1129,12 @@ mod tests {
         let sinks = [Sink { from: 1, comm: 7, op: Op::AlltoallvInPlace, seq: 0, head: 1, row: 2, rows: &rows }];
         let mut out = [0u8; 6];
         let want = |seq| [Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::AlltoallvInPlace, seq: Some(seq) }];
-        let got = ep.transact_landing("test", &[], &want(0), Some(Land { out: &mut out, sinks: &sinks }), &mut |_| false).unwrap();
+        let got = ep.transact_landing("test", &mut [], &want(0), Some(Land { out: &mut out, sinks: &sinks }), &mut |_| false).unwrap();
         assert!(got[0].landed);
         assert_eq!(got[0].payload, b"h");
         assert_eq!(&out, b"BBCCAA");
         peer.write_all(&second[40..]).unwrap();
-        let got = ep.transact("test", &[], &want(1)).unwrap();
+        let got = ep.transact("test", &mut [], &want(1)).unwrap();
         assert_eq!(got[0].payload, vec![9u8; 100]);
     }
 
@@ -1053,7 +1166,7 @@ mod tests {
             peer.seal_to(&frame(1, b"two"), &mut second);
             let stream = if reorder { [second, first].concat() } else { [first.clone(), first].concat() };
             peer.get_mut().write_all(&stream).unwrap();
-            let e = ep.transact("barrier", &[], &[Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::Barrier, seq: None }]);
+            let e = ep.transact("barrier", &mut [], &[Wanted { from: 1, kind: Kind::Data, comm: 7, op: Op::Barrier, seq: None }]);
             // A replay behind a good frame: that frame arrives, the replay
             // breaks the endpoint, and the next call says why.
             let e = if reorder { e.unwrap_err() } else { barrier_from_peer(&ep).unwrap_err() };

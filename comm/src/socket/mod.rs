@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 pub use bootstrap::{Exchange, Rendezvous};
-use endpoint::{Endpoint, Land, Outgoing, Sink, Wanted};
+use endpoint::{Endpoint, Land, Outgoing, Payload, Sink, Wanted};
 pub use rendezvous::take_kept_listener;
 use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
@@ -98,6 +98,13 @@ fn mix(parts: &[u64]) -> u64 {
 }
 
 impl SocketComm {
+    /// The most memory a frame's declared length alone can make this
+    /// process hold for one connection, beyond the bytes that arrived: the
+    /// frame buffer's allowance ahead of them and the buffer of the record
+    /// being received.
+    pub const CONNECTION_AHEAD_MAX: usize =
+        endpoint::AHEAD_MAX + crate::session::PREFIX + crate::session::RECORD_MAX + crate::session::TAG + crate::session::PREFIX;
+
     /// The world communicator from the environment (`WM_RANK`, Slurm, Open
     /// MPI or PMI for the rank; `WM_RENDEZVOUS` for the meeting point;
     /// `WM_JOB_KEY` for the job's key).
@@ -307,13 +314,13 @@ impl SocketComm {
     fn collective(&self, op: Op, send: &[(usize, &[u8])], from: &[usize]) -> Result<Vec<Option<Vec<u8>>>> {
         let i = &self.inner;
         let seq = i.seq.fetch_add(1, Ordering::Relaxed);
-        let out: Vec<Outgoing<'_>> = send
+        let mut out: Vec<Outgoing<'_>> = send
             .iter()
             .filter(|(r, _)| *r != i.me)
             .map(|&(r, payload)| Outgoing {
                 to: i.members[r],
                 hdr: Header { kind: Kind::Data, op, nfds: 0, comm: i.id, seq, len: payload.len() as u64 },
-                payload,
+                payload: Payload::Shared(payload),
                 fds: &[],
             })
             .collect();
@@ -322,7 +329,7 @@ impl SocketComm {
             .filter(|&&r| r != i.me)
             .map(|&r| Wanted { from: i.members[r], kind: Kind::Data, comm: i.id, op, seq: Some(seq) })
             .collect();
-        let msgs = i.ep.transact(op.name(), &out, &want)?;
+        let msgs = i.ep.transact(op.name(), &mut out, &want)?;
         let mut res: Vec<Option<Vec<u8>>> = (0..i.members.len()).map(|_| None).collect();
         for (w, m) in from.iter().filter(|&&r| r != i.me).zip(msgs) {
             res[*w] = Some(m.payload);
@@ -385,12 +392,16 @@ impl SocketComm {
         fill(me, &mut own);
         let seq = i.seq.fetch_add(1, Ordering::Relaxed);
         let fd_lists: Vec<Vec<std::os::fd::RawFd>> = new_boxes.iter().map(|f| f.iter().copied().collect()).collect();
-        let frames: Vec<Outgoing<'_>> = (0..n)
-            .filter(|&r| r != me)
-            .map(|r| Outgoing {
+        // The payloads are this call's own buffers, recycled once it ends:
+        // they are sealed where they lie.
+        let mut frames: Vec<Outgoing<'_>> = payloads
+            .iter_mut()
+            .enumerate()
+            .filter(|&(r, _)| r != me)
+            .map(|(r, payload)| Outgoing {
                 to: i.members[r],
-                hdr: Header { kind: Kind::Data, op, nfds: fd_lists[r].len() as u16, comm: i.id, seq, len: payloads[r].len() as u64 },
-                payload: &payloads[r],
+                hdr: Header { kind: Kind::Data, op, nfds: fd_lists[r].len() as u16, comm: i.id, seq, len: payload.len() as u64 },
+                payload: Payload::Spent(payload),
                 fds: &fd_lists[r],
             })
             .collect();
@@ -406,7 +417,7 @@ impl SocketComm {
             .map(|(r, l)| Sink { from: i.members[r], comm: i.id, op, seq, head: 8 + l.head, row: l.row_bytes, rows: l.rows })
             .collect();
         let land = Land { out: &mut *out, sinks: &sinks };
-        let msgs = i.ep.transact_landing(op.name(), &frames, &want, Some(land), meanwhile)?;
+        let msgs = i.ep.transact_landing(op.name(), &mut frames, &want, Some(land), meanwhile)?;
         drop(frames);
         let mut msgs = msgs.into_iter();
         let mut received = Vec::with_capacity(n);
@@ -608,13 +619,13 @@ impl Communicator for SocketComm {
             return Err(Error::InvalidArgument(format!("{} descriptors in one message; at most {}", fds.len(), crate::sys::MAX_FDS)));
         }
         let raw: Vec<_> = fds.iter().map(|f| f.as_raw_fd()).collect();
-        let out = [Outgoing {
+        let mut out = [Outgoing {
             to: i.members[dest],
             hdr: Header { kind: Kind::Fds, op: Op::Fds, nfds: raw.len() as u16, comm: i.id, seq: 0, len: 0 },
-            payload: &[],
+            payload: Payload::Shared(&[]),
             fds: &raw,
         }];
-        i.ep.transact(Op::Fds.name(), &out, &[]).map(drop)
+        i.ep.transact(Op::Fds.name(), &mut out, &[]).map(drop)
     }
 
     fn recycle(&self, bufs: Vec<Vec<u8>>) {
@@ -625,7 +636,7 @@ impl Communicator for SocketComm {
         self.check_rank(src, "recv_fds source")?;
         let i = &self.inner;
         let want = [Wanted { from: i.members[src], kind: Kind::Fds, comm: i.id, op: Op::Fds, seq: None }];
-        let mut msgs = i.ep.transact(Op::Fds.name(), &[], &want)?;
+        let mut msgs = i.ep.transact(Op::Fds.name(), &mut [], &want)?;
         let fds = msgs.pop().expect("one frame").fds;
         if fds.len() != count {
             return Err(Error::Mismatch {

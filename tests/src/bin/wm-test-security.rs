@@ -12,12 +12,16 @@ use wm_comm::{CommExt, Communicator, SocketComm};
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let scenario = args.first().cloned().unwrap_or_default();
+    if scenario == "declared-length" {
+        victim_timeout(&args[1..]);
+    }
     let result = SocketComm::from_env().context("bootstrap").and_then(|world| {
         let rest = &args[1.min(args.len())..];
         match scenario.as_str() {
             "hostile-frame" => hostile_frame(&world, rest),
             "barrier-loss" => barrier_loss(&world, rest),
             "collectives" => collectives(&world),
+            "declared-length" => declared_length(&world, rest),
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -116,6 +120,70 @@ fn barrier_loss(world: &SocketComm, args: &[String]) -> Result<()> {
             return Ok(());
         }
         ensure!(round < rounds + 10_000, "rank {me}: the victim's loss was never noticed");
+    }
+    Ok(())
+}
+
+/// `declared-length`'s victim alone waits `WM_TIMEOUT_S` (the 4th
+/// argument) before it gives up; the others wait longer, so that every
+/// other rank hears of the hostile rank from the victim, and the hostile
+/// rank, whose calls the victim no longer answers, says nothing first.
+fn victim_timeout(args: &[String]) {
+    let victim = args.get(1).cloned().unwrap_or_default();
+    let short = args.get(3).cloned().unwrap_or_default();
+    let me = std::env::var("WM_RANK").unwrap_or_default();
+    let secs = if me == victim { short } else { "600".to_owned() };
+    // SAFETY: called first thing in `main`, before any other thread exists.
+    unsafe { std::env::set_var("WM_TIMEOUT_S", secs) };
+}
+
+/// Bytes of body the hostile rank of `declared-length` sends behind its
+/// header.
+const DECLARED_BODY: usize = 1 << 20;
+
+/// The peak resident memory of this process (`VmHWM`), in bytes.
+fn peak_rss() -> Result<usize> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).context("no VmHWM in /proc/self/status")?;
+    let kib: usize = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse()?;
+    Ok(kib << 10)
+}
+
+/// `declared-length HOSTILE VICTIM BYTES SECS`: rank HOSTILE, which holds the
+/// job's key, sends rank VICTIM a data frame whose header declares BYTES
+/// of payload, sealed like its honest frames, then a megabyte of it and
+/// nothing more. The victim must fail naming HOSTILE (the rest never
+/// comes: it gives up after SECS), with its peak memory grown by no more than the per-connection
+/// cap ([`SocketComm::CONNECTION_AHEAD_MAX`]) beyond the bytes sent; every
+/// other honest rank must be told, and fail naming HOSTILE too.
+fn declared_length(world: &SocketComm, args: &[String]) -> Result<()> {
+    let hostile: usize = args.first().context("the hostile rank")?.parse()?;
+    let victim: usize = args.get(1).context("the victim rank")?.parse()?;
+    let declared: u64 = args.get(2).context("the declared length")?.parse()?;
+    let me = world.rank();
+    let before = peak_rss()?;
+    world.barrier().context("the first barrier")?;
+    if me == hostile {
+        let mut bytes = SocketComm::raw_header(1, 1, 0, world.wire_id(), 1, declared).to_vec();
+        bytes.extend((0..DECLARED_BODY).map(|i| (i % 251) as u8));
+        world.inject_raw(victim, &bytes)?;
+        // Its own calls may end either way: the victim gives up on it.
+        let _ = world.barrier().and_then(|()| world.barrier());
+        return Ok(());
+    }
+    let err = match world.barrier().and_then(|()| world.barrier()) {
+        Ok(()) => bail!("rank {me}: the barriers after a frame declaring {declared} bytes from rank {hostile} succeeded"),
+        Err(e) => e,
+    };
+    println!("rank {me}: {err}");
+    ensure!(err.blamed_rank() == Some(hostile), "rank {me}: the error blames {:?}, not rank {hostile}: {err}", err.blamed_rank());
+    if me == victim {
+        let grown = peak_rss()?.saturating_sub(before);
+        let cap = SocketComm::CONNECTION_AHEAD_MAX + DECLARED_BODY;
+        println!("rank {me}: peak memory grew by {grown} bytes for a frame declaring {declared} (cap {cap})");
+        ensure!(grown <= cap, "rank {me}: peak memory grew by {grown} bytes for a frame declaring {declared}, over the cap of {cap}");
+    } else {
+        ensure!(err.to_string().contains(&format!("rank {victim} reported")), "rank {me}: not told by rank {victim}: {err}");
     }
     Ok(())
 }
