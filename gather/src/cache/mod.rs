@@ -23,6 +23,7 @@
 //! what they do in [`CacheStats`]. `docs/cache.md` has the design, the
 //! coherence rules and the figures.
 
+mod bypass;
 #[cfg(feature = "cuda")]
 mod device;
 mod node;
@@ -30,6 +31,7 @@ mod policy;
 
 #[cfg(feature = "cuda")]
 pub use device::DeviceCache;
+pub use bypass::Bypass;
 pub use node::{NodeCache, WriteMark};
 pub use policy::{AGEING_PER_SLOT, WAYS};
 
