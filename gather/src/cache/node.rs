@@ -434,10 +434,12 @@ impl NodeCache {
     /// for another table than the cache's.
     pub fn gather(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
         let start = std::time::Instant::now();
-        self.last = None;
         // 0. What was written since the last call, on any rank, and which
-        //    path this call takes (every rank alike).
-        let path = self.follow_writes(mem)?;
+        //    path this call takes (every rank alike, from the previous
+        //    call's times).
+        let path = self.follow_writes(mem);
+        self.last = None;
+        let path = path?;
         let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
             self.check_table(mem)?;
             Ok(conv)
