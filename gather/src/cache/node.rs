@@ -433,13 +433,15 @@ impl NodeCache {
     /// As [`wm_gather::gather`](crate::gather); [`Error::InvalidArgument`]
     /// for another table than the cache's.
     pub fn gather(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
-        let start = std::time::Instant::now();
         // 0. What was written since the last call, on any rank, and which
         //    path this call takes (every rank alike, from the previous
         //    call's times).
         let path = self.follow_writes(mem);
         self.last = None;
         let path = path?;
+        // Timed from here: the opening allgather is the same on both paths,
+        // and its wait is the other ranks' work between calls.
+        let start = std::time::Instant::now();
         let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
             self.check_table(mem)?;
             Ok(conv)
