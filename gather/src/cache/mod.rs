@@ -29,9 +29,9 @@ mod device;
 mod node;
 mod policy;
 
+pub use bypass::Bypass;
 #[cfg(feature = "cuda")]
 pub use device::DeviceCache;
-pub use bypass::Bypass;
 pub use node::{NodeCache, WriteMark};
 pub use policy::{AGEING_PER_SLOT, WAYS};
 

@@ -463,7 +463,6 @@ impl NodeCache {
     /// Steps 1 to 3 of a gather through the cache (the call's checks
     /// passed on this rank).
     fn gather_cached(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], conv: RowConv) -> Result<()> {
-
         let mut clock = crate::profile::Clock::around();
         // 1. Look up every id of a row another node owns (a few ids ahead,
         //    the tags they will read are asked for); this rank's own host
