@@ -9,7 +9,10 @@
 //! cached gather opens with an allgather (the write generations, see
 //! `node.rs`), which also carries each rank's time of its previous call.
 //! Every rank feeds the same samples to an identical chooser and so
-//! chooses alike — no extra collective.
+//! chooses alike — no extra collective. Inside a stretch of uncached
+//! calls the schedule alone decides ([`Chooser::quiet`]): those calls
+//! skip the allgather too, each rank keeping its times, and the first
+//! call after the stretch carries the median of them.
 //!
 //! The schedule: the first [`WARM_CALLS`] calls go through the cache (it
 //! warms); then the other path is tried for [`PROBE_CALLS`] calls, and the
@@ -167,6 +170,17 @@ impl Chooser {
         self.bypassed
     }
 
+    /// Whether the next call takes the uncached path whatever the samples
+    /// say (`Always`, or inside a stretch of it): it then needs no
+    /// exchange, and [`next`](Self::next) is called without a sample.
+    pub(crate) fn quiet(&self) -> bool {
+        match self.mode {
+            Bypass::Always => true,
+            Bypass::Off => false,
+            Bypass::Auto => self.calls >= WARM_CALLS && self.left > 0 && self.current == Path::Plain,
+        }
+    }
+
     /// The path of the next call, given the previous call's path and time
     /// (the slowest rank's), when it succeeded on every rank.
     pub(crate) fn next(&mut self, last: Option<(Path, u64)>) -> Path {
@@ -288,6 +302,26 @@ mod tests {
         // And the other way.
         let paths = run(&mut c, 2 * LAST_STRETCH as usize + 8, 3_000, 1_000);
         assert_eq!(*paths.last().unwrap_or(&Path::Cached), Path::Plain);
+    }
+
+    #[test]
+    fn quiet_calls_are_exactly_the_uncached_calls_inside_a_stretch() {
+        let mut c = Chooser::default();
+        let mut last = None;
+        let mut quiet = 0;
+        for _ in 0..3000 {
+            let q = c.quiet();
+            let p = c.next(if q { None } else { last });
+            assert!(!q || p == Path::Plain, "a quiet call is uncached");
+            quiet += usize::from(q);
+            last = Some((p, if p == Path::Cached { 2_000 } else { 1_000 }));
+        }
+        // Every uncached call but the first of each stretch or probe.
+        assert!(quiet > 2900 && (quiet as u64) < c.bypassed(), "{quiet} quiet of {} bypassed", c.bypassed());
+        c.set_mode(Bypass::Always);
+        assert!(c.quiet());
+        c.set_mode(Bypass::Off);
+        assert!(!c.quiet());
     }
 
     #[test]

@@ -126,9 +126,12 @@ pub struct NodeCache {
     scratch: Vec<u8>,
     /// Which path each gather takes (the same on every rank).
     chooser: Chooser,
-    /// This rank's previous gather: its path and time in nanoseconds, if
+    /// This rank's previous gather: its path and time in nanoseconds (for
+    /// uncached calls, the median of those since the last exchange), if
     /// it succeeded.
     last: Option<(Path, u64)>,
+    /// This rank's times of its uncached calls since the last exchange.
+    plain_times: Vec<u64>,
 }
 
 /// The table a cache belongs to: its allocation number, which no other
@@ -297,6 +300,7 @@ impl NodeCache {
             scratch: Vec::new(),
             chooser: Chooser::default(),
             last: None,
+            plain_times: Vec::new(),
             comm,
             local,
         })
@@ -436,8 +440,18 @@ impl NodeCache {
         // 0. What was written since the last call, on any rank, and which
         //    path this call takes (every rank alike, from the previous
         //    call's times).
-        let path = self.follow_writes(mem);
-        self.last = None;
+        //    Inside a stretch of uncached calls there is nothing to
+        //    exchange: the schedule decides, and the write generations
+        //    are followed at the next call that exchanges, before any
+        //    lookup (so no row written meanwhile is served).
+        let path = if self.chooser.quiet() {
+            Ok(self.chooser.next(None))
+        } else {
+            let path = self.follow_writes(mem);
+            self.last = None;
+            self.plain_times.clear();
+            path
+        };
         let path = path?;
         // Timed from here: the opening allgather is the same on both paths,
         // and its wait is the other ranks' work between calls.
@@ -449,14 +463,25 @@ impl NodeCache {
         let done = match (checked, path) {
             // Every rank learns it in the table's own exchange.
             (Err(e), _) => crate::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
-            // The table's own gather; the tags keep following the writes
-            // (step 0 above), so no row written meanwhile is served later.
+            // The table's own gather.
             (Ok(conv), Path::Plain) => crate::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || {}),
             (Ok(conv), Path::Cached) => self.gather_cached(mem, ids, out, conv),
         };
-        if done.is_ok() {
-            self.last = Some((path, u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX)));
-        }
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last = match (&done, path) {
+            (Err(_), _) => {
+                self.plain_times.clear();
+                None
+            }
+            (Ok(()), Path::Cached) => Some((path, ns)),
+            // The median of this rank's uncached calls since the last
+            // exchange.
+            (Ok(()), Path::Plain) => {
+                self.plain_times.push(ns);
+                self.plain_times.sort_unstable();
+                Some((path, self.plain_times[self.plain_times.len() / 2]))
+            }
+        };
         done
     }
 
