@@ -103,6 +103,10 @@ trait Path {
     fn timed(&mut self, ids: &[i64], out: &mut [u8], out_dt: DType) -> Result<f64>;
     /// The cache: its statistics, its slots and the rows it may hold.
     fn cache(&self) -> Option<(CacheStats, usize, usize)>;
+    /// Cached calls that took the uncached path (where the path knows).
+    fn bypassed(&self) -> Option<u64> {
+        None
+    }
     fn free(self: Box<Self>) -> Result<()>;
 }
 
@@ -125,6 +129,10 @@ impl Path for TablePath {
 
     fn cache(&self) -> Option<(CacheStats, usize, usize)> {
         Some((self.cache.stats(), self.cache.capacity(), self.cache.remote_rows()))
+    }
+
+    fn bypassed(&self) -> Option<u64> {
+        Some(self.cache.bypassed_calls())
     }
 
     fn free(self: Box<Self>) -> Result<()> {
@@ -173,6 +181,7 @@ fn embedding_path<T: EmbeddingElement>(world: &Arc<dyn Communicator>, a: &MoveAr
     world.barrier()?;
     if let Some(r) = a.cache_ratio {
         emb.enable_node_cache(r)?;
+        emb.set_node_cache_bypass(a.cache_bypass.mode());
     }
     Ok(Box::new(EmbeddingPath { emb, rows: Vec::new() }))
 }
@@ -252,6 +261,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 Some(Ageing::Off) => cache.set_ageing(None)?,
                 Some(Ageing::Every(f)) => cache.set_ageing(Some(f))?,
             }
+            cache.set_bypass(a.cache_bypass.mode());
             Box::new(TablePath { mem, cache })
         }
     };
@@ -334,6 +344,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
     // The node's hit rate over the timed batches, and the best static
     // choice's for the same ids.
     let cache = path.cache();
+    let bypassed = path.bypassed();
     let window = cache.map(|c| c.0.since(&before)).unwrap_or_default();
     let local = world.local();
     // The static choice by the distribution's own probabilities (with
@@ -417,6 +428,9 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             if let Some(g) = a.cache_ageing {
                 j["cache_ageing"] = g.to_string().into();
             }
+            if let Some(b) = bypassed {
+                j["cache_bypassed_calls"] = b.into();
+            }
             figures.extend_json(&mut j);
             if let Some(p) = &phases {
                 j["profile"] = p.json();
@@ -439,6 +453,9 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 a.cache_ageing.map(|g| format!(", cache ageing {g}")).unwrap_or_default()
             );
             figures.print();
+            if let Some(b) = bypassed {
+                println!("cache bypassed (uncached path taken) in {b} of {} cached calls", a.warmup + a.iters);
+            }
             report::print_verified(wrong_total);
             if let Some(p) = &phases {
                 p.print();

@@ -24,6 +24,27 @@ use crate::report::{self, Speeds, Spread};
 use crate::values;
 
 /// The ids' integer type.
+/// `--cache-bypass`: [`wm_gather::cache::Bypass`] by name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CacheBypass {
+    /// The faster path, measured.
+    Auto,
+    /// Always through the cache.
+    Off,
+    /// Always uncached.
+    Always,
+}
+
+impl CacheBypass {
+    pub(crate) fn mode(self) -> wm_gather::cache::Bypass {
+        match self {
+            Self::Auto => wm_gather::cache::Bypass::Auto,
+            Self::Off => wm_gather::cache::Bypass::Off,
+            Self::Always => wm_gather::cache::Bypass::Always,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum IdType {
     I32,
@@ -89,6 +110,10 @@ pub struct MoveArgs {
     /// (every count halved once the node counted F x slots accesses) [default: the library's, 4].
     #[arg(long, value_name = "off|F")]
     pub(crate) cache_ageing: Option<crate::cached::Ageing>,
+    /// With --cache-ratio: which path the node cache's gathers take — `auto` (the faster of the cached and the
+    /// uncached one, measured as it goes), `off` (always through the cache) or `always` (always uncached).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub(crate) cache_bypass: CacheBypass,
     /// Gather through `wm_embedding::Embedding::gather` (f32, f16 or bf16 tables; f32 output) instead of
     /// `wm_gather::gather`; with --cache-ratio, the embedding's node cache.
     #[arg(long)]

@@ -28,7 +28,7 @@
 
 use std::sync::Mutex;
 
-use wm_gather::cache::{CacheStats, NodeCache, WriteMark};
+use wm_gather::cache::{Bypass, CacheStats, NodeCache, WriteMark};
 use wm_gather::{DType, Ids};
 
 #[cfg(feature = "cuda")]
@@ -115,6 +115,19 @@ impl<T: EmbeddingElement> Embedding<T> {
         let cache = NodeCache::new(self.table.memory(), &self.layout, ratio)?;
         self.cache.node = Some(Mutex::new(cache));
         Ok(())
+    }
+
+    /// Which path the node cache's gathers take (see
+    /// [`NodeCache::set_bypass`]; by default the faster of the cached and
+    /// the uncached one, measured). Every rank passes the same; does
+    /// nothing without a node cache. Not collective.
+    pub fn set_node_cache_bypass(&mut self, mode: Bypass) {
+        if let Some(c) = self.cache.node.as_mut() {
+            match c.get_mut() {
+                Ok(c) => c.set_bypass(mode),
+                Err(p) => p.into_inner().set_bypass(mode),
+            }
+        }
     }
 
     /// Frees the node cache, if any. Collective.

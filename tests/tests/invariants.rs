@@ -217,10 +217,7 @@ fn shared_memory_slices_and_registrations_are_unsafe_fns_with_a_safety_section()
     ] {
         let text = std::fs::read_to_string(root().join(file)).unwrap_or_else(|e| panic!("{file}: {e}"));
         let lines: Vec<&str> = text.lines().collect();
-        let at = lines
-            .iter()
-            .position(|l| l.contains(&format!("fn {name}(")))
-            .unwrap_or_else(|| panic!("{file} has no fn {name}"));
+        let at = lines.iter().position(|l| l.contains(&format!("fn {name}("))).unwrap_or_else(|| panic!("{file} has no fn {name}"));
         assert!(lines[at].contains(&format!("unsafe fn {name}(")), "{file}: fn {name} is not an unsafe fn: {}", lines[at].trim());
         // Its doc comment (the `///` lines above, attributes and plain
         // comments skipped) has a `# Safety` section.

@@ -23,11 +23,13 @@
 //! what they do in [`CacheStats`]. `docs/cache.md` has the design, the
 //! coherence rules and the figures.
 
+mod bypass;
 #[cfg(feature = "cuda")]
 mod device;
 mod node;
 mod policy;
 
+pub use bypass::Bypass;
 #[cfg(feature = "cuda")]
 pub use device::DeviceCache;
 pub use node::{NodeCache, WriteMark};

@@ -8,6 +8,10 @@
 //!    table (one allgather of two words each) and drops the rows of every rank
 //!    whose generation moved since the cache last saw it (see
 //!    [`NodeCache`], "Coherence").
+//!    The same allgather carries each rank's path and time of its previous
+//!    gather, from which every rank alike chooses whether this call goes
+//!    through the cache or straight to the table's own gather
+//!    ([`Bypass`](super::Bypass)); steps 1 to 3 are the cached path.
 //! 1. **Look up.** Each id of a row another node owns is looked up in this
 //!    rank's copy of the tags (identical on every rank of the node).
 //! 2. **Fetch.** Every other id (misses, and rows of the node's other
@@ -39,6 +43,7 @@ use wholemem::agree::Rule;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};
 
+use super::bypass::{Bypass, Chooser, Path};
 use super::policy::{Fill, Placement, Tags};
 use super::{CacheStats, RowSpace, check_ratio, ratio_slots};
 use crate::kernel::{self, RowConv};
@@ -119,6 +124,14 @@ pub struct NodeCache {
     stats: CacheStats,
     /// The fetched rows' buffer, kept between calls.
     scratch: Vec<u8>,
+    /// Which path each gather takes (the same on every rank).
+    chooser: Chooser,
+    /// This rank's previous gather: its path and time in nanoseconds (for
+    /// uncached calls, the median of those since the last exchange), if
+    /// it succeeded.
+    last: Option<(Path, u64)>,
+    /// This rank's times of its uncached calls since the last exchange.
+    plain_times: Vec<u64>,
 }
 
 /// The table a cache belongs to: its allocation number, which no other
@@ -285,6 +298,9 @@ impl NodeCache {
             shared,
             stats: CacheStats::default(),
             scratch: Vec::new(),
+            chooser: Chooser::default(),
+            last: None,
+            plain_times: Vec::new(),
             comm,
             local,
         })
@@ -359,19 +375,30 @@ impl NodeCache {
 
     /// Step 0 of a gather: every rank's write generation of `mem` (when
     /// every rank passed the cache's table), and the rows of each rank whose
-    /// generation moved dropped. Collective.
-    fn follow_writes(&mut self, mem: &WholeMemory) -> Result<()> {
+    /// generation moved dropped; with them every rank's path and time of
+    /// its previous gather, from which every rank chooses this call's path
+    /// alike. Collective.
+    fn follow_writes(&mut self, mem: &WholeMemory) -> Result<Path> {
+        let (path, ns) = self.last.map_or((0, 0), |(p, ns)| (p.word(), ns));
         let mine = match self.check_table(mem) {
-            Ok(()) => [1, mem.write_generation()],
+            Ok(()) => [1, mem.write_generation(), path, ns],
             // The call fails (every rank learns why in its checks): leave
-            // everything as it is.
-            Err(_) => [0, 0],
+            // the rows as they are.
+            Err(_) => [0, 0, path, ns],
         };
         let all = self.comm.allgather_pod(&mine)?;
-        if all.chunks_exact(2).any(|w| w[0] != 1) {
-            return Ok(());
+        // The previous call's sample: its slowest rank, when every rank
+        // took the same path and succeeded.
+        let paths: Vec<Option<Path>> = all.chunks_exact(4).map(|w| Path::of_word(w[2])).collect();
+        let sample = match paths.first().copied().flatten() {
+            Some(p) if paths.iter().all(|&q| q == Some(p)) => Some((p, all.chunks_exact(4).map(|w| w[3]).max().unwrap_or(0))),
+            _ => None,
+        };
+        let chosen = self.chooser.next(sample);
+        if all.chunks_exact(4).any(|w| w[0] != 1) {
+            return Ok(chosen);
         }
-        for (r, w) in all.chunks_exact(2).enumerate() {
+        for (r, w) in all.chunks_exact(4).enumerate() {
             if self.seen[r] != w[1] {
                 if let Some(rows) = self.space.rank_rows(r) {
                     self.tags.invalidate_range(rows);
@@ -379,7 +406,25 @@ impl NodeCache {
                 self.seen[r] = w[1];
             }
         }
-        Ok(())
+        Ok(chosen)
+    }
+
+    /// Which path gathers take: [`Bypass::Auto`] (the default) measures
+    /// the cached and the uncached path and takes the faster, trying the
+    /// other now and then (docs/cache.md, "Safe to leave on"). Every rank
+    /// must pass the same. Not collective.
+    pub fn set_bypass(&mut self, mode: Bypass) {
+        self.chooser.set_mode(mode);
+    }
+
+    /// The path gathers take (see [`set_bypass`](Self::set_bypass)).
+    pub fn bypass(&self) -> Bypass {
+        self.chooser.mode()
+    }
+
+    /// The gathers of this cache that took the uncached path.
+    pub fn bypassed_calls(&self) -> u64 {
+        self.chooser.bypassed()
     }
 
     /// Gathers rows `ids` of `mem` (the table the cache was made for) into
@@ -392,18 +437,57 @@ impl NodeCache {
     /// As [`wm_gather::gather`](crate::gather); [`Error::InvalidArgument`]
     /// for another table than the cache's.
     pub fn gather(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
-        // 0. What was written since the last call, on any rank.
-        self.follow_writes(mem)?;
+        // 0. What was written since the last call, on any rank, and which
+        //    path this call takes (every rank alike, from the previous
+        //    call's times).
+        //    Inside a stretch of uncached calls there is nothing to
+        //    exchange: the schedule decides, and the write generations
+        //    are followed at the next call that exchanges, before any
+        //    lookup (so no row written meanwhile is served).
+        let path = if self.chooser.quiet() {
+            Ok(self.chooser.next(None))
+        } else {
+            let path = self.follow_writes(mem);
+            self.last = None;
+            self.plain_times.clear();
+            path
+        };
+        let path = path?;
+        // Timed from here: the opening allgather is the same on both paths,
+        // and its wait is the other ranks' work between calls.
+        let start = std::time::Instant::now();
         let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
             self.check_table(mem)?;
             Ok(conv)
         });
-        let conv = match checked {
-            Ok(c) => c,
+        let done = match (checked, path) {
             // Every rank learns it in the table's own exchange.
-            Err(e) => return crate::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
+            (Err(e), _) => crate::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
+            // The table's own gather.
+            (Ok(conv), Path::Plain) => crate::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || {}),
+            (Ok(conv), Path::Cached) => self.gather_cached(mem, ids, out, conv),
         };
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last = match (&done, path) {
+            (Err(_), _) => {
+                self.plain_times.clear();
+                None
+            }
+            (Ok(()), Path::Cached) => Some((path, ns)),
+            // The median of this rank's uncached calls since the last
+            // exchange.
+            (Ok(()), Path::Plain) => {
+                self.plain_times.push(ns);
+                self.plain_times.sort_unstable();
+                Some((path, self.plain_times[self.plain_times.len() / 2]))
+            }
+        };
+        done
+    }
 
+    /// Steps 1 to 3 of a gather through the cache (the call's checks
+    /// passed on this rank).
+    fn gather_cached(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], conv: RowConv) -> Result<()> {
         let mut clock = crate::profile::Clock::around();
         // 1. Look up every id of a row another node owns (a few ids ahead,
         //    the tags they will read are asked for); this rank's own host

@@ -30,7 +30,7 @@ use half::bf16;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory, query};
 use wm_comm::{CommExt, Communicator};
 use wm_embedding::{Embedding, EmbeddingElement, Init, Optimizer};
-use wm_gather::cache::{CacheStats, NodeCache};
+use wm_gather::cache::{Bypass, CacheStats, NodeCache};
 use wm_gather::{DType, Ids, RowLayout};
 use wm_tests::Rng;
 
@@ -160,6 +160,8 @@ fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: O
     let (first, width) = layout_cols.unwrap_or((0, cols));
     let layout = RowLayout::new(dt, width, first)?;
     let mut cache = NodeCache::new(&mem, &layout, ratio).with_context(|| format!("a node cache for {case}"))?;
+    // Every call through the cache: the checks count its hits.
+    cache.set_bypass(Bypass::Off);
     // Hot rows: the same on every rank.
     let mut hrng = Rng::new(&[17, rows as u64]);
     let hot: Vec<usize> = (0..24).map(|_| hrng.below(rows as u64) as usize).collect();
@@ -310,6 +312,7 @@ fn embedding_case<T: EmbeddingElement + FromF64>(world: &Comm, ty: MemoryType, r
     let mut emb = Embedding::<T>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::adam()))?;
     emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 3)?;
     emb.enable_node_cache(ratio).with_context(|| case.clone())?;
+    emb.set_node_cache_bypass(Bypass::Off);
     let layout = RowLayout::of(emb.table())?;
     let mut hrng = Rng::new(&[19, rows as u64]);
     let hot: Vec<usize> = (0..16).map(|_| hrng.below(rows as u64) as usize).collect();
@@ -427,6 +430,8 @@ fn bad_ratio(world: &Comm) -> Result<()> {
     expect_err(NodeCache::new(&mem, &RowLayout::new(DType::F32, cols, 1)?, 0.5), &["do not fit in a row"], "a layout past the row")?;
     // The next call works: a cache and a gather.
     let mut cache = NodeCache::new(&mem, &layout, 0.1)?;
+    // Every call through the cache: the checks count its hits.
+    cache.set_bypass(Bypass::Off);
     let ids: Vec<i64> = (0..rows as i64).step_by(7).collect();
     let mut out = vec![0u8; ids.len() * cols * 4];
     cache.gather(&mem, Ids::I64(&ids), &mut out, DType::F32)?;
@@ -447,6 +452,7 @@ fn bad_ratio(world: &Comm) -> Result<()> {
     let mut emb = Embedding::<f32>::allocate(world, MemoryType::Distributed, Location::Host, rows, cols, None, Some(Optimizer::sgd()))?;
     expect_err(emb.enable_node_cache(-1.0), &["cache ratio -1"], "an embedding's bad ratio")?;
     emb.enable_node_cache(0.5)?;
+    emb.set_node_cache_bypass(Bypass::Off);
     let mut x = vec![0f32; ids.len() * cols];
     emb.gather(&ids, &mut x)?;
     emb.free()?;
@@ -595,6 +601,8 @@ fn coherence_case(world: &Comm, ty: MemoryType, ratio: f64, files: &Path) -> Res
     world.barrier()?;
     let layout = RowLayout::new(DType::F32, cols, 0)?;
     let mut cache = NodeCache::new(&mem, &layout, ratio)?;
+    // Every call through the cache: the checks count its hits.
+    cache.set_bypass(Bypass::Off);
     // Hot rows: the writer's first rows and rows of every owner.
     let theirs = mem.partition().range(writer);
     let mut hrng = Rng::new(&[29, rows as u64]);
@@ -609,7 +617,18 @@ fn coherence_case(world: &Comm, ty: MemoryType, ratio: f64, files: &Path) -> Res
         let mut rng = Rng::new(&[31, me as u64, round as u64]);
         let mut ids: Vec<i64> = hot.iter().map(|&r| r as i64).collect();
         ids.extend((0..30).map(|_| rng.below(rows as u64) as i64));
-        read_checked(&mut cache, &mem, &ids, &version, &what)?;
+        // Odd rounds read first on the uncached path (as a cache that
+        // measured itself not paying does), with the write of the round
+        // before unseen by any cached call yet: the cached read after it
+        // must not serve the rows written while the cache was bypassed.
+        let bypassed = round % 2 == 1;
+        if bypassed {
+            cache.set_bypass(Bypass::Always);
+        }
+        let before = cache.bypassed_calls();
+        read_checked(&mut cache, &mem, &ids, &version, &format!("{what}, bypassed {bypassed}"))?;
+        ensure!(cache.bypassed_calls() == before + u64::from(bypassed), "{what}: bypassed {bypassed} not honoured");
+        cache.set_bypass(Bypass::Off);
         // The hot rows again: from the cache now.
         let hot_ids: Vec<i64> = hot.iter().map(|&r| r as i64).collect();
         read_checked(&mut cache, &mem, &hot_ids, &version, &format!("{what}, read twice"))?;
@@ -638,6 +657,8 @@ fn coherence_embedding(world: &Comm, ty: MemoryType) -> Result<()> {
     emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 7)?;
     let layout = RowLayout::of(emb.table())?;
     let mut cache = NodeCache::new(emb.table().memory(), &layout, 1.0)?;
+    // Every call through the cache: the checks count its hits.
+    cache.set_bypass(Bypass::Off);
     let hot: Vec<i64> = (0..rows as i64).step_by(11).collect();
     for step in 0..4 {
         for read in 0..2 {
@@ -683,6 +704,8 @@ fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
     world.barrier()?;
     let layout = RowLayout::new(DType::F32, cols, 0)?;
     let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
+    // Every call through the cache: the checks count its hits.
+    cache.set_bypass(Bypass::Off);
     // Rows of every owner: some kept, some written.
     let kept: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 0).collect();
     let written: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 2).collect();
@@ -703,6 +726,7 @@ fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
     let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::sgd()))?;
     emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 5)?;
     emb.enable_node_cache(1.0)?;
+    emb.set_node_cache_bypass(Bypass::Off);
     let mut x = vec![0f32; both.len() * cols];
     emb.gather(&both, &mut x)?;
     let grads = vec![0.5f32; mine.len() * cols];
@@ -800,6 +824,8 @@ fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
         world.barrier()?;
         let layout = RowLayout::new(DType::F32, cols, 0)?;
         let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
+        // Every call through the cache: the checks count its hits.
+        cache.set_bypass(Bypass::Off);
         let hot: Vec<i64> = (0..rows as i64).step_by(9).collect();
         let mut out = vec![0u8; hot.len() * cols * 4];
         cache.gather(&mem, Ids::I64(&hot), &mut out, DType::F32)?;
@@ -844,6 +870,7 @@ fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
         let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::adam()))?;
         emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 1)?;
         emb.enable_node_cache(1.0)?;
+        emb.set_node_cache_bypass(Bypass::Off);
         let mut x = vec![0f32; hot.len() * cols];
         emb.gather(&hot, &mut x)?;
         let all: Vec<i64> = (0..rows as i64).collect();
@@ -1023,6 +1050,8 @@ fn reused_table(world: &Comm) -> Result<()> {
         mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
         world.barrier()?;
         let mut cache = NodeCache::new(&mem, &layout, 0.5)?;
+        // Every call through the cache: the checks count its hits.
+        cache.set_bypass(Bypass::Off);
         let ids: Vec<i64> = (0..rows as i64).step_by(5).collect();
         read_checked(&mut cache, &mem, &ids, &version, &format!("{ty}: the first table"))?;
         let old_place = mem.rank_ptr(me).map(|p| p as usize);
@@ -1051,6 +1080,8 @@ fn reused_table(world: &Comm) -> Result<()> {
         )?;
         cache.free()?;
         let mut cache = NodeCache::new(&fresh, &layout, 0.5)?;
+        // Every call through the cache: the checks count its hits.
+        cache.set_bypass(Bypass::Off);
         read_checked(&mut cache, &fresh, &ids, &version, &format!("{ty}: the new table's own cache"))?;
         cache.free()?;
         fresh.free()?;
