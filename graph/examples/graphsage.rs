@@ -29,7 +29,7 @@
 //! accuracy of the GraphSAGE model, `acc=…`.
 //!
 //! Threads: a rank has `WM_THREADS` of them (default: its share of the
-//! cores). With two or more on one rank, a prefetch thread samples and gathers the next
+//! cores). With two or more, a prefetch thread samples and gathers the next
 //! mini-batch while the current one computes (one batch ahead), and
 //! candle's matmuls keep to one thread unless three or more are left for
 //! them: the matmuls here are a few million multiply-adds, which two
@@ -102,8 +102,8 @@ struct Args {
     #[arg(long, default_value_t = 1)]
     seed: u64,
     /// Sample and gather the next mini-batch in a second thread while the
-    /// current one computes: `auto` (one rank with two threads or more),
-    /// `on` (one rank) or `off`.
+    /// current one computes: `auto` (with two threads or more), `on` or
+    /// `off`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     prefetch: String,
 }
@@ -120,19 +120,16 @@ struct Threads {
 impl Threads {
     /// `budget` threads (`WM_THREADS`, else the rank's share of the cores):
     /// one for the prefetch thread when there are two or more (or `on`),
-    /// the rest for the matmuls, which gemm splits only from three.
-    ///
-    /// Only for one rank: with several, a run with the prefetch thread's
-    /// collectives beside the steps' (each on its own communicator) hung
-    /// in testing, not yet understood, so several ranks never prefetch.
-    fn plan(budget: usize, prefetch: &str, ranks: usize) -> Result<Self> {
+    /// the rest for the matmuls, which gemm splits only from three. With
+    /// several ranks the prefetch thread's collectives run beside the
+    /// steps', each thread on a communicator of its own.
+    fn plan(budget: usize, prefetch: &str) -> Self {
         let prefetch = match prefetch {
-            "on" if ranks > 1 => anyhow::bail!("--prefetch on needs one rank, not {ranks}: with several, a run hung in testing"),
             "on" => true,
             "off" => false,
-            _ => budget >= 2 && ranks == 1,
+            _ => budget >= 2,
         };
-        Ok(Self { prefetch, matmul: budget.saturating_sub(usize::from(prefetch)).max(1) })
+        Self { prefetch, matmul: budget.saturating_sub(usize::from(prefetch)).max(1) }
     }
 
     /// Tells gemm (candle's CPU matmuls) whether to split: below
@@ -219,7 +216,7 @@ fn run() -> Result<()> {
     let train: Vec<i64> = own.clone().filter(|&v| split(v) == 0).map(|v| v as i64).collect();
     let (val, test) = (pick(1, a.eval), pick(2, a.eval));
 
-    let threads = Threads::plan(features.memory().copy_threads(), &a.prefetch, ranks)?;
+    let threads = Threads::plan(features.memory().copy_threads(), &a.prefetch);
     threads.apply();
     say(format!(
         "threads: {} per rank; prefetch thread {}, matmuls on {}",

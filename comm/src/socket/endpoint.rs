@@ -19,6 +19,7 @@ use std::net::TcpStream;
 use std::ops::Range;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -226,6 +227,11 @@ struct Sending {
 /// in the same record as their header (one record, one system call).
 const IN_PLACE_MIN: usize = 64 << 10;
 
+/// How long an operation polls its peers, at most, while another thread
+/// of this process waits for the endpoint, before it hands the endpoint
+/// over ([`Endpoint::hand_over`]).
+const HANDOVER_POLL_MS: u128 = 5;
+
 impl Sending {
     /// Bytes of the record staged.
     fn staged(&self) -> usize {
@@ -237,6 +243,13 @@ impl Sending {
 
     fn done(&self, o: &Outgoing<'_>) -> bool {
         self.records > 0 && self.sealed == o.payload.len() && self.sent == self.staged()
+    }
+
+    /// Whether no byte of `o` is on its way: not begun, or all sent. Only
+    /// then may another operation write to the same peer, whose records
+    /// must follow each other whole and in the order they were sealed.
+    fn between_frames(&self, o: &Outgoing<'_>) -> bool {
+        self.records == 0 || self.done(o)
     }
 
     /// Seals the next record of `o` (its header first) with `sealer`: a
@@ -361,6 +374,12 @@ pub(crate) struct Endpoint {
     /// The largest frame payload sent or accepted, in bytes.
     pub max_frame: u64,
     state: Mutex<State>,
+    /// Threads of this process waiting for `state`. An operation that waits
+    /// on its peers hands the endpoint over to them between its polls, so
+    /// that two threads using two communicators each get their frames out:
+    /// otherwise one that holds the endpoint waits on a peer whose own
+    /// holder waits on this process's other thread, and neither moves.
+    waiting: AtomicUsize,
 }
 
 /// What a read from one peer produced.
@@ -381,7 +400,7 @@ impl Endpoint {
     ) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
         let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: crate::BufferPool::new(SPARE_MIN, SPARE_MAX) });
-        Self { world_rank, nodes, timeout, max_frame, state }
+        Self { world_rank, nodes, timeout, max_frame, state, waiting: AtomicUsize::new(0) }
     }
 
     /// Number of ranks in the world.
@@ -392,7 +411,38 @@ impl Endpoint {
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves frames half read; the state
         // is still memory-safe, and `broken` will usually be set by then.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        match self.state.try_lock() {
+            Ok(st) => return st,
+            Err(std::sync::TryLockError::Poisoned(p)) => return p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => {}
+        }
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        st
+    }
+
+    /// Lets a thread waiting for the endpoint have it, then takes it back.
+    /// A frame half received into `land` goes on into a buffer of its own
+    /// first ([`Endpoint::suspend`]): the other thread's operation reads
+    /// from the same peers and knows nothing of this one's memory.
+    fn hand_over<'a>(&'a self, held: &mut Option<MutexGuard<'a, State>>, land: Option<&Land<'_>>) -> Result<()> {
+        let waiting = self.waiting.load(Ordering::SeqCst);
+        if let Some(st) = held.as_mut() {
+            self.suspend(st, land);
+        }
+        drop(held.take());
+        // A mutex may go back to the thread that just let it go: wait, a
+        // little, for a waiter to have it.
+        let until = Instant::now() + Duration::from_millis(2);
+        while self.waiting.load(Ordering::SeqCst) >= waiting && Instant::now() < until {
+            std::thread::yield_now();
+        }
+        let st = held.insert(self.lock());
+        match &st.broken {
+            Some(b) => Err(Error::PeerLost { rank: b.rank, op: "a collective", detail: b.detail.clone() }),
+            None => Ok(()),
+        }
     }
 
     /// Sends `out`, then waits for `want`; returns the wanted frames in order.
@@ -428,7 +478,8 @@ impl Endpoint {
         mut land: Option<Land<'_>>,
         step: &mut dyn FnMut(&mut [u8]) -> bool,
     ) -> Result<Vec<Msg>> {
-        let mut st = self.lock();
+        let mut held = Some(self.lock());
+        let st = held.as_mut().expect("held");
         if let Some(b) = &st.broken {
             return Err(Error::PeerLost { rank: b.rank, op, detail: b.detail.clone() });
         }
@@ -447,25 +498,26 @@ impl Endpoint {
                 wm_topology::env::WM_MAX_FRAME_GIB.name
             );
             // The peers would wait for it: tell them this rank gives up.
-            self.abandon(&mut st, self.world_rank, &detail);
+            self.abandon(st, self.world_rank, &detail);
             return Err(Error::InvalidArgument(detail));
         }
-        let res = self.run(&mut st, op, out, want, &mut land, step);
+        let res = self.run(&mut held, op, out, want, &mut land, step);
+        let st = held.as_mut().expect("the endpoint is held again after every hand-over");
         // No frame may go on landing in `land.out` after this call.
-        self.unland(&mut st, land.as_ref());
+        self.unland(st, land.as_ref());
         if let Err(e) = &res {
             if let Error::Mismatch { detail, .. } = e {
                 let ids: Vec<u64> = want.iter().map(|w| w.comm).collect();
                 st.poisoned.extend(ids.into_iter().map(|id| (id, detail.clone())));
             }
-            self.mark_broken(&mut st, e);
+            self.mark_broken(st, e);
         }
         res
     }
 
-    fn run(
-        &self,
-        st: &mut State,
+    fn run<'a>(
+        &'a self,
+        held: &mut Option<MutexGuard<'a, State>>,
         op: &'static str,
         out: &mut [Outgoing<'_>],
         want: &[Wanted],
@@ -480,7 +532,7 @@ impl Endpoint {
         let mut last_progress = Instant::now();
         for o in out.iter() {
             debug_assert_ne!(o.to, self.world_rank, "frames to self are handled by the caller");
-            self.check_open(st, o.to, op)?;
+            self.check_open(held.as_ref().expect("held"), o.to, op)?;
         }
         // A frame from another collective ends the wait for that peer, but
         // this rank's own frames still go out, so its peers see the mismatch
@@ -488,11 +540,17 @@ impl Endpoint {
         let mut mismatch: Option<Error> = None;
         let mut settled = vec![false; want.len()];
         loop {
-            // 1. Take what has arrived.
+            let st = held.as_mut().expect("held");
+            // 1. Take what has arrived (another thread's operation may have
+            // read it while this one let the endpoint go).
+            let mut progress = false;
             for (i, w) in want.iter().enumerate() {
                 if got[i].is_none() && !settled[i] {
                     match self.take(st, w, op) {
-                        Ok(m) => got[i] = m,
+                        Ok(m) => {
+                            progress |= m.is_some();
+                            got[i] = m;
+                        }
                         Err(e) => {
                             settled[i] = true;
                             mismatch.get_or_insert(e);
@@ -501,7 +559,6 @@ impl Endpoint {
                 }
             }
             // 2. Push what can be written.
-            let mut progress = false;
             for (i, o) in out.iter_mut().enumerate() {
                 progress |= self.write_some(st, o, &headers[i], &mut written[i], op, land)?;
             }
@@ -535,8 +592,11 @@ impl Endpoint {
                 }
             }
             let left = self.timeout.saturating_sub(last_progress.elapsed());
+            // Another thread waits for the endpoint: look briefly, then let
+            // it have its turn (below).
+            let others = self.waiting.load(Ordering::SeqCst) > 0;
             // With work left, only look: the next step is ready to run.
-            let wait_ms = if working { 0 } else { left.as_millis().clamp(1, 1000) as i32 };
+            let wait_ms = if working { 0 } else { left.as_millis().clamp(1, if others { HANDOVER_POLL_MS } else { 1000 }) as i32 };
             sys::poll(&mut pfds, wait_ms).map_err(|e| Error::io("poll on peer sockets", e))?;
             for (pfd, &rank) in pfds.iter().zip(&who) {
                 if pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
@@ -553,6 +613,11 @@ impl Endpoint {
                 ranks.dedup();
                 return Err(Error::Timeout { op, ranks, secs: self.timeout.as_secs_f64() });
             }
+            // Between whole frames only: a peer's records follow each other
+            // in the order they were sealed.
+            if others && out.iter().zip(&written).all(|(o, w)| w.between_frames(o)) {
+                self.hand_over(held, land.as_ref())?;
+            }
         }
     }
 
@@ -562,9 +627,21 @@ impl Endpoint {
     /// dropped (their rows are in memory this call no longer holds).
     fn unland(&self, st: &mut State, land: Option<&Land<'_>>) {
         let Some(land) = land else { return };
+        for (rank, peer) in st.peers.iter_mut().enumerate() {
+            // Only this operation's: another thread's may wait there too.
+            let ours = |m: &Msg| land.sinks.iter().any(|s| s.from == rank && (s.comm, s.op, s.seq) == (m.hdr.comm, m.hdr.op, m.hdr.seq));
+            peer.stash.retain(|m| !(m.landed && ours(m)));
+        }
+        self.suspend(st, Some(land));
+    }
+
+    /// A frame still landing in `land.out` goes on into a buffer of its
+    /// own, holding what landed so far, so the stream stays in step
+    /// whichever operation reads on.
+    fn suspend(&self, st: &mut State, land: Option<&Land<'_>>) {
+        let Some(land) = land else { return };
         for rank in 0..st.peers.len() {
             let peer = &mut st.peers[rank];
-            peer.stash.retain(|m| !m.landed);
             // A frame of a later operation, already under way, stays.
             if !matches!(peer.body, Some(Body::Landing { .. })) {
                 continue;
