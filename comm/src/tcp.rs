@@ -9,7 +9,7 @@
 //! copying rows measures little: between two network namespaces on the
 //! development machine, BBR (that host's default) held the bare exchange
 //! of a two-ranks-per-node gather to 0.74–0.83 GB/s per rank, against
-//! 1.30–1.50 with Cubic (`docs/performance.md`, tenth pass).
+//! 1.30–1.50 with Cubic (`docs/perf-log/2026-12-03-across-nodes-tenth-cubic.md`).
 //!
 //! So by default the job keeps the host's choice unless it is BBR, and then
 //! asks for Cubic, else Reno — where this process may choose them

@@ -27,7 +27,7 @@
 # of the default 2 GiB table (4 194 304 x 128 f32), distributed and
 # hierarchy, 1 and 2 ranks per host, batches 8192 and 65 536, one JSON line
 # each (verified, with the same-run baseline and the ratio) — the figures
-# of docs/performance.md's "Two network namespaces". To measure part of
+# of docs/performance.md (how they were reached: docs/perf-log/). To measure part of
 # it, WM_NETNS_PER_HOST, WM_NETNS_OPS, WM_NETNS_TYPES and WM_NETNS_BATCHES
 # each name the values to keep (e.g. WM_NETNS_TYPES=hierarchy
 # WM_NETNS_BATCHES=65536); WM_NETNS_BENCH_ARGS adds options to every
