@@ -16,12 +16,13 @@
 use std::sync::Arc;
 
 use wholemem::WholeMemory;
-use wm_comm::{Arrival, Communicator, Landing};
+use wm_comm::{Communicator, ExchangePlan, ReceivedPart};
 
 use std::time::Duration;
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::profile::{Clock, timed};
+use crate::sort::bucket;
 use crate::{Error, Ids, Result, RowLayout, RowSpan, agree, threads};
 
 /// This rank's own rows (host memory).
@@ -84,25 +85,6 @@ fn decode_ids(bytes: &[u8], bound: usize) -> std::result::Result<Vec<usize>, Str
 /// Bytes of `n` rows of `row_bytes`, or `None` past `usize::MAX`.
 fn rows_bytes(n: usize, row_bytes: usize) -> Option<usize> {
     n.checked_mul(row_bytes)
-}
-
-/// Positions of `keys` grouped by key (a counting sort): `order[starts[k]..
-/// starts[k + 1]]` are the positions with key `k`, in input order.
-fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
-    let mut starts = vec![0usize; buckets + 1];
-    for &k in keys {
-        starts[k + 1] += 1;
-    }
-    for k in 0..buckets {
-        starts[k + 1] += starts[k];
-    }
-    let mut fill = starts.clone();
-    let mut order = vec![0usize; keys.len()];
-    for (i, &k) in keys.iter().enumerate() {
-        order[fill[k]] = i;
-        fill[k] += 1;
-    }
-    (order, starts)
 }
 
 thread_local! {
@@ -416,12 +398,12 @@ fn read_reply<'a>(comm: &dyn Communicator, from: usize, bytes: &'a [u8], rows: u
 }
 
 /// What a part of a rows reply that may have landed
-/// ([`Communicator::alltoallv_in_place_landing`]) holds.
+/// ([`ExchangePlan::land_rows`]) holds.
 enum Arrived {
     /// The rows asked for, in their places.
     Rows,
     /// A verdict of the very length of the rows: its bytes are in their
-    /// places (`Landing::read_back`).
+    /// places (`wm_comm::plan::read_back`).
     VerdictInRows,
     /// A verdict.
     Verdict(Vec<u8>),
@@ -431,17 +413,17 @@ enum Arrived {
 
 /// Reads the part member `from` of `comm` replied with, `rows` rows of
 /// `db` bytes asked of it, landed behind its kind byte or whole.
-fn read_arrival(comm: &dyn Communicator, from: usize, arrival: Arrival<'_>, rows: usize, db: usize) -> Arrived {
-    match arrival {
-        Arrival::Landed([ROWS]) => Arrived::Rows,
-        Arrival::Landed([FAILED]) => Arrived::VerdictInRows,
-        Arrival::Landed(head) => Arrived::Failed(match read_reply(comm, from, head, 0, db) {
+fn read_arrival(comm: &dyn Communicator, from: usize, part: &ReceivedPart<'_>, rows: usize, db: usize) -> Arrived {
+    match (part.landed(), part.bytes()) {
+        (true, [ROWS]) => Arrived::Rows,
+        (true, [FAILED]) => Arrived::VerdictInRows,
+        (true, head) => Arrived::Failed(match read_reply(comm, from, head, 0, db) {
             Reply::Failed(e) => e,
             _ => malformed(comm, from, format!("a reply of unknown kind {head:?}")),
         }),
         // Not the length of the rows asked for: a verdict, or a part no
         // reply can be (rows of that length would have landed).
-        Arrival::Bytes(bytes) => match read_reply(comm, from, bytes, rows, db) {
+        (false, bytes) => match read_reply(comm, from, bytes, rows, db) {
             Reply::Verdict(v) => Arrived::Verdict(v.to_vec()),
             Reply::Failed(e) => Arrived::Failed(e),
             Reply::Rows(_) => Arrived::Failed(malformed(comm, from, "rows that did not land".into())),
@@ -476,9 +458,8 @@ fn exchange_row_ids<'a>(
     let mut named: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
     let mut problem = None;
-    comm.alltoallv_in_place(
-        &sizes,
-        &mut |r, buf| match &failure {
+    comm.exchange(
+        ExchangePlan::new(&sizes, &mut |r, buf| match &failure {
             Some(f) => {
                 buf[0] = FAILED;
                 buf[1..].copy_from_slice(f);
@@ -489,9 +470,8 @@ fn exchange_row_ids<'a>(
                     slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
                 }
             }
-        },
-        &mut || {},
-        &mut |r, bytes| {
+        })
+        .receive(&mut |r, bytes| {
             let detail = match bytes.split_first() {
                 Some((&IDS, ids)) => match decode_ids(ids, count) {
                     Ok(ids) => {
@@ -508,7 +488,7 @@ fn exchange_row_ids<'a>(
                 None => "an empty part of the row-id exchange".to_owned(),
             };
             problem.get_or_insert_with(|| malformed(comm, r, detail));
-        },
+        }),
     )?;
     // Every rank got every rank's part: the same decision everywhere.
     let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
@@ -572,12 +552,10 @@ pub(crate) fn gather_distributed(
     let mut also = Some(also);
     // A reply of rows lands in the rows of `out` asked of its owner; a
     // verdict of that very length lands there too, and is read back.
-    let landings: Vec<Landing<'_>> =
-        (0..n).map(|r| if r == me { Landing::default() } else { Landing { head: 1, row_bytes: db, rows: wanted(r) } }).collect();
+    let landings: Vec<&[usize]> = (0..n).map(|r| if r == me { &[][..] } else { wanted(r) }).collect();
     let mut landed_verdict = vec![false; n];
-    comm.alltoallv_in_place_landing(
-        &sizes,
-        &mut |r, buf| {
+    comm.exchange(
+        ExchangePlan::new(&sizes, &mut |r, buf| {
             if r == me {
                 return;
             }
@@ -585,46 +563,49 @@ pub(crate) fn gather_distributed(
             if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
                 failed.get_or_insert(e);
             }
-        },
-        out,
-        &landings,
-        // This rank's own rows go straight to their places while the
-        // others' travel, a piece per step; then the caller's work.
-        &mut |out| {
-            if next < local.len() {
-                let end = (next + chunk).min(local.len());
-                timed(on, &mut own, || {
-                    if let Err(e) = read_local(mem, layout, conv, &local[next..end], Some(&wanted(me)[next..end]), out) {
-                        own_failed.get_or_insert(e);
-                    }
-                });
-                next = if own_failed.is_some() { local.len() } else { end };
-                return true;
-            }
-            if let Some(a) = also.take() {
-                a();
-            }
-            false
-        },
-        // Parts that arrived through the socket landed as they came in;
-        // the others are copied to their places before this is called.
-        &mut |r, arrival| {
-            if r == me {
-                // Its part is empty: own rows are not sent.
-                return;
-            }
-            timed(on, &mut placing, || match read_arrival(comm.as_ref(), r, arrival, wanted(r).len(), db) {
-                Arrived::Rows => {}
-                Arrived::VerdictInRows => landed_verdict[r] = true,
-                Arrived::Verdict(v) => verdicts[r] = Some(v),
-                Arrived::Failed(e) => {
-                    misfit.get_or_insert(e);
+        })
+        .land_rows(out, 1, db, &landings)
+        .between_steps(
+            // This rank's own rows go straight to their places while the
+            // others' travel, a piece per step; then the caller's work.
+            &mut |out| {
+                if next < local.len() {
+                    let end = (next + chunk).min(local.len());
+                    timed(on, &mut own, || {
+                        if let Err(e) = read_local(mem, layout, conv, &local[next..end], Some(&wanted(me)[next..end]), out) {
+                            own_failed.get_or_insert(e);
+                        }
+                    });
+                    next = if own_failed.is_some() { local.len() } else { end };
+                    return true;
                 }
-            })
-        },
+                if let Some(a) = also.take() {
+                    a();
+                }
+                false
+            },
+        )
+        .receive_parts(
+            // Parts that arrived through the socket landed as they came in;
+            // the others are copied to their places before this is called.
+            &mut |r, part| {
+                if r == me {
+                    // Its part is empty: own rows are not sent.
+                    return;
+                }
+                timed(on, &mut placing, || match read_arrival(comm.as_ref(), r, &part, wanted(r).len(), db) {
+                    Arrived::Rows => {}
+                    Arrived::VerdictInRows => landed_verdict[r] = true,
+                    Arrived::Verdict(v) => verdicts[r] = Some(v),
+                    Arrived::Failed(e) => {
+                        misfit.get_or_insert(e);
+                    }
+                })
+            },
+        ),
     )?;
     for (r, _) in landed_verdict.iter().enumerate().filter(|(_, l)| **l) {
-        verdicts[r] = Some(landings[r].read_back(out));
+        verdicts[r] = Some(wm_comm::plan::read_back(out, landings[r], db));
     }
     clock.lap_split("rows", &[("owner copy", copying), ("own rows", own), ("place", placing)]);
     // Every rank holds every owner's verdict on the requests it got: the
@@ -693,9 +674,8 @@ pub(crate) fn gather_hierarchy(
     let mut from_local: Vec<Vec<u64>> = vec![Vec::new(); local.size()];
     // The node's failures: (world rank, outcome), this rank's own included.
     let mut failures: Vec<(usize, Vec<u8>)> = mine.iter().map(|m| (comm.world_rank(), m.clone())).collect();
-    local.alltoallv_in_place(
-        &sizes,
-        &mut |q, buf| match &mine {
+    local.exchange(
+        ExchangePlan::new(&sizes, &mut |q, buf| match &mine {
             Some(m) => {
                 buf[0] = FAILED;
                 buf[1..].copy_from_slice(m);
@@ -708,9 +688,8 @@ pub(crate) fn gather_hierarchy(
                     }
                 }
             }
-        },
-        &mut || {},
-        &mut |q, bytes| {
+        })
+        .receive(&mut |q, bytes| {
             if q == lme {
                 from_local[q] = wanted(q).iter().map(|&i| rows[i] as u64).collect();
                 return;
@@ -736,7 +715,7 @@ pub(crate) fn gather_hierarchy(
                 None => "an empty part of the node's id exchange".to_owned(),
             };
             problem.get_or_insert_with(|| malformed(local.as_ref(), q, format!("in the node's exchange, {detail}")));
-        },
+        }),
     )?;
     clock.lap("node ids");
     // The node's verdict: its lowest failing rank, if any.
@@ -771,9 +750,8 @@ pub(crate) fn gather_hierarchy(
     let count = mem.local_rows().len();
     let mut asked: Vec<Vec<usize>> = vec![Vec::new(); cross.size()];
     let mut verdicts: Vec<(usize, Vec<u8>)> = node_verdict.into_iter().collect();
-    cross.alltoallv_in_place(
-        &sizes,
-        &mut |c, buf| match &verdict_bytes {
+    cross.exchange(
+        ExchangePlan::new(&sizes, &mut |c, buf| match &verdict_bytes {
             Some(v) => {
                 buf[0] = FAILED;
                 buf[1..].copy_from_slice(v);
@@ -785,9 +763,8 @@ pub(crate) fn gather_hierarchy(
                     slot.copy_from_slice(&((id - p.offset(p.owner(id))) as u64).to_le_bytes());
                 }
             }
-        },
-        &mut || {},
-        &mut |c, bytes| {
+        })
+        .receive(&mut |c, bytes| {
             if c == cme {
                 return;
             }
@@ -813,7 +790,7 @@ pub(crate) fn gather_hierarchy(
                 None => "an empty part of the id exchange across nodes".to_owned(),
             };
             problem.get_or_insert_with(|| malformed(cross.as_ref(), c, detail));
-        },
+        }),
     )?;
     clock.lap("cross ids");
     // Every rank now holds every node's verdict: the same decision
@@ -890,7 +867,7 @@ pub(crate) fn gather_hierarchy(
     // Parts from other nodes kept whole for the fan-out (where the backend
     // lets them be kept without a copy), with each unique row's place in
     // its part.
-    let mut frames: Vec<Option<wm_comm::Kept>> = (0..cross.size()).map(|_| None).collect();
+    let mut frames: Vec<Option<wm_comm::KeptPart>> = (0..cross.size()).map(|_| None).collect();
     // (Only where some row is for another local rank: with a rank per
     // node nothing is kept.)
     let mut in_part = Vec::new();
@@ -957,22 +934,26 @@ pub(crate) fn gather_hierarchy(
     if lands {
         let firsts: Vec<Vec<usize>> =
             (0..cross.size()).map(|c| if c == cme { Vec::new() } else { uwanted(c).iter().map(|&u| mine[mine_at[u]]).collect() }).collect();
-        let landings: Vec<Landing<'_>> = firsts.iter().map(|f| Landing { head: 1, row_bytes: db, rows: f }).collect();
+        let landings: Vec<&[usize]> = firsts.iter().map(Vec::as_slice).collect();
         let (mut landed, mut verdicts): (Vec<bool>, Vec<Option<Vec<u8>>>) = (vec![false; cross.size()], vec![None; cross.size()]);
         let mut landed_verdict = vec![false; cross.size()];
-        cross.alltoallv_in_place_landing(&sizes, &mut fill, out, &landings, &mut own_step, &mut |c, arrival| {
-            if c == cme {
-                return;
-            }
-            timed(on, &mut placing, || match read_arrival(cross.as_ref(), c, arrival, uwanted(c).len(), db) {
-                Arrived::Rows => landed[c] = true,
-                Arrived::VerdictInRows => landed_verdict[c] = true,
-                Arrived::Verdict(v) => verdicts[c] = Some(v),
-                Arrived::Failed(e) => {
-                    problem.get_or_insert(e);
-                }
-            });
-        })?;
+        cross.exchange(
+            ExchangePlan::new(&sizes, &mut fill).land_rows(out, 1, db, &landings).between_steps(&mut own_step).receive_parts(
+                &mut |c, part| {
+                    if c == cme {
+                        return;
+                    }
+                    timed(on, &mut placing, || match read_arrival(cross.as_ref(), c, &part, uwanted(c).len(), db) {
+                        Arrived::Rows => landed[c] = true,
+                        Arrived::VerdictInRows => landed_verdict[c] = true,
+                        Arrived::Verdict(v) => verdicts[c] = Some(v),
+                        Arrived::Failed(e) => {
+                            problem.get_or_insert(e);
+                        }
+                    });
+                },
+            ),
+        )?;
         // Rows that landed at their first place go on to the others, and
         // verdicts of the rows' very length are read back; heard in rank
         // order, as they arrive in the other branch.
@@ -982,7 +963,7 @@ pub(crate) fn gather_hierarchy(
             }
         });
         for c in 0..cross.size() {
-            let v = if landed_verdict[c] { Some(landings[c].read_back(out)) } else { verdicts[c].take() };
+            let v = if landed_verdict[c] { Some(wm_comm::plan::read_back(out, landings[c], db)) } else { verdicts[c].take() };
             if let Some(v) = v {
                 let e = verdict_error(cross.as_ref(), c, &v);
                 heard.push((v, e));
@@ -990,33 +971,35 @@ pub(crate) fn gather_hierarchy(
         }
     } else {
         let cells = std::cell::RefCell::new((&mut unique_rows, &mut *out));
-        cross.alltoallv_in_place_keeping(&sizes, &mut fill, &mut || own_step(cells.borrow_mut().1), &mut |c, part| {
-            if c == cme {
-                return;
-            }
-            let whole = part.keeps_without_copy() && uwanted(c).iter().any(|&u| for_others[u]);
-            let rows_arrived = timed(on, &mut placing, || match read_reply(cross.as_ref(), c, part.bytes(), uwanted(c).len(), db) {
-                Reply::Rows(body) => {
-                    let mut cells = cells.borrow_mut();
-                    let (kept, out) = &mut *cells;
-                    for (row, &u) in body.chunks_exact(db).zip(uwanted(c)) {
-                        deliver(kept, out, u, row, !whole);
+        cross.exchange(ExchangePlan::new(&sizes, &mut fill).between_steps(&mut |_| own_step(cells.borrow_mut().1)).receive_parts(
+            &mut |c, part| {
+                if c == cme {
+                    return;
+                }
+                let whole = part.keeps_without_copy() && uwanted(c).iter().any(|&u| for_others[u]);
+                let rows_arrived = timed(on, &mut placing, || match read_reply(cross.as_ref(), c, part.bytes(), uwanted(c).len(), db) {
+                    Reply::Rows(body) => {
+                        let mut cells = cells.borrow_mut();
+                        let (kept, out) = &mut *cells;
+                        for (row, &u) in body.chunks_exact(db).zip(uwanted(c)) {
+                            deliver(kept, out, u, row, !whole);
+                        }
+                        true
                     }
-                    true
+                    Reply::Verdict(v) => {
+                        heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v)));
+                        false
+                    }
+                    Reply::Failed(e) => {
+                        problem.get_or_insert(e);
+                        false
+                    }
+                });
+                if rows_arrived && whole {
+                    frames[c] = Some(part.keep());
                 }
-                Reply::Verdict(v) => {
-                    heard.push((v.to_vec(), verdict_error(cross.as_ref(), c, v)));
-                    false
-                }
-                Reply::Failed(e) => {
-                    problem.get_or_insert(e);
-                    false
-                }
-            });
-            if rows_arrived && whole {
-                frames[c] = Some(part.keep());
-            }
-        })?;
+            },
+        ))?;
     }
     clock.lap_split("cross rows", &[("owner copy", copying), ("own rows", own_time), ("place", placing)]);
 
@@ -1033,9 +1016,8 @@ pub(crate) fn gather_hierarchy(
     let first = p.offset(comm.rank());
     let mut fan_failed: Option<Error> = None;
     let (mut fan_copy, mut fan_place) = (Duration::ZERO, Duration::ZERO);
-    local.alltoallv_in_place(
-        &sizes,
-        &mut |q, buf| {
+    local.exchange(
+        ExchangePlan::new(&sizes, &mut |q, buf| {
             if q == lme {
                 return;
             }
@@ -1059,9 +1041,8 @@ pub(crate) fn gather_hierarchy(
             if let Some(e) = timed(on, &mut fan_copy, || fill_reply(buf, verdict.as_deref(), copy)) {
                 fan_failed.get_or_insert(e);
             }
-        },
-        &mut || {},
-        &mut |q, bytes| {
+        })
+        .receive(&mut |q, bytes| {
             if q == lme {
                 return;
             }
@@ -1072,13 +1053,13 @@ pub(crate) fn gather_hierarchy(
                     problem.get_or_insert(e);
                 }
             }
-        },
+        }),
     )?;
     if let Some(e) = fan_failed {
         problem.get_or_insert(e);
     }
     give_back(vec![unique_rows]);
-    cross.recycle(frames.into_iter().flatten().map(wm_comm::Kept::into_vec).collect());
+    cross.recycle(frames.into_iter().flatten().map(wm_comm::KeptPart::into_vec).collect());
     clock.lap_split("fan out", &[("fan copy", fan_copy), ("fan place", fan_place)]);
     // This rank's own finding first, else the first verdict it heard: every
     // rank has heard of every finding made before the rows crossed nodes
@@ -1185,9 +1166,8 @@ pub(crate) fn scatter_distributed(
     let mut misfit: Option<Error> = None;
     let (on, mut packing, mut writing, mut own_time) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let (mut next, chunk) = (0, step_rows(mem, tb, own.len()));
-    comm.alltoallv_in_place_stepped(
-        &sizes,
-        &mut |r, buf| {
+    comm.exchange(
+        ExchangePlan::new(&sizes, &mut |r, buf| {
             if r == me && direct {
                 return;
             }
@@ -1195,8 +1175,8 @@ pub(crate) fn scatter_distributed(
             // that many rows of `sb` bytes (checked); `buf` is sized for
             // them by `sizes`.
             timed(on, &mut packing, || unsafe { kernel::gather_rows(&input, positions(r), None, conv, buf, 1) });
-        },
-        &mut || {
+        })
+        .between_steps(&mut |_| {
             let Some(table) = table.as_ref().filter(|_| direct && next < own.len()) else { return false };
             let end = (next + chunk).min(own.len());
             timed(on, &mut own_time, || {
@@ -1215,8 +1195,8 @@ pub(crate) fn scatter_distributed(
             });
             next = end;
             next < own.len()
-        },
-        &mut |r, bytes| {
+        })
+        .receive(&mut |r, bytes| {
             if r == me && direct {
                 return;
             }
@@ -1249,7 +1229,7 @@ pub(crate) fn scatter_distributed(
             if let Some(t) = t {
                 writing += t.elapsed();
             }
-        },
+        }),
     )?;
     clock.lap_split("rows", &[("pack", packing), ("own rows", own_time), ("write", writing)]);
     let outcome = problem.or(misfit).map_or(Ok(()), Err);

@@ -27,7 +27,8 @@ use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
 
 use crate::auth::JobKey;
-use crate::communicator::{Arrival, Communicator, Landing, Part};
+use crate::communicator::Communicator;
+use crate::plan::{Delivery, ExchangePlan, ReceivedPart};
 use crate::ranks::RankEnv;
 use crate::{Error, Result};
 
@@ -58,14 +59,6 @@ const INLINE: u64 = 0;
 /// The first word of an in-place exchange's payload, plus the mailbox index
 /// (0 or 1): the bytes are in that mailbox; their count is the second word.
 const IN_MAILBOX: u64 = 2;
-
-/// A part of the in-place exchange as it reaches `take`.
-enum Got<'a> {
-    /// Its bytes.
-    Part(Part<'a>),
-    /// It landed in the output; its head.
-    Landed(&'a [u8]),
-}
 
 /// A bootstrap timeout reports the configured limit.
 fn with_secs(e: Error, timeout: std::time::Duration) -> Error {
@@ -337,28 +330,22 @@ impl SocketComm {
         Ok(res)
     }
 
-    /// The in-place exchange: parts for other nodes whose `landings` match
-    /// are received straight into `out`; `take` gets every part, in rank
-    /// order, with `out`.
+    /// Carries out `plan`: parts for other nodes whose landing matches are
+    /// received straight into the plan's output; every part goes through
+    /// the plan's delivery, in rank order.
     // Writes and reads mailboxes through `shm::Mailbox::bytes_mut` and
     // `bytes`, whose contracts the exchange's protocol keeps (see the
     // SAFETY notes at the calls).
     #[allow(unsafe_code)]
-    fn in_place(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        out: &mut [u8],
-        landings: &[Landing<'_>],
-        meanwhile: &mut dyn FnMut(&mut [u8]) -> bool,
-        take: &mut dyn FnMut(usize, Got<'_>, &mut [u8]),
-    ) -> Result<()> {
-        crate::communicator::check_sizes(sizes, self.size())?;
+    fn in_place(&self, plan: ExchangePlan<'_>) -> Result<()> {
+        plan.check(self.size())?;
+        let ExchangePlan { sizes, fill, out, landing, mut work, receiver } = plan;
+        let mut delivery = Delivery::new(landing, receiver);
         let i = &self.inner;
         let (n, me) = (i.members.len(), i.me);
         let op = Op::AlltoallvInPlace;
         // Held to the end: the descriptors of new mailboxes are borrowed
-        // from it while they travel, and `take` reads inboxes.
+        // from it while they travel, and the receiver reads inboxes.
         let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
         // Per peer: the frame's payload (inline bytes, or where the mailbox
         // bytes are) and the descriptor of a new mailbox.
@@ -410,20 +397,26 @@ impl SocketComm {
         // Parts from other nodes of their landing's length (behind the
         // inline word) go straight to their rows; a mailbox note never
         // comes from another node, so it cannot be taken for one.
-        let sinks: Vec<Sink<'_>> = landings
-            .iter()
-            .enumerate()
-            .filter(|&(r, l)| r != me && !self.same_node(r, me) && !l.is_empty())
-            .map(|(r, l)| Sink { from: i.members[r], comm: i.id, op, seq, head: 8 + l.head, row: l.row_bytes, rows: l.rows })
+        let sinks: Vec<Sink<'_>> = (0..n)
+            .filter(|&r| r != me && !self.same_node(r, me) && landing.lands_rows(r))
+            .map(|r| Sink {
+                from: i.members[r],
+                comm: i.id,
+                op,
+                seq,
+                head: 8 + landing.head,
+                row: landing.row_bytes,
+                rows: landing.rows[r],
+            })
             .collect();
         let land = Land { out: &mut *out, sinks: &sinks };
-        let msgs = i.ep.transact_landing(op.name(), &mut frames, &want, Some(land), meanwhile)?;
+        let msgs = i.ep.transact_landing(op.name(), &mut frames, &want, Some(land), &mut |out| work.step(out))?;
         drop(frames);
         let mut msgs = msgs.into_iter();
         let mut received = Vec::with_capacity(n);
         for r in 0..n {
             if r == me {
-                take(me, Got::Part(Part::borrowed(&own)), out);
+                delivery.hand_over(me, ReceivedPart::borrowed(&own), out);
                 continue;
             }
             let mut m = msgs.next().expect("transact returns one frame per wanted peer");
@@ -431,11 +424,11 @@ impl SocketComm {
             let word = |k: usize| m.payload.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
             let bad = |what: String| i.ep.fail_peer(peer, op.name(), format!("it sent {what}"));
             match word(0) {
-                Some(INLINE) if m.landed => take(r, Got::Landed(&m.payload[8..]), out),
+                Some(INLINE) if m.landed => delivery.hand_over(r, ReceivedPart::landed_head(&m.payload[8..]), out),
                 _ if m.landed => return Err(bad("a part of an in-place exchange that is not inline".into())),
-                // Its own buffer: `take` may keep it (then an empty one is
+                // Its own buffer: the receiver may keep it (then an empty one is
                 // left to recycle).
-                Some(INLINE) if m.fds.is_empty() => take(r, Got::Part(Part::owned(&mut m.payload, 8)), out),
+                Some(INLINE) if m.fds.is_empty() => delivery.hand_over(r, ReceivedPart::owned(&mut m.payload, 8), out),
                 Some(w) if (w == IN_MAILBOX || w == IN_MAILBOX + 1) && m.payload.len() == 16 && m.fds.len() <= 1 => {
                     let Some(len) = word(1).and_then(|l| usize::try_from(l).ok()) else {
                         return Err(bad("a mailbox note without a length".into()));
@@ -449,9 +442,9 @@ impl SocketComm {
                     // frame that announced them, and writes this mailbox
                     // again only after this rank has begun a later in-place
                     // exchange on this communicator (`shm::Channels`);
-                    // `take` runs before this call returns.
+                    // the receiver runs before this call returns.
                     match unsafe { mailbox.bytes(len) } {
-                        Ok(bytes) => take(r, Got::Part(Part::borrowed(bytes)), out),
+                        Ok(bytes) => delivery.hand_over(r, ReceivedPart::borrowed(bytes), out),
                         Err(e) => return Err(bad(e)),
                     }
                 }
@@ -543,55 +536,8 @@ impl Communicator for SocketComm {
         Ok(got.into_iter().enumerate().map(|(r, g)| g.unwrap_or_else(|| if r == me { send[me].to_vec() } else { Vec::new() })).collect())
     }
 
-    fn alltoallv_in_place(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut(),
-        take: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.alltoallv_in_place_stepped(sizes, fill, &mut crate::communicator::one_step(meanwhile), take)
-    }
-
-    fn alltoallv_in_place_stepped(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut() -> bool,
-        take: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.alltoallv_in_place_keeping(sizes, fill, meanwhile, &mut |r, part| take(r, part.bytes()))
-    }
-
-    fn alltoallv_in_place_keeping(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut() -> bool,
-        take: &mut dyn FnMut(usize, Part<'_>),
-    ) -> Result<()> {
-        let mut take = |r: usize, got: Got<'_>, _: &mut [u8]| match got {
-            Got::Part(p) => take(r, p),
-            // Without landings nothing lands.
-            Got::Landed(head) => take(r, Part::borrowed(head)),
-        };
-        self.in_place(sizes, fill, &mut [], &[], &mut |_| meanwhile(), &mut take)
-    }
-
-    fn alltoallv_in_place_landing(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        out: &mut [u8],
-        landings: &[Landing<'_>],
-        step: &mut dyn FnMut(&mut [u8]) -> bool,
-        take: &mut dyn FnMut(usize, Arrival<'_>),
-    ) -> Result<()> {
-        crate::communicator::check_landings(landings, self.size(), out.len())?;
-        self.in_place(sizes, fill, out, landings, step, &mut |r, got, out| match got {
-            Got::Landed(head) => take(r, Arrival::Landed(head)),
-            Got::Part(p) => take(r, landings[r].arrive(p.bytes(), out)),
-        })
+    fn exchange(&self, plan: ExchangePlan<'_>) -> Result<()> {
+        self.in_place(plan)
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
@@ -630,6 +576,10 @@ impl Communicator for SocketComm {
 
     fn recycle(&self, bufs: Vec<Vec<u8>>) {
         self.inner.ep.recycle(bufs);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn recv_fds(&self, src: usize, count: usize) -> Result<Vec<OwnedFd>> {
