@@ -388,12 +388,13 @@ mod tests {
         let landing = Landing { head: 1, row_bytes: 2, rows: &rows };
         let mut seen = Vec::new();
         let mut take = |r: usize, part: ReceivedPart<'_>| seen.push((r, part.landed(), part.bytes().to_vec()));
-        let mut delivery = Delivery::new(landing, Receiver::Parts(&mut take));
         let mut out = [0u8; 6];
-        delivery.hand_over(0, ReceivedPart::borrowed(&[9, 1, 2, 3, 4]), &mut out);
-        // Not rank 1's landing length: handed over whole, nothing placed.
-        delivery.hand_over(1, ReceivedPart::borrowed(&[8, 5, 6, 7]), &mut out);
-        drop(delivery);
+        {
+            let mut delivery = Delivery::new(landing, Receiver::Parts(&mut take));
+            delivery.hand_over(0, ReceivedPart::borrowed(&[9, 1, 2, 3, 4]), &mut out);
+            // Not rank 1's landing length: handed over whole, nothing placed.
+            delivery.hand_over(1, ReceivedPart::borrowed(&[8, 5, 6, 7]), &mut out);
+        }
         assert_eq!(out, [3, 4, 0, 0, 1, 2]);
         assert_eq!(seen, vec![(0, true, vec![9]), (1, false, vec![8, 5, 6, 7])]);
         assert_eq!(read_back(&out, rows[0], 2), vec![1, 2, 3, 4]);
