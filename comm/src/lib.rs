@@ -39,6 +39,7 @@ pub mod mpi_backend;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod nccl;
+mod owned_files;
 pub mod plan;
 pub mod pool;
 pub mod ranks;

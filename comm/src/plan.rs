@@ -6,7 +6,7 @@
 //! (`fill`), written straight into the buffers the transport sends from;
 //! optionally where the rows of each peer's part land in an output
 //! ([`ExchangePlan::land_rows`]); work that overlaps the transfer, whole or
-//! in steps ([`ExchangePlan::meanwhile`], [`ExchangePlan::between_steps`]);
+//! in steps ([`ExchangePlan::while_in_flight`], [`ExchangePlan::between_steps`]);
 //! and who receives each part ([`ExchangePlan::receive`], or
 //! [`ExchangePlan::receive_parts`] where a part may be kept beyond the call
 //! as a [`KeptPart`]). The plan borrows everything and allocates nothing.
@@ -17,7 +17,7 @@ use crate::{Error, Result};
 /// by a backend ([`Communicator::exchange`](crate::Communicator::exchange)).
 ///
 /// `sizes[r]` bytes go to rank `r`, written in place by `fill(r, buf)`; the
-/// work of [`meanwhile`](Self::meanwhile) or
+/// work of [`while_in_flight`](Self::while_in_flight) or
 /// [`between_steps`](Self::between_steps) runs while the parts travel; then
 /// what each rank sent here is handed to the receiver, in rank order, this
 /// rank's own part included.
@@ -63,12 +63,12 @@ impl<'a> ExchangePlan<'a> {
     /// the MPI backend once the parts for other nodes have moved, while
     /// those for this node travel.
     #[must_use]
-    pub fn meanwhile(mut self, work: &'a mut dyn FnMut()) -> Self {
+    pub fn while_in_flight(mut self, work: &'a mut dyn FnMut()) -> Self {
         self.work = Work::Once(work);
         self
     }
 
-    /// [`meanwhile`](Self::meanwhile) in steps: `step(out)` does a bounded
+    /// [`while_in_flight`](Self::while_in_flight) in steps: `step(out)` does a bounded
     /// piece of the work and returns whether more remains. The socket
     /// backend calls it between its turns at the sockets, so the transfer
     /// goes on while a large copy runs (one long piece of work leaves the

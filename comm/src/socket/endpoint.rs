@@ -125,7 +125,7 @@ enum Body {
     Buffered { hdr: Header, buf: Vec<u8> },
     /// Into the operation's [`Land`], by `sinks[sink]`: its head, and the
     /// payload bytes received.
-    Landing { hdr: Header, head: Vec<u8>, got: usize, sink: usize },
+    Landing { hdr: Header, head: Vec<u8>, received: usize, sink: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -569,7 +569,7 @@ impl Endpoint {
             if !matches!(peer.body, Some(Body::Landing { .. })) {
                 continue;
             }
-            let Some(Body::Landing { hdr, head, got, sink }) = peer.body.take() else { continue };
+            let Some(Body::Landing { hdr, head, received: got, sink }) = peer.body.take() else { continue };
             let s = &land.sinks[sink];
             // What landed so far; the rest grows the buffer as it comes.
             let mut buf = match zeroed(got) {
@@ -809,7 +809,7 @@ impl Endpoint {
                     plain = &plain[n..];
                     buf.len() == declared
                 }
-                Some(Body::Landing { hdr, head, got, sink }) => {
+                Some(Body::Landing { hdr, head, received: got, sink }) => {
                     if plain.is_empty() {
                         return Ok(());
                     }
@@ -877,7 +877,7 @@ impl Endpoint {
         });
         if let Some(sink) = sink {
             let head = land.map_or(0, |l| l.sinks[sink].head);
-            peer.body = Some(Body::Landing { hdr, head: vec![0; head], got: 0, sink });
+            peer.body = Some(Body::Landing { hdr, head: vec![0; head], received: 0, sink });
         } else {
             // A kept buffer when one is large enough; otherwise
             // one that grows as the payload arrives.

@@ -7,6 +7,7 @@
 //! dead rank is noticed by whichever operation is waiting.
 
 mod bootstrap;
+mod dir_key;
 mod endpoint;
 mod mesh;
 mod rendezvous;

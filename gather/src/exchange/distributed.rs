@@ -12,7 +12,7 @@ use std::time::Duration;
 use wholemem::WholeMemory;
 use wm_comm::ExchangePlan;
 
-/// `also` runs once while the rows travel, after this rank's own rows are
+/// `while_rows_travel` runs once while the rows travel, after this rank's own rows are
 /// in place (work of the caller's that needs nothing from the exchange, and
 /// not `out`), unless the call fails before the rows exchange.
 pub(crate) fn gather_distributed(
@@ -22,7 +22,7 @@ pub(crate) fn gather_distributed(
     ids: Ids<'_>,
     out: &mut [u8],
     mut clock: Clock,
-    also: &mut dyn FnMut(),
+    while_rows_travel: &mut dyn FnMut(),
 ) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
@@ -58,7 +58,7 @@ pub(crate) fn gather_distributed(
     let mut own_failed: Option<Error> = None;
     let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
     let (mut next, chunk) = (0, step_rows(mem, db, local.len()));
-    let mut also = Some(also);
+    let mut while_rows_travel = Some(while_rows_travel);
     // A reply of rows lands in the rows of `out` asked of its owner; a
     // verdict of that very length lands there too, and is read back.
     let landings: Vec<&[usize]> = (0..n).map(|r| if r == me { &[][..] } else { wanted(r) }).collect();
@@ -88,7 +88,7 @@ pub(crate) fn gather_distributed(
                     next = if own_failed.is_some() { local.len() } else { end };
                     return true;
                 }
-                if let Some(a) = also.take() {
+                if let Some(a) = while_rows_travel.take() {
                     a();
                 }
                 false

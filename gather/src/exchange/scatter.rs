@@ -65,18 +65,8 @@ pub(crate) fn scatter_distributed(
             None
         })
     };
-    // This rank's own rows, a bit each, where a lower rank's part may
-    // name them too: `count` is this rank's row count from the agreed
-    // partition (not from a peer), so the bitmap is an eighth of a byte per
-    // row the table already holds.
     let own = &incoming[me];
-    let mut written = Vec::new();
-    if direct && table.is_some() && !own.is_empty() && (0..me).any(|r| !incoming[r].is_empty()) {
-        written = vec![0u64; count.div_ceil(64)];
-        for &row in own {
-            written[row / 64] |= 1 << (row % 64);
-        }
-    }
+    let written = if direct && table.is_some() { own_rows_bitmap(&incoming, me, count) } else { Vec::new() };
     let is_own = |row: usize| written.get(row / 64).is_some_and(|w| w & (1 << (row % 64)) != 0);
     let mut misfit: Option<Error> = None;
     let (on, mut packing, mut writing, mut own_time) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
@@ -148,18 +138,39 @@ pub(crate) fn scatter_distributed(
     )?;
     clock.lap_split("rows", &[("pack", packing), ("own rows", own_time), ("write", writing)]);
     let outcome = problem.or(misfit).map_or(Ok(()), Err);
-    #[cfg(feature = "cuda")]
-    let outcome = outcome.and_then(|()| {
-        if !device {
-            return Ok(());
-        }
-        // In rank order, each peer's rows in its order: the same "last one
-        // wins" as the host writes. The senders converted the rows already.
-        let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
-        crate::device::scatter_local(mem, layout, same, &device_rows, &device_data)
-    });
-    let _ = (device_rows, device_data);
+    let outcome = outcome.and_then(|()| if device { write_device_rows(mem, layout, &device_rows, &device_data) } else { Ok(()) });
     let done = agree(comm.as_ref(), outcome);
     clock.lap("agree");
     done
+}
+
+/// This rank's own rows, a bit each, where a lower rank's part may name
+/// them too (none otherwise): `count` is this rank's row count from the
+/// agreed partition (not from a peer), so the bitmap is an eighth of a byte
+/// per row the table already holds.
+fn own_rows_bitmap(incoming: &[Vec<usize>], me: usize, count: usize) -> Vec<u64> {
+    let own = &incoming[me];
+    let mut written = Vec::new();
+    if !own.is_empty() && (0..me).any(|r| !incoming[r].is_empty()) {
+        written = vec![0u64; count.div_ceil(64)];
+        for &row in own {
+            written[row / 64] |= 1 << (row % 64);
+        }
+    }
+    written
+}
+
+/// Writes the parts a device table received (`rows`, and their `data` as
+/// the senders converted it) into its own rows: in rank order, each peer's
+/// rows in its order, the same "last one wins" as the host writes.
+#[cfg(feature = "cuda")]
+fn write_device_rows(mem: &WholeMemory, layout: &RowLayout, rows: &[usize], data: &[u8]) -> Result<()> {
+    let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
+    crate::device::scatter_local(mem, layout, same, rows, data)
+}
+
+/// Without CUDA no table is on a device: nothing to write.
+#[cfg(not(feature = "cuda"))]
+fn write_device_rows(_: &WholeMemory, _: &RowLayout, _: &[usize], _: &[u8]) -> Result<()> {
+    Ok(())
 }

@@ -129,7 +129,9 @@ fn in_place(comm: &Comm) -> Result<()> {
             comm.recycle(kept.into_iter().flatten().map(wm_comm::KeptPart::into_vec).collect());
         } else if round % 2 == 0 {
             comm.exchange(
-                ExchangePlan::new(&sizes, &mut fill).meanwhile(&mut || events.borrow_mut().push("meanwhile".to_owned())).receive(&mut take),
+                ExchangePlan::new(&sizes, &mut fill)
+                    .while_in_flight(&mut || events.borrow_mut().push("meanwhile".to_owned()))
+                    .receive(&mut take),
             )?;
         } else {
             // Seven steps, all before the first take; the events keep one
