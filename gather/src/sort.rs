@@ -32,6 +32,32 @@ pub fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
     (order, starts)
 }
 
+/// Positions of keys grouped by key ([`bucket`]), each key's group at hand.
+#[derive(Debug, Clone, Default)]
+pub struct Buckets {
+    order: Vec<usize>,
+    starts: Vec<usize>,
+}
+
+impl Buckets {
+    /// The positions of `keys` grouped by key, for keys below `buckets`.
+    ///
+    /// # Panics
+    /// When a key is `buckets` or more.
+    pub fn of(keys: &[usize], buckets: usize) -> Self {
+        let (order, starts) = bucket(keys, buckets);
+        Self { order, starts }
+    }
+
+    /// The positions with key `k`, in input order.
+    ///
+    /// # Panics
+    /// When `k` is not below the bucket count.
+    pub fn get(&self, k: usize) -> &[usize] {
+        &self.order[self.starts[k]..self.starts[k + 1]]
+    }
+}
+
 /// Calls `visit(id, position)` for every id of `ids` — its position is its
 /// index in `ids` — in ascending order of id, the positions of equal ids
 /// ascending. Where an id and a position pack into 64 bits (ids and batches

@@ -331,6 +331,52 @@ impl SocketComm {
         Ok(res)
     }
 
+    /// Writes the parts for the other ranks of an in-place exchange: into
+    /// a shared-memory mailbox for a rank of this node when large enough
+    /// (and one can be had), else inline behind a word that says so.
+    /// Returns each peer's frame payload (inline bytes, or where the
+    /// mailbox bytes are) and the descriptor of a new mailbox to send along.
+    // Writes mailboxes through `shm::Mailbox::bytes_mut` (see the SAFETY
+    // note at the call).
+    #[allow(unsafe_code)]
+    fn fill_parts(
+        &self,
+        channels: &mut shm::Channels,
+        sizes: &[usize],
+        fill: &mut dyn FnMut(usize, &mut [u8]),
+    ) -> (Vec<Vec<u8>>, Vec<Option<std::os::fd::RawFd>>) {
+        let i = &self.inner;
+        let (n, me) = (i.members.len(), i.me);
+        let mut payloads: Vec<Vec<u8>> = (0..n).map(|_| Vec::new()).collect();
+        let mut new_boxes: Vec<Option<std::os::fd::RawFd>> = vec![None; n];
+        for r in (0..n).filter(|&r| r != me) {
+            let len = sizes[r];
+            if len >= shm::MAILBOX_MIN && self.same_node(r, me) {
+                // A mailbox that cannot be made (out of memory or
+                // descriptors) only costs speed: the bytes go inline.
+                if let Ok((index, mailbox, fresh)) = channels.next_outbox(r, len) {
+                    // SAFETY: `next_outbox` sized the mailbox for `len`. The
+                    // peer last read this outbox in an exchange at least two
+                    // before this one, and had finished before this rank's
+                    // previous exchange ended (`shm::Channels`); it reads it
+                    // next after the frame that announces it, which
+                    // `in_place` sends once `fill` has returned and the
+                    // slice is gone; it never writes it (it maps it
+                    // read-only).
+                    fill(r, unsafe { mailbox.bytes_mut(len) });
+                    payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
+                    new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
+                    continue;
+                }
+            }
+            let mut buf = i.ep.buffer(8 + len);
+            buf[..8].copy_from_slice(&INLINE.to_le_bytes());
+            fill(r, &mut buf[8..]);
+            payloads[r] = buf;
+        }
+        (payloads, new_boxes)
+    }
+
     /// Carries out `plan`: parts for other nodes whose landing matches are
     /// received straight into the plan's output; every part goes through
     /// the plan's delivery, in rank order.
@@ -348,34 +394,7 @@ impl SocketComm {
         // Held to the end: the descriptors of new mailboxes are borrowed
         // from it while they travel, and the receiver reads inboxes.
         let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        // Per peer: the frame's payload (inline bytes, or where the mailbox
-        // bytes are) and the descriptor of a new mailbox.
-        let mut payloads: Vec<Vec<u8>> = (0..n).map(|_| Vec::new()).collect();
-        let mut new_boxes: Vec<Option<std::os::fd::RawFd>> = vec![None; n];
-        for r in (0..n).filter(|&r| r != me) {
-            let len = sizes[r];
-            if len >= shm::MAILBOX_MIN && self.same_node(r, me) {
-                // A mailbox that cannot be made (out of memory or
-                // descriptors) only costs speed: the bytes go inline.
-                if let Ok((index, mailbox, fresh)) = channels.next_outbox(r, len) {
-                    // SAFETY: `next_outbox` sized the mailbox for `len`. The
-                    // peer last read this outbox in an exchange at least two
-                    // before this one, and had finished before this rank's
-                    // previous exchange ended (`shm::Channels`); it reads it
-                    // next after the frame below, sent once `fill` has
-                    // returned and the slice is gone; it never writes it
-                    // (it maps it read-only).
-                    fill(r, unsafe { mailbox.bytes_mut(len) });
-                    payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
-                    new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
-                    continue;
-                }
-            }
-            let mut buf = i.ep.buffer(8 + len);
-            buf[..8].copy_from_slice(&INLINE.to_le_bytes());
-            fill(r, &mut buf[8..]);
-            payloads[r] = buf;
-        }
+        let (mut payloads, new_boxes) = self.fill_parts(&mut channels, sizes, fill);
         let mut own = vec![0u8; sizes[me]];
         fill(me, &mut own);
         let seq = i.seq.fetch_add(1, Ordering::Relaxed);

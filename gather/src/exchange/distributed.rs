@@ -6,7 +6,7 @@ use super::local::{read_local, step_rows};
 use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes};
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
-use crate::sort::bucket;
+use crate::sort::Buckets;
 use crate::{Error, Ids, Result, RowLayout, agree};
 use std::time::Duration;
 use wholemem::WholeMemory;
@@ -29,8 +29,8 @@ pub(crate) fn gather_distributed(
     let p = mem.partition();
     let rows = checked_rows(&checked, ids);
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
-    let (order, starts) = bucket(&owners, n);
-    let wanted = |r: usize| &order[starts[r]..starts[r + 1]];
+    let by_owner = Buckets::of(&owners, n);
+    let wanted = |r: usize| by_owner.get(r);
 
     // 1. Each owner learns which of its rows each rank wants (own rows are
     //    not sent), and every rank whether every rank passed its checks.

@@ -6,12 +6,12 @@ use super::distributed::gather_distributed;
 use super::ids::checked_rows;
 use super::local::{give_back, place, read_local, scratch, step_rows};
 use super::wire::{
-    Arrived, FAILED, IDS, Reply, decode_ids, drop_oversized, fill_reply, finding_bytes, malformed, read_arrival, read_reply, reply_sizes,
-    verdict_error,
+    Arrived, FAILED, IDS, Reply, decode_ids, drop_oversized, fill_ids, fill_reply, finding_bytes, malformed, read_arrival, read_reply,
+    reply_sizes, verdict_error,
 };
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
-use crate::sort::bucket;
+use crate::sort::Buckets;
 use crate::{Error, Ids, Result, RowLayout, agree};
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,20 +109,12 @@ struct Ctx<'a> {
 /// The ids this rank asked for, routed within the node.
 struct NodeIds {
     /// Positions of this rank's ids, grouped by the local rank that serves
-    /// them: `order[starts[q]..starts[q + 1]]` for local rank `q`.
-    order: Vec<usize>,
-    starts: Vec<usize>,
+    /// them.
+    by_local: Buckets,
     /// The ids each local rank routed here (this rank's own included).
     from_local: Vec<Vec<u64>>,
     /// The node's verdict: its lowest failing rank and that rank's outcome.
     verdict: Option<(usize, Vec<u8>)>,
-}
-
-impl NodeIds {
-    /// The positions of this rank's ids that local rank `q` serves.
-    fn wanted(&self, q: usize) -> &[usize] {
-        &self.order[self.starts[q]..self.starts[q + 1]]
-    }
 }
 
 /// 1. Within the node: each id goes to the local rank with its owner's
@@ -134,8 +126,8 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
     let (local, p, local_rank_of) = (x.local, x.mem.partition(), &x.placement.local);
     let lme = local.rank();
     let via: Vec<usize> = rows.iter().map(|&r| local_rank_of[p.owner(r)]).collect();
-    let (order, starts) = bucket(&via, local.size());
-    let wanted = |q: usize| &order[starts[q]..starts[q + 1]];
+    let by_local = Buckets::of(&via, local.size());
+    let wanted = |q: usize| by_local.get(q);
     // This rank's own part is only its kind byte: its ids stay here.
     let sizes: Vec<usize> =
         (0..local.size()).map(|q| 1 + mine.map_or(if q == lme { 0 } else { wanted(q).len() * 8 }, <[u8]>::len)).collect();
@@ -143,19 +135,10 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
     // The node's failures: (world rank, outcome), this rank's own included.
     let mut failures: Vec<(usize, Vec<u8>)> = mine.iter().map(|m| (x.mem.comm().world_rank(), m.to_vec())).collect();
     local.exchange(
-        ExchangePlan::new(&sizes, &mut |q, buf| match mine {
-            Some(m) => {
-                buf[0] = FAILED;
-                buf[1..].copy_from_slice(m);
-            }
-            None => {
-                buf[0] = IDS;
-                if q != lme {
-                    for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(wanted(q)) {
-                        slot.copy_from_slice(&(rows[i] as u64).to_le_bytes());
-                    }
-                }
-            }
+        ExchangePlan::new(&sizes, &mut |q, buf| {
+            // This rank's own ids stay here.
+            let ids = if q == lme { &[][..] } else { wanted(q) };
+            fill_ids(buf, mine, ids.iter().map(|&i| rows[i] as u64));
         })
         .receive(&mut |q, bytes| {
             if q == lme {
@@ -187,7 +170,7 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
     )?;
     // The node's verdict: its lowest failing rank, if any.
     failures.sort_by_key(|(r, _)| *r);
-    Ok(NodeIds { verdict: failures.first().cloned(), order, starts, from_local })
+    Ok(NodeIds { verdict: failures.first().cloned(), by_local, from_local })
 }
 
 /// The ids the node asked of this rank, each once.
@@ -203,20 +186,12 @@ struct Unique {
 struct CrossIds {
     /// The node of each unique id's owner.
     owner_node: Vec<usize>,
-    /// Unique ids grouped by owner node: `order[starts[c]..starts[c + 1]]`.
-    order: Vec<usize>,
-    starts: Vec<usize>,
+    /// Unique ids grouped by owner node.
+    by_node: Buckets,
     /// The rows of this rank each cross rank asked for.
     asked: Vec<Vec<usize>>,
     /// Every node's verdict: (world rank, outcome).
     verdicts: Vec<(usize, Vec<u8>)>,
-}
-
-impl CrossIds {
-    /// The unique ids cross rank `c`'s node owns.
-    fn wanted(&self, c: usize) -> &[usize] {
-        &self.order[self.starts[c]..self.starts[c + 1]]
-    }
 }
 
 /// 3. Across nodes, unique ids only (the owner is this cross
@@ -232,8 +207,8 @@ fn route_across_nodes(
 ) -> Result<CrossIds> {
     let (comm, cross, p, node_of) = (x.mem.comm(), x.cross, x.mem.partition(), &x.placement.node);
     let owner_node: Vec<usize> = unique.iter().map(|&id| node_of[p.owner(id as usize)]).collect();
-    let (uorder, ustarts) = bucket(&owner_node, cross.size());
-    let uwanted = |c: usize| &uorder[ustarts[c]..ustarts[c + 1]];
+    let by_node = Buckets::of(&owner_node, cross.size());
+    let uwanted = |c: usize| by_node.get(c);
     let cme = cross.rank();
     let verdict_bytes = node_verdict.as_ref().map(|(r, o)| [&(*r as u64).to_le_bytes()[..], o].concat());
     let sizes: Vec<usize> = (0..cross.size())
@@ -250,18 +225,13 @@ fn route_across_nodes(
     let mut asked: Vec<Vec<usize>> = vec![Vec::new(); cross.size()];
     let mut verdicts: Vec<(usize, Vec<u8>)> = node_verdict.into_iter().collect();
     cross.exchange(
-        ExchangePlan::new(&sizes, &mut |c, buf| match &verdict_bytes {
-            Some(v) => {
-                buf[0] = FAILED;
-                buf[1..].copy_from_slice(v);
-            }
-            None => {
-                buf[0] = IDS;
-                for (slot, &k) in buf[1..].chunks_exact_mut(8).zip(if c == cme { &[][..] } else { uwanted(c) }) {
-                    let id = unique[k] as usize;
-                    slot.copy_from_slice(&((id - p.offset(p.owner(id))) as u64).to_le_bytes());
-                }
-            }
+        ExchangePlan::new(&sizes, &mut |c, buf| {
+            let ids = if c == cme { &[][..] } else { uwanted(c) };
+            let local_row = |k: usize| {
+                let id = unique[k] as usize;
+                (id - p.offset(p.owner(id))) as u64
+            };
+            fill_ids(buf, verdict_bytes.as_deref(), ids.iter().map(|&k| local_row(k)));
         })
         .receive(&mut |c, bytes| {
             if c == cme {
@@ -291,7 +261,7 @@ fn route_across_nodes(
             problem.get_or_insert_with(|| malformed(cross.as_ref(), c, detail));
         }),
     )?;
-    Ok(CrossIds { owner_node, order: uorder, starts: ustarts, asked, verdicts })
+    Ok(CrossIds { owner_node, by_node, asked, verdicts })
 }
 
 /// Every rank now holds every node's verdict: the same decision
@@ -345,7 +315,7 @@ impl Places {
         }
         let mut mine = vec![0usize; answer[lme].len()];
         let mut next = mine_at.clone();
-        for (&u, &pos) in answer[lme].iter().zip(node.wanted(lme)) {
+        for (&u, &pos) in answer[lme].iter().zip(node.by_local.get(lme)) {
             mine[next[u]] = pos;
             next[u] += 1;
         }
@@ -353,14 +323,14 @@ impl Places {
         if for_others.contains(&true) {
             in_part.resize(unique.ids.len(), 0);
             for c in 0..x.cross.size() {
-                for (k, &u) in routed.wanted(c).iter().enumerate() {
+                for (k, &u) in routed.by_node.get(c).iter().enumerate() {
                     in_part[u] = k;
                 }
             }
         }
         let first = x.mem.partition().offset(x.mem.comm().rank());
         let (mut to_out, mut out_at) = (Vec::new(), Vec::new());
-        for &u in routed.wanted(cme) {
+        for &u in routed.by_node.get(cme) {
             if mine_at[u] < mine_at[u + 1] {
                 to_out.push(unique.ids[u] as usize - first);
                 out_at.push(mine[mine_at[u]]);
@@ -470,7 +440,7 @@ fn cross_rows(c: &Crossing<'_>, out: &mut [u8], while_rows_travel: &mut dyn FnMu
         }
         if let Some(a) = while_rows_travel.take() {
             if own_failed.is_none() {
-                timed(on, &mut own_time, || places.spread(out, c.routed.wanted(cme), db));
+                timed(on, &mut own_time, || places.spread(out, c.routed.by_node.get(cme), db));
             }
             a();
         }
@@ -498,7 +468,7 @@ fn land_across(
 ) -> Result<()> {
     let (cross, cme, db, on, routed, places) = (c.x.cross, c.x.cross.rank(), c.db, c.x.on, c.routed, c.places);
     let firsts: Vec<Vec<usize>> = (0..cross.size())
-        .map(|r| if r == cme { Vec::new() } else { routed.wanted(r).iter().map(|&u| places.mine[places.mine_at[u]]).collect() })
+        .map(|r| if r == cme { Vec::new() } else { routed.by_node.get(r).iter().map(|&u| places.mine[places.mine_at[u]]).collect() })
         .collect();
     let landings: Vec<&[usize]> = firsts.iter().map(Vec::as_slice).collect();
     let (mut landed, mut verdicts): (Vec<bool>, Vec<Option<Vec<u8>>>) = (vec![false; cross.size()], vec![None; cross.size()]);
@@ -509,7 +479,7 @@ fn land_across(
             if r == cme {
                 return;
             }
-            timed(on, placing, || match read_arrival(cross.as_ref(), r, &part, routed.wanted(r).len(), db) {
+            timed(on, placing, || match read_arrival(cross.as_ref(), r, &part, routed.by_node.get(r).len(), db) {
                 Arrived::Rows => landed[r] = true,
                 Arrived::VerdictInRows => landed_verdict[r] = true,
                 Arrived::Verdict(v) => verdicts[r] = Some(v),
@@ -524,7 +494,7 @@ fn land_across(
     // order, as they arrive in the other branch.
     timed(on, placing, || {
         for r in (0..cross.size()).filter(|&r| landed[r]) {
-            places.spread(out, routed.wanted(r), db);
+            places.spread(out, routed.by_node.get(r), db);
         }
     });
     for r in 0..cross.size() {
@@ -566,12 +536,12 @@ fn keep_across(
             if r == cme {
                 return;
             }
-            let whole = part.keeps_without_copy() && routed.wanted(r).iter().any(|&u| places.for_others[u]);
-            let rows_arrived = timed(on, placing, || match read_reply(cross.as_ref(), r, part.bytes(), routed.wanted(r).len(), db) {
+            let whole = part.keeps_without_copy() && routed.by_node.get(r).iter().any(|&u| places.for_others[u]);
+            let rows_arrived = timed(on, placing, || match read_reply(cross.as_ref(), r, part.bytes(), routed.by_node.get(r).len(), db) {
                 Reply::Rows(body) => {
                     let mut cells = cells.borrow_mut();
                     let (kept, out) = &mut *cells;
-                    for (row, &u) in body.chunks_exact(db).zip(routed.wanted(r)) {
+                    for (row, &u) in body.chunks_exact(db).zip(routed.by_node.get(r)) {
                         deliver(kept, out, u, row, !whole);
                     }
                     true
@@ -640,8 +610,8 @@ fn fan_out(c: &Crossing<'_>, node: &NodeIds, unique: &Unique, across: &mut Acros
             if q == lme {
                 return;
             }
-            match read_reply(local.as_ref(), q, bytes, node.wanted(q).len(), db) {
-                Reply::Rows(body) => timed(on, &mut fan_place, || place(&mut out.borrow_mut(), body, node.wanted(q), db)),
+            match read_reply(local.as_ref(), q, bytes, node.by_local.get(q).len(), db) {
+                Reply::Rows(body) => timed(on, &mut fan_place, || place(&mut out.borrow_mut(), body, node.by_local.get(q), db)),
                 Reply::Verdict(v) => heard.push((v.to_vec(), verdict_error(local.as_ref(), q, v))),
                 Reply::Failed(e) => {
                     problem.get_or_insert(e);

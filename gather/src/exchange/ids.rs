@@ -2,7 +2,7 @@
 //! or scatter tells each owner which of its rows each rank names, and
 //! carries every rank's outcome of its checks.
 
-use super::wire::{FAILED, IDS, decode_ids, malformed};
+use super::wire::{FAILED, IDS, decode_ids, fill_ids, malformed};
 use crate::kernel::RowConv;
 use crate::{Error, Ids, Result};
 use wm_comm::{Communicator, ExchangePlan};
@@ -35,17 +35,8 @@ pub(super) fn exchange_row_ids<'a>(
     let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
     let mut problem = None;
     comm.exchange(
-        ExchangePlan::new(&sizes, &mut |r, buf| match &failure {
-            Some(f) => {
-                buf[0] = FAILED;
-                buf[1..].copy_from_slice(f);
-            }
-            None => {
-                buf[0] = IDS;
-                for (slot, &i) in buf[1..].chunks_exact_mut(8).zip(positions(r)) {
-                    slot.copy_from_slice(&((rows[i] - p.offset(r)) as u64).to_le_bytes());
-                }
-            }
+        ExchangePlan::new(&sizes, &mut |r, buf| {
+            fill_ids(buf, failure.as_deref(), positions(r).iter().map(|&i| (rows[i] - p.offset(r)) as u64));
         })
         .receive(&mut |r, bytes| {
             let detail = match bytes.split_first() {

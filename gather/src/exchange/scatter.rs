@@ -5,7 +5,7 @@ use super::local::{BufferRows, LocalRows, rows_bytes, step_rows};
 use super::wire::malformed;
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::profile::{Clock, timed};
-use crate::sort::bucket;
+use crate::sort::Buckets;
 use crate::{Error, Ids, Result, RowLayout, agree};
 use std::time::Duration;
 use wholemem::WholeMemory;
@@ -28,8 +28,8 @@ pub(crate) fn scatter_distributed(
     let p = mem.partition().clone();
     let rows = checked_rows(&checked, ids);
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
-    let (order, starts) = bucket(&owners, n);
-    let positions = |r: usize| &order[starts[r]..starts[r + 1]];
+    let by_owner = Buckets::of(&owners, n);
+    let positions = |r: usize| by_owner.get(r);
 
     // 1. Owners learn which of their rows arrive (each checked to be one
     //    of theirs), and every rank whether every rank passed its checks.

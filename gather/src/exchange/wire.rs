@@ -45,6 +45,23 @@ pub(super) const ROWS: u8 = 2;
 /// the rows (its own error stays with it).
 pub(super) const COPY_FAILED: u8 = 3;
 
+/// Writes a part of an id exchange: the sender's failed checks (`failure`,
+/// their outcome) behind [`FAILED`], else its `ids` behind [`IDS`].
+pub(super) fn fill_ids(buf: &mut [u8], failure: Option<&[u8]>, ids: impl Iterator<Item = u64>) {
+    match failure {
+        Some(f) => {
+            buf[0] = FAILED;
+            buf[1..].copy_from_slice(f);
+        }
+        None => {
+            buf[0] = IDS;
+            for (slot, id) in buf[1..].chunks_exact_mut(8).zip(ids) {
+                slot.copy_from_slice(&id.to_le_bytes());
+            }
+        }
+    }
+}
+
 /// Drops the requests of every member `r` of `comm` but `me` whose rows
 /// would not fit a part, recording the first as this rank's finding.
 pub(super) fn drop_oversized(comm: &dyn Communicator, asked: &mut [Vec<usize>], me: usize, db: usize, problem: &mut Option<Error>) {
