@@ -29,9 +29,7 @@
 //! threat model.
 
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::TcpStream;
-use std::os::unix::net::UnixStream;
+use std::io::{self, Read};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -40,6 +38,7 @@ use sha2::Sha256;
 use wm_topology::env::{WM_JOB_KEY, WM_JOB_KEY_FILE};
 use zeroize::Zeroize;
 
+pub use crate::session::Timed;
 use crate::session::{self, Session, Wire};
 use crate::{Error, Result};
 
@@ -157,7 +156,7 @@ impl JobKey {
     /// [`Error::Bootstrap`] when it cannot be read or holds no key.
     pub fn read_file(path: &Path) -> Result<Self> {
         let what = "the job key file";
-        let f = crate::trust::open_owned(path, true, what)?
+        let f = crate::owned_files::open_owned(path, true, what)?
             .ok_or_else(|| Error::Bootstrap(format!("cannot read {what} {}: it does not exist", path.display())))?;
         let mut text = String::new();
         (&f).take(4096).read_to_string(&mut text).map_err(|e| Error::Bootstrap(format!("cannot read {what} {}: {e}", path.display())))?;
@@ -252,32 +251,6 @@ impl Claim {
             return Err("reserved bytes are not zero".into());
         }
         Ok(Self { purpose, wire, rank: u(8), world: u(16), from_nonce: u(24), to_nonce: u(32) })
-    }
-}
-
-/// A stream whose reads and writes can be bounded in time (TCP and Unix
-/// streams), so a handshake never waits past its deadline.
-pub trait Timed: Read + Write {
-    /// Makes the stream blocking, with `t` as its read and write timeout.
-    ///
-    /// # Errors
-    /// The system call's.
-    fn set_timeouts(&self, t: Duration) -> io::Result<()>;
-}
-
-impl Timed for TcpStream {
-    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        self.set_nonblocking(false)?;
-        self.set_read_timeout(Some(t))?;
-        self.set_write_timeout(Some(t))
-    }
-}
-
-impl Timed for UnixStream {
-    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
-        self.set_nonblocking(false)?;
-        self.set_read_timeout(Some(t))?;
-        self.set_write_timeout(Some(t))
     }
 }
 
@@ -561,6 +534,7 @@ pub fn serve_reader<S: Timed>(s: &mut S, key: &JobKey, server: u64, deadline: In
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
     use std::os::unix::net::UnixStream;
     use std::thread;
 

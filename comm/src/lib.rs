@@ -39,6 +39,8 @@ pub mod mpi_backend;
 #[cfg(feature = "cuda")]
 #[allow(unsafe_code)]
 pub mod nccl;
+mod owned_files;
+pub mod plan;
 pub mod pool;
 pub mod ranks;
 pub mod session;
@@ -52,8 +54,9 @@ mod sys;
 use std::sync::Arc;
 
 pub use auth::JobKey;
-pub use communicator::{Arrival, CommExt, Communicator, Kept, Landing, Part};
+pub use communicator::{CommExt, Communicator};
 pub use error::{Error, Result, rank_list};
+pub use plan::{ExchangePlan, KeptPart, ReceivedPart};
 pub use pool::BufferPool;
 pub use ranks::{RankEnv, RankSource};
 pub use socket::{Rendezvous, SocketComm};

@@ -20,6 +20,7 @@ use mpi::traits::{Communicator as _, CommunicatorCollectives as _, Root as _};
 use wm_topology::NodeIdentity;
 
 use crate::communicator::Communicator;
+use crate::plan::{Delivery, ExchangePlan, ReceivedPart};
 use crate::socket::SocketComm;
 use crate::{Error, Result};
 
@@ -370,9 +371,22 @@ fn allgatherv(c: &SimpleCommunicator, data: &[u8]) -> Result<Vec<Vec<u8>>> {
     Ok(out)
 }
 
-impl Communicator for MpiComm {
+/// The MPI backend's extension of [`Communicator`]: the seam through which
+/// `wm-onesided` opens MPI RMA windows on a communicator.
+pub trait MpiExt {
+    /// This communicator as the MPI backend's, when it is one.
+    fn as_mpi(&self) -> Option<&MpiComm>;
+}
+
+impl<C: Communicator + ?Sized> MpiExt for C {
     fn as_mpi(&self) -> Option<&MpiComm> {
-        Some(self)
+        self.as_any().downcast_ref()
+    }
+}
+
+impl Communicator for MpiComm {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
     fn rank(&self) -> usize {
         self.inner.sock.rank()
@@ -466,54 +480,48 @@ impl Communicator for MpiComm {
     /// communicator's shared-memory mailboxes (as with the socket backend);
     /// parts for other nodes through MPI, filled straight into the one
     /// buffer MPI sends from and handed over from the one buffer it
-    /// receives into. The MPI part runs first; the socket exchange then
-    /// hands every part over in rank order, the remote ones from MPI's
-    /// buffer, so the order callers rely on (a scatter's last writer) holds.
-    fn alltoallv_in_place(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut(),
-        take: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.alltoallv_in_place_stepped(sizes, fill, &mut crate::communicator::one_step(meanwhile), take)
-    }
-
-    /// As [`alltoallv_in_place`](Communicator::alltoallv_in_place): the
-    /// steps run while the parts for ranks of this node travel (after the
-    /// MPI part, which they do not overlap).
-    fn alltoallv_in_place_stepped(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut() -> bool,
-        take: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        crate::communicator::check_sizes(sizes, self.size())?;
+    /// receives into (borrowed: keeping one copies it). The MPI part runs
+    /// first; the socket exchange then hands every part over in rank order,
+    /// the remote ones from MPI's buffer, so the order callers rely on (a
+    /// scatter's last writer) holds. The plan's work runs while the parts
+    /// for ranks of this node travel (after the MPI part, which it does not
+    /// overlap); its rows land by a copy on arrival.
+    fn exchange(&self, plan: ExchangePlan<'_>) -> Result<()> {
+        plan.check(self.size())?;
+        let ExchangePlan { sizes, fill, out, landing, mut work, receiver } = plan;
+        let mut delivery = Delivery::new(landing, receiver);
         let (n, me) = (self.size(), self.rank());
         let remote: Vec<bool> = (0..n).map(|r| !self.same_node(r, me)).collect();
-        if !remote.contains(&true) {
-            return self.inner.sock.alltoallv_in_place_stepped(sizes, fill, meanwhile, take);
+        let (bufs, rdispl) = if remote.contains(&true) {
+            let (bufs, rdispl) = self.exchange_remote(sizes, &remote, fill)?;
+            (Some(bufs), rdispl)
+        } else {
+            (None, Vec::new())
+        };
+        let local_sizes: Vec<usize>;
+        let sock_sizes = if bufs.is_some() {
+            local_sizes = (0..n).map(|r| if remote[r] { 0 } else { sizes[r] }).collect();
+            &local_sizes[..]
+        } else {
+            sizes
+        };
+        let rbuf = bufs.as_ref().map_or(&[][..], |[_, rbuf]| &rbuf[..]);
+        let out = std::cell::RefCell::new(out);
+        let mut local_fill = |r: usize, buf: &mut [u8]| {
+            if !remote[r] {
+                fill(r, buf);
+            }
+        };
+        let mut step = |_: &mut [u8]| work.step(&mut out.borrow_mut());
+        let mut take = |r: usize, part: ReceivedPart<'_>| {
+            let bytes = if remote[r] { &rbuf[rdispl[r]..rdispl[r + 1]] } else { part.bytes() };
+            delivery.hand_over(r, ReceivedPart::borrowed(bytes), &mut out.borrow_mut());
+        };
+        let done =
+            self.inner.sock.exchange(ExchangePlan::new(sock_sizes, &mut local_fill).between_steps(&mut step).receive_parts(&mut take));
+        if let Some(bufs) = bufs {
+            *self.inner.buffers.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = bufs;
         }
-        let ([sbuf, rbuf], rdispl) = self.exchange_remote(sizes, &remote, fill)?;
-        let local_sizes: Vec<usize> = (0..n).map(|r| if remote[r] { 0 } else { sizes[r] }).collect();
-        let done = self.inner.sock.alltoallv_in_place_stepped(
-            &local_sizes,
-            &mut |r, buf| {
-                if !remote[r] {
-                    fill(r, buf);
-                }
-            },
-            meanwhile,
-            &mut |r, bytes| {
-                if remote[r] {
-                    take(r, &rbuf[rdispl[r]..rdispl[r + 1]]);
-                } else {
-                    take(r, bytes);
-                }
-            },
-        );
-        *self.inner.buffers.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = [sbuf, rbuf];
         done
     }
 

@@ -38,13 +38,14 @@
 
 use std::fmt;
 use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use ring::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, Tag, UnboundKey};
 use ring::hkdf;
 use wm_topology::env::WM_WIRE;
 
-use crate::auth::Timed;
 use crate::{Error, Result};
 
 /// Most bytes of payload in one record: large enough that a record's
@@ -487,6 +488,32 @@ impl<S: Write> Write for Sealed<S> {
 
     fn flush(&mut self) -> io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// A stream whose reads and writes can be bounded in time (TCP and Unix
+/// streams), so a handshake never waits past its deadline.
+pub trait Timed: Read + Write {
+    /// Makes the stream blocking, with `t` as its read and write timeout.
+    ///
+    /// # Errors
+    /// The system call's.
+    fn set_timeouts(&self, t: Duration) -> io::Result<()>;
+}
+
+impl Timed for TcpStream {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        self.set_nonblocking(false)?;
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
+    }
+}
+
+impl Timed for UnixStream {
+    fn set_timeouts(&self, t: Duration) -> io::Result<()> {
+        self.set_nonblocking(false)?;
+        self.set_read_timeout(Some(t))?;
+        self.set_write_timeout(Some(t))
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wholemem::{Location, MemoryType, WholeTensor};
-use wm_comm::Communicator;
+use wm_comm::{Communicator, ExchangePlan};
 use wm_gather::cache::WriteMark;
 use wm_gather::profile::timed;
 use wm_gather::{DType, Element, Ids, Index, RowLayout};
@@ -491,9 +491,8 @@ impl<T: EmbeddingElement> Embedding<T> {
         let mut problem = None;
         let mut tmp = Vec::new();
         let (on, mut packing) = (clock.on(), Duration::ZERO);
-        comm.alltoallv_in_place_keeping(
-            &sizes,
-            &mut |r, buf| match &failure {
+        comm.exchange(
+            ExchangePlan::new(&sizes, &mut |r, buf| match &failure {
                 Some(f) => {
                     buf[0] = GRADS_FAILED;
                     buf[1..].copy_from_slice(f);
@@ -517,9 +516,8 @@ impl<T: EmbeddingElement> Embedding<T> {
                         }
                     });
                 }
-            },
-            &mut || false,
-            &mut |r, part| match read_part(part.bytes(), count, dim) {
+            })
+            .receive_parts(&mut |r, part| match read_part(part.bytes(), count, dim) {
                 PartRead::Failed(outcome) => outcomes[r] = Some(outcome),
                 PartRead::Gradients { rate, ids, at } => {
                     rates[r] = Some(rate);
@@ -534,7 +532,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                         detail: format!("{detail} (to rank {me})"),
                     });
                 }
-            },
+            }),
         )?;
         clock.lap_split("exchange", &[("pack", packing)]);
         // 2. Every rank holds every rank's outcome and rate: the same
@@ -733,7 +731,7 @@ fn received_gradients(ids: &[u8], grad_bytes: usize, count: usize, dim: usize) -
 enum Received {
     /// The part itself, where the backend hands it over without a copy (a
     /// frame from another node), with where the gradients start in it.
-    Kept(wm_comm::Kept, usize),
+    Kept(wm_comm::KeptPart, usize),
     /// The gradients copied out of a part the backend keeps (a node
     /// peer's shared mailbox), into a buffer of [`pooled`]'s.
     Copied(Vec<f32>),
@@ -741,7 +739,7 @@ enum Received {
 
 impl Received {
     /// Keeps `part`'s gradients, which start at byte `at`.
-    fn of(part: wm_comm::Part<'_>, at: usize) -> Self {
+    fn of(part: wm_comm::ReceivedPart<'_>, at: usize) -> Self {
         if part.keeps_without_copy() {
             return Received::Kept(part.keep(), at);
         }
@@ -1134,8 +1132,8 @@ mod tests {
         // same gradients either way.
         let at = GRADS_HEADER + 16;
         let mut frame = [vec![0u8; 8], good.clone()].concat();
-        let kept = Received::of(wm_comm::Part::owned(&mut frame, 8), at);
-        let copied = Received::of(wm_comm::Part::borrowed(&good), at);
+        let kept = Received::of(wm_comm::ReceivedPart::owned(&mut frame, 8), at);
+        let copied = Received::of(wm_comm::ReceivedPart::borrowed(&good), at);
         assert!(matches!(kept, Received::Kept(..)) && matches!(copied, Received::Copied(..)), "{kept:?} {copied:?}");
         for got in [&kept, &copied] {
             assert_eq!(merge_sums(&[(&[1, 4], got.grads())], 2), (vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]));

@@ -231,8 +231,8 @@ pub fn prefetch_slice<T>(v: &[T]) {
 /// than twice this many rows runs on the calling thread alone, whatever
 /// number of threads it is allowed. Below that, starting a thread costs
 /// more than it saves. What only one thread makes safe — a repeated output
-/// slot in [`gather_rows`], see [`crate::rows::gather_from`] — is allowed
-/// exactly when [`threads_for`] says one.
+/// slot in `gather_rows`, see [`crate::rows::gather_from`] — is allowed
+/// exactly when `threads_for` says one.
 pub const MIN_ROWS_PER_THREAD: usize = 2048;
 
 /// The threads a row kernel uses for `rows` rows when allowed `threads`:

@@ -9,6 +9,55 @@ thread_local! {
     pub(crate) static KEYS: std::cell::RefCell<wm_comm::BufferPool<u64>> = const { std::cell::RefCell::new(wm_comm::BufferPool::new(4096, 4)) };
 }
 
+/// Positions of `keys` grouped by key (a counting sort): `order[starts[k]..
+/// starts[k + 1]]` are the positions with key `k`, in input order. Keys
+/// must be below `buckets`.
+///
+/// # Panics
+/// When a key is `buckets` or more.
+pub fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
+    let mut starts = vec![0usize; buckets + 1];
+    for &k in keys {
+        starts[k + 1] += 1;
+    }
+    for k in 0..buckets {
+        starts[k + 1] += starts[k];
+    }
+    let mut fill = starts.clone();
+    let mut order = vec![0usize; keys.len()];
+    for (i, &k) in keys.iter().enumerate() {
+        order[fill[k]] = i;
+        fill[k] += 1;
+    }
+    (order, starts)
+}
+
+/// Positions of keys grouped by key ([`bucket`]), each key's group at hand.
+#[derive(Debug, Clone, Default)]
+pub struct Buckets {
+    order: Vec<usize>,
+    starts: Vec<usize>,
+}
+
+impl Buckets {
+    /// The positions of `keys` grouped by key, for keys below `buckets`.
+    ///
+    /// # Panics
+    /// When a key is `buckets` or more.
+    pub fn of(keys: &[usize], buckets: usize) -> Self {
+        let (order, starts) = bucket(keys, buckets);
+        Self { order, starts }
+    }
+
+    /// The positions with key `k`, in input order.
+    ///
+    /// # Panics
+    /// When `k` is not below the bucket count.
+    pub fn get(&self, k: usize) -> &[usize] {
+        &self.order[self.starts[k]..self.starts[k + 1]]
+    }
+}
+
 /// Calls `visit(id, position)` for every id of `ids` — its position is its
 /// index in `ids` — in ascending order of id, the positions of equal ids
 /// ascending. Where an id and a position pack into 64 bits (ids and batches

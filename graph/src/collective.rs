@@ -88,24 +88,8 @@ pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
     agree_with(comm, mine, &[], |_| String::new())
 }
 
-/// Positions of `keys` grouped by key (a counting sort): `order[starts[k]..
-/// starts[k + 1]]` are the positions with key `k`, in input order.
-pub(crate) fn bucket(keys: &[usize], buckets: usize) -> (Vec<usize>, Vec<usize>) {
-    let mut starts = vec![0usize; buckets + 1];
-    for &k in keys {
-        starts[k + 1] += 1;
-    }
-    for k in 0..buckets {
-        starts[k + 1] += starts[k];
-    }
-    let mut fill = starts.clone();
-    let mut order = vec![0usize; keys.len()];
-    for (i, &k) in keys.iter().enumerate() {
-        order[fill[k]] = i;
-        fill[k] += 1;
-    }
-    (order, starts)
-}
+/// The counting sort of ids by owner, shared with the gather.
+pub(crate) use wm_gather::sort::bucket;
 
 /// `f(range)` for contiguous pieces of `0..n`, in parallel on the calling
 /// thread and `threads - 1` helpers that claim pieces as they come free

@@ -7,7 +7,7 @@
 //! edge ids. What a peer sends is input: every answer is checked (lengths,
 //! counts against the fanout, ids against the graph) before it is used.
 
-use wm_comm::{CommExt, Communicator};
+use wm_comm::{CommExt, Communicator, ExchangePlan};
 
 use crate::collective::bucket;
 use crate::csr::CsrGraph;
@@ -221,11 +221,11 @@ fn exchange(
             fill(r, buf);
         }
     };
-    comm.alltoallv_in_place(&sizes, &mut fill_others, &mut || {}, &mut |r, bytes| {
+    comm.exchange(ExchangePlan::new(&sizes, &mut fill_others).receive(&mut |r, bytes| {
         if r != me {
             take(r, bytes);
         }
-    })?;
+    }))?;
     Ok(())
 }
 

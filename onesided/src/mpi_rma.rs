@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use mpi::ffi;
 use wm_comm::Communicator;
-use wm_comm::mpi_backend::MpiComm;
+use wm_comm::mpi_backend::{MpiComm, MpiExt};
 use wm_gather::RowLayout;
 use wm_gather::rows::{RowSource, gather_from};
 

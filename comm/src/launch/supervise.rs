@@ -197,6 +197,24 @@ fn abandon(mut ranks: Vec<Rank>, pumps: Vec<Pump>) {
 /// and runs them to the end as the module documentation says.
 pub(super) fn supervise(l: &Launch, commands: Vec<Command>) -> io::Result<Report> {
     let start = Instant::now();
+    let (mut ranks, pumps, sinks) = start_ranks(l, commands)?;
+    let watched = match watch(l, start, &mut ranks) {
+        Ok(w) => w,
+        Err(e) => {
+            abandon(ranks, pumps);
+            return Err(e);
+        }
+    };
+    sweep(&ranks, pumps, watched.killed);
+    reap(ranks, sinks, start, watched)
+}
+
+/// Where each rank's output lines are collected.
+type Sink = Arc<Mutex<Vec<String>>>;
+
+/// Starts the ranks and the pumps of their output; on a failure, kills
+/// what was started.
+fn start_ranks(l: &Launch, commands: Vec<Command>) -> io::Result<(Vec<Rank>, Vec<Pump>, Vec<Sink>)> {
     let mut ranks: Vec<Rank> = Vec::with_capacity(commands.len());
     let mut pumps = Vec::with_capacity(2 * commands.len());
     let mut sinks = Vec::with_capacity(commands.len());
@@ -226,6 +244,21 @@ pub(super) fn supervise(l: &Launch, commands: Vec<Command>) -> io::Result<Report
         sinks.push(sink);
     }
 
+    Ok((ranks, pumps, sinks))
+}
+
+/// How the ranks ended, as [`watch`] saw it.
+struct Watched {
+    first_failure: Option<usize>,
+    hit_limit: bool,
+    signal: Option<i32>,
+    /// Whether SIGKILL went out.
+    killed: bool,
+}
+
+/// Waits for every rank to end: on a failure, a time limit or a signal to
+/// this process, signals the ranks politely, then SIGKILL when due.
+fn watch(l: &Launch, start: Instant, ranks: &mut [Rank]) -> io::Result<Watched> {
     let mut first_failure = None;
     let mut failed_at: Option<Instant> = None;
     let mut hit_limit = false;
@@ -259,7 +292,6 @@ pub(super) fn supervise(l: &Launch, commands: Vec<Command>) -> io::Result<Report
             }
         }
         if let Some(e) = lost {
-            abandon(ranks, pumps);
             return Err(e);
         }
         if ranks.iter().all(|r| r.ended.is_some()) {
@@ -278,13 +310,13 @@ pub(super) fn supervise(l: &Launch, commands: Vec<Command>) -> io::Result<Report
             };
             if let Some((sig, then)) = polite {
                 hit_limit = over_limit;
-                signal_all(&ranks, sig);
+                signal_all(ranks, sig);
                 termed = true;
                 kill_at = now.checked_add(then);
             }
         }
         if killed_at.is_none() && kill_at.is_some_and(|t| now >= t) {
-            signal_all(&ranks, SIGKILL);
+            signal_all(ranks, SIGKILL);
             killed_at = Some(now);
         }
         if killed_at.is_some_and(|t| t.elapsed() >= REAP) {
@@ -293,20 +325,28 @@ pub(super) fn supervise(l: &Launch, commands: Vec<Command>) -> io::Result<Report
         }
         thread::sleep(TICK);
     }
+    Ok(Watched { first_failure, hit_limit, signal, killed: killed_at.is_some() })
+}
 
-    // What the ranks left in their groups: ask, then insist. The pumps
+/// What the ranks left in their groups: asked to go, then killed; the
+/// pumps drained.
+fn sweep(ranks: &[Rank], pumps: Vec<Pump>, killed: bool) {
+    // Ask, then insist. The pumps
     // finish when the last holder of each pipe is gone, which is the usual
     // sign that nothing is left.
-    if killed_at.is_none() {
-        signal_all(&ranks, SIGTERM);
+    if !killed {
+        signal_all(ranks, SIGTERM);
         let t = Instant::now();
         while t.elapsed() < SWEEP && pumps.iter().any(|p| !p.handle.is_finished()) {
             thread::sleep(TICK);
         }
     }
-    signal_all(&ranks, SIGKILL);
+    signal_all(ranks, SIGKILL);
     drain(pumps);
+}
 
+/// Collects each rank's status and output into the report.
+fn reap(ranks: Vec<Rank>, sinks: Vec<Sink>, start: Instant, w: Watched) -> io::Result<Report> {
     // Reap last: until now every rank's pid, and so its group id, was
     // still taken.
     let mut outcomes = Vec::with_capacity(ranks.len());
@@ -322,5 +362,5 @@ pub(super) fn supervise(l: &Launch, commands: Vec<Command>) -> io::Result<Report
         let output = std::mem::take(&mut *sink.lock().unwrap_or_else(|p| p.into_inner()));
         outcomes.push(RankOutcome { rank, status, killed, output, ended_after });
     }
-    Ok(Report { ranks: outcomes, first_failure, hit_limit, signal })
+    Ok(Report { ranks: outcomes, first_failure: w.first_failure, hit_limit: w.hit_limit, signal: w.signal })
 }

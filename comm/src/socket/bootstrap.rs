@@ -157,7 +157,7 @@ impl Rendezvous {
             return Ok(k);
         }
         match self {
-            Self::Dir(dir) => super::rendezvous::existing_dir_key(dir),
+            Self::Dir(dir) => super::dir_key::existing_dir_key(dir),
             Self::Tcp(addr) => Err(Error::Bootstrap(format!(
                 "joining the job at {addr} needs its key: set {} (or {}) to the key the job's ranks hold",
                 wm_topology::env::WM_JOB_KEY.name,
@@ -329,7 +329,7 @@ pub(crate) fn job_key(how: &Rendezvous) -> Result<JobKey> {
         return Ok(k);
     }
     match how {
-        Rendezvous::Dir(dir) => super::rendezvous::dir_key(dir),
+        Rendezvous::Dir(dir) => super::dir_key::dir_key(dir),
         Rendezvous::Tcp(addr) => Err(Error::Bootstrap(format!(
             "{}={addr} needs a job key, so that only this job's ranks can join it: set {} to the same 64 hexadecimal digits on every rank \
              (e.g. `export {}=$(openssl rand -hex 32)` before `srun`/`mpirun`), or name a mode-600 file holding them in {}; \

@@ -126,7 +126,7 @@ enum Body {
     Buffered { hdr: Header, buf: Vec<u8> },
     /// Into the operation's [`Land`], by `sinks[sink]`: its head, and the
     /// payload bytes received.
-    Landing { hdr: Header, head: Vec<u8>, got: usize, sink: usize },
+    Landing { hdr: Header, head: Vec<u8>, received: usize, sink: usize },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -646,7 +646,7 @@ impl Endpoint {
             if !matches!(peer.body, Some(Body::Landing { .. })) {
                 continue;
             }
-            let Some(Body::Landing { hdr, head, got, sink }) = peer.body.take() else { continue };
+            let Some(Body::Landing { hdr, head, received: got, sink }) = peer.body.take() else { continue };
             let s = &land.sinks[sink];
             // What landed so far; the rest grows the buffer as it comes.
             let mut buf = match zeroed(got) {
@@ -853,7 +853,6 @@ impl Endpoint {
     /// that grow as they arrive (or into their rows), complete frames into
     /// the stash.
     fn feed(&self, st: &mut State, rank: usize, mut plain: &[u8], land: &mut Option<Land<'_>>) -> Result<()> {
-        let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
         loop {
             let State { peers, spare, broken, .. } = &mut *st;
             let peer = &mut peers[rank];
@@ -871,45 +870,7 @@ impl Endpoint {
                         continue;
                     }
                     peer.hdr_got = 0;
-                    let hdr = Header::decode(&peer.hdr).map_err(|e| bad(format!("its stream is garbled: {e}")))?;
-                    let limit = if matches!(hdr.kind, Kind::Data) { self.max_frame } else { REASON_MAX as u64 };
-                    if hdr.len > limit {
-                        return Err(bad(format!(
-                            "it announced a {} frame of {} bytes; the limit is {limit} bytes ({})",
-                            hdr.op.name(),
-                            hdr.len,
-                            wm_topology::env::WM_MAX_FRAME_GIB.name
-                        )));
-                    }
-                    let nfds = usize::from(hdr.nfds);
-                    let fds_allowed = matches!(hdr.kind, Kind::Data | Kind::Fds) && unix && nfds <= sys::MAX_FDS;
-                    if peer.fds.len() != nfds || (nfds > 0 && !fds_allowed) {
-                        let detail = format!("it sent {} descriptors with a {:?} frame announcing {nfds}", peer.fds.len(), hdr.kind);
-                        // Close what came unannounced before reporting it.
-                        peer.fds.clear();
-                        return Err(bad(detail));
-                    }
-                    // Bounded above by the limit, so this fits a usize.
-                    let len = hdr.len as usize;
-                    let sink = land.as_ref().and_then(|l| {
-                        l.sinks.iter().position(|s| {
-                            s.from == rank
-                                && (s.comm, s.op, s.seq) == (hdr.comm, hdr.op, hdr.seq)
-                                && hdr.kind == Kind::Data
-                                && nfds == 0
-                                && s.len() == Some(hdr.len)
-                        })
-                    });
-                    if let Some(sink) = sink {
-                        let head = land.as_ref().map_or(0, |l| l.sinks[sink].head);
-                        peer.body = Some(Body::Landing { hdr, head: vec![0; head], got: 0, sink });
-                    } else {
-                        // A kept buffer when one is large enough; otherwise
-                        // one that grows as the payload arrives.
-                        let buf = if len >= SPARE_MIN { spare.reuse(len).unwrap_or_default() } else { Vec::new() };
-                        peer.body = Some(Body::Buffered { hdr, buf });
-                    }
-                    len == 0
+                    self.begin_body(rank, peer, spare, land.as_ref(), unix)?
                 }
                 Some(Body::Buffered { hdr, buf }) => {
                     if plain.is_empty() {
@@ -925,7 +886,7 @@ impl Endpoint {
                     plain = &plain[n..];
                     buf.len() == declared
                 }
-                Some(Body::Landing { hdr, head, got, sink }) => {
+                Some(Body::Landing { hdr, head, received: got, sink }) => {
                     if plain.is_empty() {
                         return Ok(());
                     }
@@ -943,34 +904,97 @@ impl Endpoint {
                 }
             };
             if complete {
-                let (hdr, payload, landed) = match peer.body.take() {
-                    Some(Body::Buffered { hdr, buf }) => (hdr, buf, false),
-                    Some(Body::Landing { hdr, head, .. }) => (hdr, head, true),
-                    None => continue,
-                };
-                let fds: Vec<OwnedFd> = peer.fds.drain(..).collect();
-                match hdr.kind {
-                    Kind::Bye => peer.state = PeerState::Finished,
-                    Kind::Abort => {
-                        let lost = usize::try_from(hdr.seq).ok().filter(|&r| r < self.world());
-                        let Some(lost) = lost else {
-                            return Err(Error::Protocol { rank, op: "receiving", detail: format!("it reported losing rank {}", hdr.seq) });
-                        };
-                        let why = String::from_utf8_lossy(&payload);
-                        let detail = if lost == rank {
-                            format!("rank {rank} gave up: {why}")
-                        } else if why.is_empty() {
-                            format!("rank {rank} reported that it lost rank {lost}")
-                        } else {
-                            format!("rank {rank} reported that it lost rank {lost}: {why}")
-                        };
-                        *broken = Some(Broken { rank: lost, detail: detail.clone() });
-                        return Err(Error::PeerLost { rank: lost, op: "a collective", detail });
-                    }
-                    Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds, landed }),
-                }
+                self.finish_frame(rank, peer, broken)?;
             }
         }
+    }
+
+    /// Starts the frame whose header `rank`'s peer has just completed:
+    /// checks it before anything is allocated (length within the limit,
+    /// descriptors as announced), then receives its payload into the
+    /// matching sink of `land` or into a buffer of its own. Returns whether
+    /// the frame is complete already (no payload).
+    fn begin_body(
+        &self,
+        rank: usize,
+        peer: &mut Peer,
+        spare: &mut crate::BufferPool<u8>,
+        land: Option<&Land<'_>>,
+        unix: bool,
+    ) -> Result<bool> {
+        let bad = |detail: String| Error::Protocol { rank, op: "receiving", detail };
+        let hdr = Header::decode(&peer.hdr).map_err(|e| bad(format!("its stream is garbled: {e}")))?;
+        let limit = if matches!(hdr.kind, Kind::Data) { self.max_frame } else { REASON_MAX as u64 };
+        if hdr.len > limit {
+            return Err(bad(format!(
+                "it announced a {} frame of {} bytes; the limit is {limit} bytes ({})",
+                hdr.op.name(),
+                hdr.len,
+                wm_topology::env::WM_MAX_FRAME_GIB.name
+            )));
+        }
+        let nfds = usize::from(hdr.nfds);
+        let fds_allowed = matches!(hdr.kind, Kind::Data | Kind::Fds) && unix && nfds <= sys::MAX_FDS;
+        if peer.fds.len() != nfds || (nfds > 0 && !fds_allowed) {
+            let detail = format!("it sent {} descriptors with a {:?} frame announcing {nfds}", peer.fds.len(), hdr.kind);
+            // Close what came unannounced before reporting it.
+            peer.fds.clear();
+            return Err(bad(detail));
+        }
+        // Bounded above by the limit, so this fits a usize.
+        let len = hdr.len as usize;
+        let sink = land.and_then(|l| {
+            l.sinks.iter().position(|s| {
+                s.from == rank
+                    && (s.comm, s.op, s.seq) == (hdr.comm, hdr.op, hdr.seq)
+                    && hdr.kind == Kind::Data
+                    && nfds == 0
+                    && s.len() == Some(hdr.len)
+            })
+        });
+        if let Some(sink) = sink {
+            let head = land.map_or(0, |l| l.sinks[sink].head);
+            peer.body = Some(Body::Landing { hdr, head: vec![0; head], received: 0, sink });
+        } else {
+            // A kept buffer when one is large enough; otherwise
+            // one that grows as the payload arrives.
+            let buf = if len >= SPARE_MIN { spare.reuse(len).unwrap_or_default() } else { Vec::new() };
+            peer.body = Some(Body::Buffered { hdr, buf });
+        }
+        Ok(len == 0)
+    }
+
+    /// Hands over the frame `rank`'s peer has just completed: a goodbye
+    /// closes the peer, an abort breaks the endpoint naming the lost rank,
+    /// data and descriptors go to the stash.
+    fn finish_frame(&self, rank: usize, peer: &mut Peer, broken: &mut Option<Broken>) -> Result<()> {
+        let (hdr, payload, landed) = match peer.body.take() {
+            Some(Body::Buffered { hdr, buf }) => (hdr, buf, false),
+            Some(Body::Landing { hdr, head, .. }) => (hdr, head, true),
+            None => return Ok(()),
+        };
+        let fds: Vec<OwnedFd> = peer.fds.drain(..).collect();
+        match hdr.kind {
+            Kind::Bye => peer.state = PeerState::Finished,
+            Kind::Abort => {
+                let lost = usize::try_from(hdr.seq).ok().filter(|&r| r < self.world());
+                let Some(lost) = lost else {
+                    return Err(Error::Protocol { rank, op: "receiving", detail: format!("it reported losing rank {}", hdr.seq) });
+                };
+                let why = String::from_utf8_lossy(&payload);
+                let detail = if lost == rank {
+                    format!("rank {rank} gave up: {why}")
+                } else if why.is_empty() {
+                    format!("rank {rank} reported that it lost rank {lost}")
+                } else {
+                    format!("rank {rank} reported that it lost rank {lost}: {why}")
+                };
+                *broken = Some(Broken { rank: lost, detail: detail.clone() });
+                return Err(Error::PeerLost { rank: lost, op: "a collective", detail });
+            }
+            Kind::Data | Kind::Fds => peer.stash.push_back(Msg { hdr, payload, fds, landed }),
+        }
+        Ok(())
     }
 
     /// Writes `bytes` onto the connection to `to` as they are, waiting (up

@@ -7,6 +7,7 @@
 //! dead rank is noticed by whichever operation is waiting.
 
 mod bootstrap;
+mod dir_key;
 mod endpoint;
 mod mesh;
 mod rendezvous;
@@ -27,7 +28,8 @@ use wire::{Header, Kind, Op};
 use wm_topology::{NodeIdentity, NodeLayout};
 
 use crate::auth::JobKey;
-use crate::communicator::{Arrival, Communicator, Landing, Part};
+use crate::communicator::Communicator;
+use crate::plan::{Delivery, ExchangePlan, ReceivedPart};
 use crate::ranks::RankEnv;
 use crate::{Error, Result};
 
@@ -58,14 +60,6 @@ const INLINE: u64 = 0;
 /// The first word of an in-place exchange's payload, plus the mailbox index
 /// (0 or 1): the bytes are in that mailbox; their count is the second word.
 const IN_MAILBOX: u64 = 2;
-
-/// A part of the in-place exchange as it reaches `take`.
-enum Got<'a> {
-    /// Its bytes.
-    Part(Part<'a>),
-    /// It landed in the output; its head.
-    Landed(&'a [u8]),
-}
 
 /// A bootstrap timeout reports the configured limit.
 fn with_secs(e: Error, timeout: std::time::Duration) -> Error {
@@ -337,31 +331,22 @@ impl SocketComm {
         Ok(res)
     }
 
-    /// The in-place exchange: parts for other nodes whose `landings` match
-    /// are received straight into `out`; `take` gets every part, in rank
-    /// order, with `out`.
-    // Writes and reads mailboxes through `shm::Mailbox::bytes_mut` and
-    // `bytes`, whose contracts the exchange's protocol keeps (see the
-    // SAFETY notes at the calls).
+    /// Writes the parts for the other ranks of an in-place exchange: into
+    /// a shared-memory mailbox for a rank of this node when large enough
+    /// (and one can be had), else inline behind a word that says so.
+    /// Returns each peer's frame payload (inline bytes, or where the
+    /// mailbox bytes are) and the descriptor of a new mailbox to send along.
+    // Writes mailboxes through `shm::Mailbox::bytes_mut` (see the SAFETY
+    // note at the call).
     #[allow(unsafe_code)]
-    fn in_place(
+    fn fill_parts(
         &self,
+        channels: &mut shm::Channels,
         sizes: &[usize],
         fill: &mut dyn FnMut(usize, &mut [u8]),
-        out: &mut [u8],
-        landings: &[Landing<'_>],
-        meanwhile: &mut dyn FnMut(&mut [u8]) -> bool,
-        take: &mut dyn FnMut(usize, Got<'_>, &mut [u8]),
-    ) -> Result<()> {
-        crate::communicator::check_sizes(sizes, self.size())?;
+    ) -> (Vec<Vec<u8>>, Vec<Option<std::os::fd::RawFd>>) {
         let i = &self.inner;
         let (n, me) = (i.members.len(), i.me);
-        let op = Op::AlltoallvInPlace;
-        // Held to the end: the descriptors of new mailboxes are borrowed
-        // from it while they travel, and `take` reads inboxes.
-        let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
-        // Per peer: the frame's payload (inline bytes, or where the mailbox
-        // bytes are) and the descriptor of a new mailbox.
         let mut payloads: Vec<Vec<u8>> = (0..n).map(|_| Vec::new()).collect();
         let mut new_boxes: Vec<Option<std::os::fd::RawFd>> = vec![None; n];
         for r in (0..n).filter(|&r| r != me) {
@@ -374,9 +359,10 @@ impl SocketComm {
                     // peer last read this outbox in an exchange at least two
                     // before this one, and had finished before this rank's
                     // previous exchange ended (`shm::Channels`); it reads it
-                    // next after the frame below, sent once `fill` has
-                    // returned and the slice is gone; it never writes it
-                    // (it maps it read-only).
+                    // next after the frame that announces it, which
+                    // `in_place` sends once `fill` has returned and the
+                    // slice is gone; it never writes it (it maps it
+                    // read-only).
                     fill(r, unsafe { mailbox.bytes_mut(len) });
                     payloads[r] = [(IN_MAILBOX + index as u64).to_le_bytes(), (len as u64).to_le_bytes()].concat();
                     new_boxes[r] = fresh.then(|| mailbox.fd().as_raw_fd());
@@ -388,6 +374,27 @@ impl SocketComm {
             fill(r, &mut buf[8..]);
             payloads[r] = buf;
         }
+        (payloads, new_boxes)
+    }
+
+    /// Carries out `plan`: parts for other nodes whose landing matches are
+    /// received straight into the plan's output; every part goes through
+    /// the plan's delivery, in rank order.
+    // Writes and reads mailboxes through `shm::Mailbox::bytes_mut` and
+    // `bytes`, whose contracts the exchange's protocol keeps (see the
+    // SAFETY notes at the calls).
+    #[allow(unsafe_code)]
+    fn in_place(&self, plan: ExchangePlan<'_>) -> Result<()> {
+        plan.check(self.size())?;
+        let ExchangePlan { sizes, fill, out, landing, mut work, receiver } = plan;
+        let mut delivery = Delivery::new(landing, receiver);
+        let i = &self.inner;
+        let (n, me) = (i.members.len(), i.me);
+        let op = Op::AlltoallvInPlace;
+        // Held to the end: the descriptors of new mailboxes are borrowed
+        // from it while they travel, and the receiver reads inboxes.
+        let mut channels = i.channels.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut payloads, new_boxes) = self.fill_parts(&mut channels, sizes, fill);
         let mut own = vec![0u8; sizes[me]];
         fill(me, &mut own);
         let seq = i.seq.fetch_add(1, Ordering::Relaxed);
@@ -410,20 +417,26 @@ impl SocketComm {
         // Parts from other nodes of their landing's length (behind the
         // inline word) go straight to their rows; a mailbox note never
         // comes from another node, so it cannot be taken for one.
-        let sinks: Vec<Sink<'_>> = landings
-            .iter()
-            .enumerate()
-            .filter(|&(r, l)| r != me && !self.same_node(r, me) && !l.is_empty())
-            .map(|(r, l)| Sink { from: i.members[r], comm: i.id, op, seq, head: 8 + l.head, row: l.row_bytes, rows: l.rows })
+        let sinks: Vec<Sink<'_>> = (0..n)
+            .filter(|&r| r != me && !self.same_node(r, me) && landing.lands_rows(r))
+            .map(|r| Sink {
+                from: i.members[r],
+                comm: i.id,
+                op,
+                seq,
+                head: 8 + landing.head,
+                row: landing.row_bytes,
+                rows: landing.rows[r],
+            })
             .collect();
         let land = Land { out: &mut *out, sinks: &sinks };
-        let msgs = i.ep.transact_landing(op.name(), &mut frames, &want, Some(land), meanwhile)?;
+        let msgs = i.ep.transact_landing(op.name(), &mut frames, &want, Some(land), &mut |out| work.step(out))?;
         drop(frames);
         let mut msgs = msgs.into_iter();
         let mut received = Vec::with_capacity(n);
         for r in 0..n {
             if r == me {
-                take(me, Got::Part(Part::borrowed(&own)), out);
+                delivery.hand_over(me, ReceivedPart::borrowed(&own), out);
                 continue;
             }
             let mut m = msgs.next().expect("transact returns one frame per wanted peer");
@@ -431,11 +444,11 @@ impl SocketComm {
             let word = |k: usize| m.payload.get(8 * k..8 * k + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
             let bad = |what: String| i.ep.fail_peer(peer, op.name(), format!("it sent {what}"));
             match word(0) {
-                Some(INLINE) if m.landed => take(r, Got::Landed(&m.payload[8..]), out),
+                Some(INLINE) if m.landed => delivery.hand_over(r, ReceivedPart::landed_head(&m.payload[8..]), out),
                 _ if m.landed => return Err(bad("a part of an in-place exchange that is not inline".into())),
-                // Its own buffer: `take` may keep it (then an empty one is
+                // Its own buffer: the receiver may keep it (then an empty one is
                 // left to recycle).
-                Some(INLINE) if m.fds.is_empty() => take(r, Got::Part(Part::owned(&mut m.payload, 8)), out),
+                Some(INLINE) if m.fds.is_empty() => delivery.hand_over(r, ReceivedPart::owned(&mut m.payload, 8), out),
                 Some(w) if (w == IN_MAILBOX || w == IN_MAILBOX + 1) && m.payload.len() == 16 && m.fds.len() <= 1 => {
                     let Some(len) = word(1).and_then(|l| usize::try_from(l).ok()) else {
                         return Err(bad("a mailbox note without a length".into()));
@@ -449,9 +462,9 @@ impl SocketComm {
                     // frame that announced them, and writes this mailbox
                     // again only after this rank has begun a later in-place
                     // exchange on this communicator (`shm::Channels`);
-                    // `take` runs before this call returns.
+                    // the receiver runs before this call returns.
                     match unsafe { mailbox.bytes(len) } {
-                        Ok(bytes) => take(r, Got::Part(Part::borrowed(bytes)), out),
+                        Ok(bytes) => delivery.hand_over(r, ReceivedPart::borrowed(bytes), out),
                         Err(e) => return Err(bad(e)),
                     }
                 }
@@ -543,55 +556,8 @@ impl Communicator for SocketComm {
         Ok(got.into_iter().enumerate().map(|(r, g)| g.unwrap_or_else(|| if r == me { send[me].to_vec() } else { Vec::new() })).collect())
     }
 
-    fn alltoallv_in_place(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut(),
-        take: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.alltoallv_in_place_stepped(sizes, fill, &mut crate::communicator::one_step(meanwhile), take)
-    }
-
-    fn alltoallv_in_place_stepped(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut() -> bool,
-        take: &mut dyn FnMut(usize, &[u8]),
-    ) -> Result<()> {
-        self.alltoallv_in_place_keeping(sizes, fill, meanwhile, &mut |r, part| take(r, part.bytes()))
-    }
-
-    fn alltoallv_in_place_keeping(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        meanwhile: &mut dyn FnMut() -> bool,
-        take: &mut dyn FnMut(usize, Part<'_>),
-    ) -> Result<()> {
-        let mut take = |r: usize, got: Got<'_>, _: &mut [u8]| match got {
-            Got::Part(p) => take(r, p),
-            // Without landings nothing lands.
-            Got::Landed(head) => take(r, Part::borrowed(head)),
-        };
-        self.in_place(sizes, fill, &mut [], &[], &mut |_| meanwhile(), &mut take)
-    }
-
-    fn alltoallv_in_place_landing(
-        &self,
-        sizes: &[usize],
-        fill: &mut dyn FnMut(usize, &mut [u8]),
-        out: &mut [u8],
-        landings: &[Landing<'_>],
-        step: &mut dyn FnMut(&mut [u8]) -> bool,
-        take: &mut dyn FnMut(usize, Arrival<'_>),
-    ) -> Result<()> {
-        crate::communicator::check_landings(landings, self.size(), out.len())?;
-        self.in_place(sizes, fill, out, landings, step, &mut |r, got, out| match got {
-            Got::Landed(head) => take(r, Arrival::Landed(head)),
-            Got::Part(p) => take(r, landings[r].arrive(p.bytes(), out)),
-        })
+    fn exchange(&self, plan: ExchangePlan<'_>) -> Result<()> {
+        self.in_place(plan)
     }
 
     fn split(&self, color: u32, key: u32) -> Result<Arc<dyn Communicator>> {
@@ -630,6 +596,10 @@ impl Communicator for SocketComm {
 
     fn recycle(&self, bufs: Vec<Vec<u8>>) {
         self.inner.ep.recycle(bufs);
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 
     fn recv_fds(&self, src: usize, count: usize) -> Result<Vec<OwnedFd>> {

@@ -30,7 +30,7 @@ use crate::{DType, Error, Result, RowLayout, agree, mapped};
 
 /// One table the cache holds rows of: its layout and the slots' rows.
 #[derive(Debug)]
-struct Part {
+struct CachedTable {
     layout: RowLayout,
     rows: DeviceBuffer,
     rows_of: usize,
@@ -66,7 +66,7 @@ impl Seen {
     }
 }
 
-impl Part {
+impl CachedTable {
     fn new(mem: &WholeMemory, layout: &RowLayout, slots: usize) -> Result<Self> {
         layout.check_fits(mem.granularity())?;
         if mem.location() != Location::Host {
@@ -148,8 +148,8 @@ impl Part {
 pub struct DeviceCache {
     own: Range<usize>,
     tags: Tags,
-    main: Part,
-    side: Option<Part>,
+    main: CachedTable,
+    side: Option<CachedTable>,
     dirty: Vec<bool>,
     stats: CacheStats,
 }
@@ -173,14 +173,14 @@ impl DeviceCache {
         let placement = Placement::for_capacity(slots_wanted, own.len());
         let slots = placement.slots(own.len());
         let made = check_ratio(ratio).and_then(|()| {
-            let main = Part::new(mem, layout, slots)?;
+            let main = CachedTable::new(mem, layout, slots)?;
             let side = match side {
                 None => None,
                 Some((s, l)) => {
                     if s.partition().counts() != mem.partition().counts() {
                         return Err(Error::InvalidArgument("the side table of a device cache must be partitioned as the table".into()));
                     }
-                    Some(Part::new(s, l, slots)?)
+                    Some(CachedTable::new(s, l, slots)?)
                 }
             };
             Ok((main, side))
@@ -292,12 +292,12 @@ impl DeviceCache {
         }
         let n = self.tags.slots();
         let before = mem.write_generation();
-        let done = write_back_part(&self.main, mem, n, &slots, &rows);
+        let done = write_back_cached(&self.main, mem, n, &slots, &rows);
         self.main.took_own_write(before, mem.write_generation());
         done?;
         if let (Some(p), Some(s)) = (&mut self.side, side) {
             let before = s.write_generation();
-            let done = write_back_part(p, s, n, &slots, &rows);
+            let done = write_back_cached(p, s, n, &slots, &rows);
             p.took_own_write(before, s.write_generation());
             done?;
         }
@@ -390,9 +390,9 @@ impl DeviceCache {
             }
         }
         let n = self.tags.slots();
-        read_part(&mut self.main, mem, n, &plan, out, buf_dtype)?;
+        read_cached(&mut self.main, mem, n, &plan, out, buf_dtype)?;
         match (&mut self.side, side) {
-            (Some(p), Some(s)) => read_part(p, s, n, &plan, side_out, buf_dtype)?,
+            (Some(p), Some(s)) => read_cached(p, s, n, &plan, side_out, buf_dtype)?,
             (None, None) => {}
             _ => return Err(Error::InvalidArgument("pass the side table exactly when the cache holds its rows".into())),
         }
@@ -440,13 +440,13 @@ impl DeviceCache {
         }
         let n = self.tags.slots();
         let before = mem.write_generation();
-        let done = write_part(&mut self.main, mem, n, &cached, &host, src, buf_dtype);
+        let done = write_cached(&mut self.main, mem, n, &cached, &host, src, buf_dtype);
         self.main.took_own_write(before, mem.write_generation());
         done?;
         match (&mut self.side, side) {
             (Some(p), Some(s)) => {
                 let before = s.write_generation();
-                let done = write_part(p, s, n, &cached, &host, side_src, buf_dtype);
+                let done = write_cached(p, s, n, &cached, &host, side_src, buf_dtype);
                 p.took_own_write(before, s.write_generation());
                 done?;
             }
@@ -480,38 +480,38 @@ struct Plan {
     fills: Vec<(usize, usize)>,
 }
 
-/// One table's part of a read.
-fn read_part(part: &mut Part, table: &WholeMemory, n: usize, plan: &Plan, buf: &mut [u8], buf_dtype: DType) -> Result<()> {
-    let conv = RowConv::new(part.layout.dtype(), buf_dtype, part.layout.cols())?;
+/// One table's share of a read.
+fn read_cached(cached_table: &mut CachedTable, table: &WholeMemory, n: usize, plan: &Plan, buf: &mut [u8], buf_dtype: DType) -> Result<()> {
+    let conv = RowConv::new(cached_table.layout.dtype(), buf_dtype, cached_table.layout.cols())?;
     let count = plan.hit_at.len() + plan.miss_at.len();
     if buf.len() != count * conv.dst_bytes() {
         return Err(Error::InvalidArgument(format!("{} bytes for {count} rows of {} bytes", buf.len(), conv.dst_bytes())));
     }
-    let rb = part.layout.bytes();
+    let rb = cached_table.layout.bytes();
     // Hits: rows of the table's type from the GPU, converted here.
     let mut dense = vec![0u8; plan.hit_slots.len() * rb];
-    read_slots(table, &part.rows, part.shape(n), &part.layout, &plan.hit_slots, &mut dense)?;
+    read_slots(table, &cached_table.rows, cached_table.shape(n), &cached_table.layout, &plan.hit_slots, &mut dense)?;
     let order: Vec<usize> = (0..plan.hit_slots.len()).collect();
     kernel::place_rows(&dense, conv, &order, &plan.hit_at, buf, 1).map_err(Error::InvalidArgument)?;
     // Misses: from the host rows, then the admitted ones up to the GPU.
-    let same = RowConv::new(part.layout.dtype(), part.layout.dtype(), part.layout.cols())?;
+    let same = RowConv::new(cached_table.layout.dtype(), cached_table.layout.dtype(), cached_table.layout.cols())?;
     let packed: Vec<usize> = (0..plan.miss.len()).collect();
     let mut host = vec![0u8; plan.miss.len() * rb];
-    mapped::gather_own_to(table, &part.layout, same, &plan.miss, &packed, &mut host)?;
+    mapped::gather_own_to(table, &cached_table.layout, same, &plan.miss, &packed, &mut host)?;
     kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(Error::InvalidArgument)?;
     let slots: Vec<usize> = plan.fills.iter().map(|f| f.0).collect();
     let mut up = Vec::with_capacity(slots.len() * rb);
     for &(_, k) in &plan.fills {
         up.extend_from_slice(&host[k * rb..][..rb]);
     }
-    let (shape, layout) = (part.shape(n), part.layout);
-    write_slots(table, &mut part.rows, shape, &layout, &slots, &up)
+    let (shape, layout) = (cached_table.shape(n), cached_table.layout);
+    write_slots(table, &mut cached_table.rows, shape, &layout, &slots, &up)
 }
 
-/// One table's part of a write: `cached` (slot, source row) to the GPU,
+/// One table's share of a write: `cached` (slot, source row) to the GPU,
 /// `host` (local row, source row) to the host table.
-fn write_part(
-    part: &mut Part,
+fn write_cached(
+    cached_table: &mut CachedTable,
     table: &mut WholeMemory,
     n: usize,
     cached: &[(usize, usize)],
@@ -520,7 +520,7 @@ fn write_part(
     buf_dtype: DType,
 ) -> Result<()> {
     // The source rows in the table's type, in the order they are written.
-    let conv = RowConv::new(buf_dtype, part.layout.dtype(), part.layout.cols())?;
+    let conv = RowConv::new(buf_dtype, cached_table.layout.dtype(), cached_table.layout.cols())?;
     let sb = conv.src_bytes();
     if sb == 0 || src.len() % sb != 0 {
         return Err(Error::InvalidArgument(format!("{} bytes are not whole rows of {sb} bytes", src.len())));
@@ -534,18 +534,18 @@ fn write_part(
     };
     let up = pack(cached)?;
     let slots: Vec<usize> = cached.iter().map(|p| p.0).collect();
-    let (shape, layout) = (part.shape(n), part.layout);
-    write_slots(table, &mut part.rows, shape, &layout, &slots, &up)?;
+    let (shape, layout) = (cached_table.shape(n), cached_table.layout);
+    write_slots(table, &mut cached_table.rows, shape, &layout, &slots, &up)?;
     let down = pack(host)?;
     let rows: Vec<usize> = host.iter().map(|p| p.0).collect();
-    mapped::scatter_own(table, &part.layout, &rows, &down)
+    mapped::scatter_own(table, &cached_table.layout, &rows, &down)
 }
 
-/// Writes slot rows `slots` of `part` to host rows `rows` (local numbers).
-fn write_back_part(part: &Part, table: &mut WholeMemory, n: usize, slots: &[usize], rows: &[usize]) -> Result<()> {
-    let mut dense = vec![0u8; slots.len() * part.layout.bytes()];
-    read_slots(table, &part.rows, part.shape(n), &part.layout, slots, &mut dense)?;
-    mapped::scatter_own(table, &part.layout, rows, &dense)
+/// Writes slot rows `slots` of `cached_table` to host rows `rows` (local numbers).
+fn write_back_cached(cached_table: &CachedTable, table: &mut WholeMemory, n: usize, slots: &[usize], rows: &[usize]) -> Result<()> {
+    let mut dense = vec![0u8; slots.len() * cached_table.layout.bytes()];
+    read_slots(table, &cached_table.rows, cached_table.shape(n), &cached_table.layout, slots, &mut dense)?;
+    mapped::scatter_own(table, &cached_table.layout, rows, &dense)
 }
 
 #[cfg(test)]

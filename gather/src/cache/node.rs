@@ -215,6 +215,21 @@ const DECIDED: u64 = 0;
 /// malformed report; its world rank and the detail follow.
 const REFUSED: u64 = 1;
 
+/// Where each id of a cached gather is read from (step 1).
+struct Lookup {
+    /// Slots of the hits, and their positions in the output.
+    hit_slots: Vec<usize>,
+    hit_at: Vec<usize>,
+    /// This rank's own host rows (numbered from its first), and their
+    /// positions.
+    own_rows: Vec<usize>,
+    own_at: Vec<usize>,
+    /// (row, position) of every id fetched.
+    pending: Vec<(usize, usize)>,
+    /// Each access as (cacheable row << 1) | missed.
+    accesses: Vec<u64>,
+}
+
 impl NodeCache {
     /// Creates a node cache of `ratio` of `mem`'s rows for rows read with
     /// `layout` (in the table's element type). Collective: every rank of
@@ -485,14 +500,11 @@ impl NodeCache {
         done
     }
 
-    /// Steps 1 to 3 of a gather through the cache (the call's checks
-    /// passed on this rank).
-    fn gather_cached(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], conv: RowConv) -> Result<()> {
-        let mut clock = crate::profile::Clock::around();
-        // 1. Look up every id of a row another node owns (a few ids ahead,
-        //    the tags they will read are asked for); this rank's own host
-        //    rows are read in place, every other id is fetched.
-        let rows = ids.to_rows();
+    /// Step 1 of [`gather_cached`](Self::gather_cached): looks up every id
+    /// of a row another node owns (a few ids ahead, the tags they will read
+    /// are asked for); this rank's own host rows are read in place, every
+    /// other id is fetched.
+    fn look_up(&mut self, mem: &WholeMemory, rows: &[usize]) -> Lookup {
         let own = mem.local_rows();
         let own_host = mem.location() == Location::Host;
         let cacheable: Vec<Option<usize>> =
@@ -529,6 +541,18 @@ impl NodeCache {
                 }
             }
         }
+        Lookup { hit_slots, hit_at, own_rows, own_at, pending, accesses }
+    }
+
+    /// Steps 1 to 3 of a gather through the cache (the call's checks
+    /// passed on this rank).
+    fn gather_cached(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], conv: RowConv) -> Result<()> {
+        let mut clock = crate::profile::Clock::around();
+        // 1. Look up every id of a row another node owns (a few ids ahead,
+        //    the tags they will read are asked for); this rank's own host
+        //    rows are read in place, every other id is fetched.
+        let rows = ids.to_rows();
+        let Lookup { hit_slots, hit_at, own_rows, own_at, mut pending, accesses } = self.look_up(mem, &rows);
 
         clock.lap("cache lookup");
         // 2. Everything else through the table's gather, in its own type,

@@ -691,7 +691,7 @@ fn scatter_through_host(
         let rows = l.host(Host::Rows0, bytes)?.as_slice()[..bytes].to_vec();
         (host_ids, checked, rows)
     };
-    crate::exchange::scatter_distributed(mem, layout, checked, host_ids.ids(), &rows, Clock::start())
+    crate::scatter_collective(mem, layout, checked, host_ids.ids(), &rows)
 }
 
 /// Ids copied down from the device.

@@ -31,7 +31,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail, ensure};
 use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, WholeTensor};
-use wm_comm::Communicator;
+use wm_comm::{Communicator, ExchangePlan};
 use wm_embedding::{Embedding, Optimizer};
 use wm_graph::{BuildOptions, CsrGraph, EdgeList};
 
@@ -141,9 +141,9 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
         .collect();
     let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
     let mut asked = vec![0usize; n];
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]), &mut || {}, &mut |r, b| {
-        asked[r] = b.len().saturating_sub(1) / 8
-    })?;
+    comm.exchange(
+        ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r])).receive(&mut |r, b| asked[r] = b.len().saturating_sub(1) / 8),
+    )?;
     // 2. Rows behind the kind byte "rows follow": as many as asked (zeros),
     //    or three bytes more. The honest owners' verdicts on its requests
     //    come back with their rows.
@@ -151,11 +151,11 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
     let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 1 + asked[r] * ROW + extra }).collect();
     let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
     let mut verdicts = vec![ok.clone(); n];
-    comm.alltoallv_in_place(&sizes, &mut |_, buf| rows_part(buf), &mut || {}, &mut |r, b| {
+    comm.exchange(ExchangePlan::new(&sizes, &mut |_, buf| rows_part(buf)).receive(&mut |r, b| {
         if let Some((&FAILED, v)) = b.split_first() {
             verdicts[r] = v.to_vec();
         }
-    })?;
+    }))?;
     wholemem::agree::decide(comm, Ok(()), Rule::Lowest, &verdicts)
 }
 
@@ -180,9 +180,9 @@ fn fake_scatter(t: &WholeTensor<f32>, foreign: bool) -> wm_gather::Result<()> {
         .collect();
     let parts: Vec<Vec<u8>> = ids.iter().map(|i| id_part(i)).collect();
     let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut || {}, &mut |_, _| {})?;
+    comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r])))?;
     let sizes: Vec<usize> = ids.iter().map(|i| i.len() * ROW + if foreign || i.is_empty() { 0 } else { 5 }).collect();
-    comm.alltoallv_in_place(&sizes, &mut |_, buf| buf.fill(0), &mut || {}, &mut |_, _| {})?;
+    comm.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf.fill(0)))?;
     agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
 }
 
@@ -253,30 +253,33 @@ fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let send: Vec<Vec<u8>> = (0..local.size()).map(|q| if q == local.rank() { id_part(&[]) } else { id_part(&[own]) }).collect();
     let sizes: Vec<usize> = send.iter().map(Vec::len).collect();
     let mut asked_here = vec![0usize; local.size()];
-    local.alltoallv_in_place(&sizes, &mut |q, buf| buf.copy_from_slice(&send[q]), &mut || {}, &mut |q, b| {
-        asked_here[q] = b.len().saturating_sub(1) / 8
-    })?;
+    local.exchange(
+        ExchangePlan::new(&sizes, &mut |q, buf| buf.copy_from_slice(&send[q]))
+            .receive(&mut |q, b| asked_here[q] = b.len().saturating_sub(1) / 8),
+    )?;
     // 2. Across nodes: no ids ("the node passed its checks").
     let sizes = vec![1; cross.size()];
     let mut asked_across = vec![0usize; cross.size()];
-    cross.alltoallv_in_place(&sizes, &mut |_, buf| buf[0] = 0, &mut || {}, &mut |c, b| asked_across[c] = b.len().saturating_sub(1) / 8)?;
+    cross.exchange(
+        ExchangePlan::new(&sizes, &mut |_, buf| buf[0] = 0).receive(&mut |c, b| asked_across[c] = b.len().saturating_sub(1) / 8),
+    )?;
     // 3. Rows across nodes, then back within the node: behind the kind byte
     //    "rows follow", zeros, as many as asked. The verdicts of honest
     //    ranks come back instead of rows.
     let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
     let mut heard: Option<wm_gather::Error> = None;
     let sizes: Vec<usize> = asked_across.iter().enumerate().map(|(c, &k)| if c == cross.rank() { 0 } else { 1 + k * ROW }).collect();
-    cross.alltoallv_in_place(&sizes, &mut |_, buf| rows_part(buf), &mut || {}, &mut |c, b| {
+    cross.exchange(ExchangePlan::new(&sizes, &mut |_, buf| rows_part(buf)).receive(&mut |c, b| {
         if let Some((&FAILED, v)) = b.split_first() {
             heard.get_or_insert(verdict(cross.as_ref(), c, v, &ok));
         }
-    })?;
+    }))?;
     let sizes: Vec<usize> = asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { 0 } else { 1 + k * ROW }).collect();
-    local.alltoallv_in_place(&sizes, &mut |_, buf| rows_part(buf), &mut || {}, &mut |q, b| {
+    local.exchange(ExchangePlan::new(&sizes, &mut |_, buf| rows_part(buf)).receive(&mut |q, b| {
         if let Some((&FAILED, v)) = b.split_first() {
             heard.get_or_insert(verdict(local.as_ref(), q, v, &ok));
         }
-    })?;
+    }))?;
     heard.map_or(Ok(()), Err)
 }
 
@@ -336,18 +339,13 @@ fn fake_sample(g: &CsrGraph, node: u64) -> Result<()> {
     comm.allgatherv(&msg)?;
     // 2. The centers to their owners: `node`, one 8-byte word, to each.
     let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 8 }).collect();
-    comm.alltoallv_in_place(
-        &sizes,
-        &mut |r, buf| {
-            if r != me {
-                buf.copy_from_slice(&node.to_le_bytes())
-            }
-        },
-        &mut || {},
-        &mut |_, _| {},
-    )?;
+    comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| {
+        if r != me {
+            buf.copy_from_slice(&node.to_le_bytes())
+        }
+    }))?;
     // 3. The answers: none from here (nobody asked it for a center).
-    comm.alltoallv_in_place(&vec![0; n], &mut |_, _| {}, &mut || {}, &mut |_, _| {})?;
+    comm.exchange(ExchangePlan::new(&vec![0; n], &mut |_, _| {}))?;
     Ok(())
 }
 
@@ -407,7 +405,7 @@ fn fake_gradients(emb: &Embedding<f32>, foreign: bool, lr: f32) -> wm_embedding:
         })
         .collect();
     let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
-    comm.alltoallv_in_place(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r]), &mut || {}, &mut |_, _| {})?;
+    comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r])))?;
     agree::<(), wm_embedding::Error>(comm, Ok(()), Rule::Lowest)
 }
 

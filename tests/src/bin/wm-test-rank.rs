@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use wholemem::{AllocRequest, Location, MemoryType, Partition, WholeMemory, WholeTensor, query};
-use wm_comm::{Arrival, CommExt, Communicator, Landing};
+use wm_comm::{CommExt, Communicator, ExchangePlan};
 use wm_tests::Rng;
 
 type Comm = Arc<dyn Communicator>;
@@ -71,8 +71,9 @@ fn bytes_for(rank: usize, peer: usize, n: usize) -> Vec<u8> {
 
 // ---------------------------------------------------------------- collectives
 
-/// `alltoallv_in_place` (and, in other rounds, its stepped form and its
-/// keeping form, whose parts are checked after the call) over
+/// The in-place exchange (`Communicator::exchange`) with work once
+/// meanwhile (and, in other rounds, in steps, and with its parts kept and
+/// checked after the call) over
 /// rounds: sizes of zero, small (inline on the
 /// socket), at the shared-memory threshold and growing (mailboxes replaced),
 /// each pair's size changing from round to round, with plain exchanges in
@@ -109,67 +110,70 @@ fn in_place(comm: &Comm) -> Result<()> {
         if round % 4 == 3 {
             // The keeping form: every part kept past the call, checked after
             // it, and handed back.
-            let mut kept: Vec<Option<wm_comm::Kept>> = (0..n).map(|_| None).collect();
-            comm.alltoallv_in_place_keeping(
-                &sizes,
-                &mut fill,
-                &mut || {
-                    events.borrow_mut().push("meanwhile".to_owned());
-                    false
-                },
-                &mut |from, part| {
-                    take(from, part.bytes());
-                    kept[from] = Some(part.keep());
-                },
+            let mut kept: Vec<Option<wm_comm::KeptPart>> = (0..n).map(|_| None).collect();
+            comm.exchange(
+                ExchangePlan::new(&sizes, &mut fill)
+                    .between_steps(&mut |_| {
+                        events.borrow_mut().push("meanwhile".to_owned());
+                        false
+                    })
+                    .receive_parts(&mut |from, part| {
+                        take(from, part.bytes());
+                        kept[from] = Some(part.keep());
+                    }),
             )?;
             for (from, k) in kept.iter().enumerate() {
                 let k = k.as_ref().context("a part was not handed over")?;
                 ensure!(**k == bytes_for(from + round, me, size(from, me))[..], "round {round}: the part kept from rank {from} changed");
             }
-            comm.recycle(kept.into_iter().flatten().map(wm_comm::Kept::into_vec).collect());
+            comm.recycle(kept.into_iter().flatten().map(wm_comm::KeptPart::into_vec).collect());
         } else if round % 2 == 0 {
-            comm.alltoallv_in_place(&sizes, &mut fill, &mut || events.borrow_mut().push("meanwhile".to_owned()), &mut take)?;
+            comm.exchange(
+                ExchangePlan::new(&sizes, &mut fill)
+                    .while_in_flight(&mut || events.borrow_mut().push("meanwhile".to_owned()))
+                    .receive(&mut take),
+            )?;
         } else {
             // Seven steps, all before the first take; the events keep one
             // "meanwhile" for the lot so both forms read alike below.
             let mut left = 7;
-            comm.alltoallv_in_place_stepped(
-                &sizes,
-                &mut fill,
-                &mut || {
-                    left -= 1;
-                    if left == 0 {
-                        events.borrow_mut().push("meanwhile".to_owned());
-                    }
-                    left > 0
-                },
-                &mut take,
+            comm.exchange(
+                ExchangePlan::new(&sizes, &mut fill)
+                    .between_steps(&mut |_| {
+                        left -= 1;
+                        if left == 0 {
+                            events.borrow_mut().push("meanwhile".to_owned());
+                        }
+                        left > 0
+                    })
+                    .receive(&mut take),
             )?;
             ensure!(left == 0, "round {round}: {left} steps of 7 did not run");
         }
         if let Some(w) = misfilled.or(wrong) {
-            bail!("alltoallv_in_place: {w}");
+            bail!("in-place exchange: {w}");
         }
         let events = events.into_inner();
         let fills = events.iter().take_while(|e| e.starts_with("fill")).count();
         ensure!(fills == n && events.get(n).map(String::as_str) == Some("meanwhile"), "callbacks ran in the order {events:?}");
         let takes: Vec<String> = (0..n).map(|r| format!("take {r}")).collect();
-        ensure!(events[n + 1..] == takes[..], "alltoallv_in_place handed parts over in the order {events:?}");
+        ensure!(events[n + 1..] == takes[..], "the in-place exchange handed parts over in the order {events:?}");
         if round % 3 == 1 {
             let got = comm.alltoallv(&vec![&[me as u8; 5][..]; n])?;
             ensure!(got.iter().enumerate().all(|(r, g)| g == &[r as u8; 5]), "alltoallv between in-place rounds: {got:?}");
         }
     }
-    let err = comm.alltoallv_in_place(&vec![0; n + 1], &mut |_, _| {}, &mut || {}, &mut |_, _| {}).expect_err("wrong number of sizes");
+    let err = comm.exchange(ExchangePlan::new(&vec![0; n + 1], &mut |_, _| {})).expect_err("wrong number of sizes");
     ensure!(err.to_string().contains(&format!("{} sizes", n + 1)), "the error does not name the count: {err}");
     Ok(())
 }
 
-/// `alltoallv_in_place_landing` over rounds: parts of their landing's
-/// length land in their rows — row widths 1, 7 and 512, up to 3 000 rows a
-/// part (more than one scattered read), rows in order (adjacent rows
-/// merge) and shuffled — and are handed over as `Landed` with their head;
-/// parts of another length come whole as `Bytes` and touch nothing; rows
+/// The in-place exchange with rows landing (`ExchangePlan::land_rows`)
+/// over rounds: parts of their landing's length land in their rows — row
+/// widths 1, 7 and 512, up to 3 000 rows a part (more than one scattered
+/// read), rows in order (adjacent rows merge) and shuffled — and are handed
+/// over as landed with their head; parts of another length come whole, not
+/// landed, and touch nothing; rows
 /// `step` writes are left alone. Then a landing beyond the output is an
 /// error naming the row, and the communicator stays usable.
 fn landing(comm: &Comm) -> Result<()> {
@@ -203,37 +207,32 @@ fn landing(comm: &Comm) -> Result<()> {
             at += count(s, me);
             places.push(p);
         }
-        let landings: Vec<Landing<'_>> = places.iter().map(|p| Landing { head: 3, row_bytes: row, rows: p }).collect();
+        let landings: Vec<&[usize]> = places.iter().map(Vec::as_slice).collect();
         let sizes: Vec<usize> = (0..n).map(|to| 3 + (count(me, to) - usize::from(short(me, to))) * row).collect();
         let mut out = vec![0xeeu8; total * row];
         let mut wrong: Option<String> = None;
         let mut stepped = false;
         let mut arrived = Vec::new();
-        comm.alltoallv_in_place_landing(
-            &sizes,
-            &mut |to, buf| {
+        comm.exchange(
+            ExchangePlan::new(&sizes, &mut |to, buf| {
                 buf[..3].copy_from_slice(&head(me, to));
                 for (k, r) in buf[3..].chunks_exact_mut(row).enumerate() {
                     for (j, b) in r.iter_mut().enumerate() {
                         *b = cell(me, to, k, j);
                     }
                 }
-            },
-            &mut out,
-            &landings,
-            &mut |out| {
+            })
+            .land_rows(&mut out, 3, row, &landings)
+            .between_steps(&mut |out| {
                 for &p in &perm[..step_rows] {
                     out[p * row..][..row].fill(0x5a);
                 }
                 stepped = true;
                 false
-            },
-            &mut |from, arrival| {
+            })
+            .receive_parts(&mut |from, part| {
                 arrived.push(from);
-                let (landed, bytes) = match arrival {
-                    Arrival::Landed(b) => (true, b),
-                    Arrival::Bytes(b) => (false, b),
-                };
+                let (landed, bytes) = (part.landed(), part.bytes());
                 if landed == short(from, me) || bytes.get(..3) != Some(&head(from, me)[..]) {
                     wrong.get_or_insert(format!(
                         "round {round}: from rank {from}, landed {landed}, {} bytes {:?}",
@@ -241,10 +240,10 @@ fn landing(comm: &Comm) -> Result<()> {
                         &bytes[..bytes.len().min(3)]
                     ));
                 }
-            },
+            }),
         )?;
         if let Some(w) = wrong {
-            bail!("alltoallv_in_place_landing: {w}");
+            bail!("in-place exchange with landing rows: {w}");
         }
         ensure!(stepped && arrived == (0..n).collect::<Vec<_>>(), "round {round}: step ran {stepped}, parts came from {arrived:?}");
         for &p in &perm[..step_rows] {
@@ -263,9 +262,9 @@ fn landing(comm: &Comm) -> Result<()> {
         }
     }
     let rows = [4usize];
-    let bad: Vec<Landing<'_>> = (0..n).map(|_| Landing { head: 0, row_bytes: 8, rows: &rows }).collect();
+    let bad: Vec<&[usize]> = (0..n).map(|_| &rows[..]).collect();
     let err = comm
-        .alltoallv_in_place_landing(&vec![8; n], &mut |_, _| {}, &mut [0u8; 32], &bad, &mut |_| false, &mut |_, _| {})
+        .exchange(ExchangePlan::new(&vec![8; n], &mut |_, _| {}).land_rows(&mut [0u8; 32], 0, 8, &bad))
         .expect_err("a landing beyond the output");
     ensure!(err.to_string().contains("output row 4"), "the error does not name the row: {err}");
     comm.barrier()?;

@@ -1,0 +1,182 @@
+//! De-duplicating the ids a node asks for (the hierarchy's exchange): each
+//! unique id once, and for every request the unique id that answers it.
+
+/// The distinct ids of every rank's list in the order they first appear —
+/// list `first` read first, then the others in order — and for each list
+/// the index into them of each of its ids. With `first` this rank's own
+/// requests in the order of its output, rows fetched in this order land in
+/// ascending places of the output (writes that stream rather than scatter).
+///
+/// By a hash table (one pass); where the ids defeat the hash — more probes
+/// than a few per id, as ids chosen against it would cause — by sorting.
+pub(super) fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usize>>) {
+    let order: Vec<usize> = std::iter::once(first).chain((0..lists.len()).filter(|&l| l != first)).filter(|&l| l < lists.len()).collect();
+    dedup_hashed(lists, &order, PROBES_PER_ID).unwrap_or_else(|| in_first_appearance(dedup_sorted(lists), &order))
+}
+
+/// `unique` and `answer` as [`dedup_sorted`] gives them, renumbered in the
+/// order of first appearance in `answer`'s lists taken in `order`.
+pub(super) fn in_first_appearance((unique, mut answer): (Vec<u64>, Vec<Vec<usize>>), order: &[usize]) -> (Vec<u64>, Vec<Vec<usize>>) {
+    let mut number = vec![usize::MAX; unique.len()];
+    let mut renumbered = Vec::with_capacity(unique.len());
+    for &l in order {
+        for u in &mut answer[l] {
+            if number[*u] == usize::MAX {
+                number[*u] = renumbered.len();
+                renumbered.push(unique[*u]);
+            }
+            *u = number[*u];
+        }
+    }
+    (renumbered, answer)
+}
+
+/// The hash table's probes per id, on average over a call, past which
+/// [`dedup`] gives up on it.
+pub(super) const PROBES_PER_ID: usize = 4;
+
+/// [`dedup`] by open addressing, lists read in `order`; `None` when the
+/// probes past the first exceed `probes_per_id` per id (and 64 more), or an
+/// id or the count of ids does not fit in 32 bits.
+pub(super) fn dedup_hashed(lists: &[Vec<u64>], order: &[usize], probes_per_id: usize) -> Option<(Vec<u64>, Vec<Vec<usize>>)> {
+    let total: usize = lists.iter().map(Vec::len).sum();
+    if u32::try_from(total).is_err() {
+        return None;
+    }
+    // At most half full. A slot holds an id in its high half and the id's
+    // number in its low half, or is empty; one cache line per probe.
+    const EMPTY: u64 = u64::MAX;
+    let bits = (2 * total).max(16).next_power_of_two().trailing_zeros();
+    let (mask, shift) = ((1usize << bits) - 1, u64::BITS - bits);
+    let mut slots: Vec<u64> = crate::sort::KEYS.with(|k| k.borrow_mut().get(1 << bits));
+    slots.fill(EMPTY);
+    let seed = hash_seed();
+    let mut budget = probes_per_id.saturating_mul(total).saturating_add(64);
+    let mut unique = Vec::with_capacity(total);
+    let mut answer: Vec<Vec<usize>> = lists.iter().map(|l| Vec::with_capacity(l.len())).collect();
+    let mut fits = true;
+    'lists: for &l in order {
+        for &id in &lists[l] {
+            // Ids of 32 bits (the empty mark's high half included) are left
+            // to the sort.
+            if id >= u64::from(u32::MAX) {
+                fits = false;
+                break 'lists;
+            }
+            // Fibonacci hashing of the id mixed with this process's seed.
+            let mut slot = ((id ^ seed).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> shift) as usize;
+            let u = loop {
+                let s = slots[slot];
+                if s == EMPTY {
+                    let u = unique.len();
+                    unique.push(id);
+                    slots[slot] = (id << 32) | u as u64;
+                    break u;
+                }
+                if s >> 32 == id {
+                    break (s & u64::from(u32::MAX)) as usize;
+                }
+                match budget.checked_sub(1) {
+                    Some(b) => budget = b,
+                    None => {
+                        fits = false;
+                        break 'lists;
+                    }
+                }
+                slot = (slot + 1) & mask;
+            };
+            answer[l].push(u);
+        }
+    }
+    crate::sort::KEYS.with(|k| k.borrow_mut().keep(slots));
+    fits.then_some((unique, answer))
+}
+
+/// A seed for [`dedup_hashed`], fixed for the process and unknown outside
+/// it (so nobody can pick ids that collide; those who try anyway only
+/// cost the fallback).
+pub(super) fn hash_seed() -> u64 {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *SEED.get_or_init(|| std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64))
+}
+
+/// [`dedup`]'s fallback: the distinct ids ascending, by sorting.
+pub(super) fn dedup_sorted(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
+    let total: usize = lists.iter().map(Vec::len).sum();
+    let mut flat = vec![0usize; total];
+    let mut unique = Vec::with_capacity(total);
+    // Requests numbered across the lists, in order.
+    crate::sort::for_each_by_id(lists.iter().flatten().copied(), |id, g| {
+        if unique.last() != Some(&id) {
+            unique.push(id);
+        }
+        flat[g] = unique.len() - 1;
+    });
+    let mut rest = &flat[..];
+    let answer = lists
+        .iter()
+        .map(|l| {
+            let (mine, more) = rest.split_at(l.len());
+            rest = more;
+            mine.to_vec()
+        })
+        .collect();
+    (unique, answer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dedup_answers_every_request_with_its_unique_id() {
+        // Small ids (packed keys) and ids too large to pack (pairs).
+        for big in [0, u64::MAX - 20] {
+            let lists: Vec<Vec<u64>> =
+                vec![vec![9, 3, 9], vec![], vec![3, 7, 1, 7]].into_iter().map(|l| l.into_iter().map(|x| x + big).collect()).collect();
+            let (unique, answer) = dedup_sorted(&lists);
+            assert_eq!(unique, [1 + big, 3 + big, 7 + big, 9 + big]);
+            for first in 0..3 {
+                let (unique, answer) = dedup(&lists, first);
+                let expect = [[9, 3, 7, 1], [9, 3, 7, 1], [3, 7, 1, 9]][first];
+                assert_eq!(unique, expect.map(|x| x + big), "list {first} first");
+                for (l, a) in lists.iter().zip(&answer) {
+                    assert_eq!(l.len(), a.len());
+                    for (&id, &u) in l.iter().zip(a) {
+                        assert_eq!(unique[u], id);
+                    }
+                }
+            }
+            for (l, a) in lists.iter().zip(&answer) {
+                for (&id, &u) in l.iter().zip(a) {
+                    assert_eq!(unique[u], id);
+                }
+            }
+        }
+        assert_eq!(dedup(&[vec![], vec![]], 1), (vec![], vec![vec![], vec![]]));
+    }
+
+    #[test]
+    fn the_hash_and_its_fallback_agree() {
+        // Three lists of 30 000 ids drawn from 50 000 random 31-bit ids, so
+        // with many repeats; the sort's answer renumbered must be the hash
+        // table's exactly.
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let pool: Vec<u64> = (0..50_000).map(|_| next() >> 33).collect();
+        let lists: Vec<Vec<u64>> = (0..3).map(|_| (0..30_000).map(|_| pool[(next() % 50_000) as usize]).collect()).collect();
+        let order = [1, 0, 2];
+        let hashed = dedup_hashed(&lists, &order, PROBES_PER_ID).expect("random ids stay within the probe budget");
+        assert_eq!(hashed, in_first_appearance(dedup_sorted(&lists), &order));
+        assert!(hashed.0.len() < 50_000);
+        // A budget that runs out (as ids chosen to collide would make it)
+        // leaves the work to the sort.
+        assert_eq!(dedup_hashed(&lists, &order, 0), None);
+    }
+}

@@ -1,0 +1,134 @@
+//! The distributed gather: row ids to their owners, rows back, landing in
+//! their places.
+
+use super::ids::{checked_rows, exchange_row_ids};
+use super::local::{read_local, step_rows};
+use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes};
+use crate::kernel::RowConv;
+use crate::profile::{Clock, timed};
+use crate::sort::Buckets;
+use crate::{Error, Ids, Result, RowLayout, agree};
+use std::time::Duration;
+use wholemem::WholeMemory;
+use wm_comm::ExchangePlan;
+
+/// `while_rows_travel` runs once while the rows travel, after this rank's own rows are
+/// in place (work of the caller's that needs nothing from the exchange, and
+/// not `out`), unless the call fails before the rows exchange.
+pub(crate) fn gather_distributed(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+    mut clock: Clock,
+    while_rows_travel: &mut dyn FnMut(),
+) -> Result<()> {
+    let comm = mem.comm();
+    let (n, me) = (comm.size(), comm.rank());
+    let p = mem.partition();
+    let rows = checked_rows(&checked, ids);
+    let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
+    let by_owner = Buckets::of(&owners, n);
+    let wanted = |r: usize| by_owner.get(r);
+
+    // 1. Each owner learns which of its rows each rank wants (own rows are
+    //    not sent), and every rank whether every rank passed its checks.
+    let count = mem.local_rows().len();
+    let (mut asked, mut problem, conv) =
+        exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) }, count, checked)?;
+    clock.lap("ids");
+    let conv = conv?;
+    let db = conv.dst_bytes();
+
+    // 2. Owners copy the rows asked of them straight into the exchange,
+    //    each part behind a kind byte: rows follow, or the owner found a
+    //    request malformed (its error follows, so every rank learns it with
+    //    the rows), or the copy failed. Each part lands in its places in
+    //    `out` (straight from the socket, from other nodes), and this
+    //    rank's own rows are copied straight into place while the others
+    //    travel.
+    drop_oversized(comm.as_ref(), &mut asked, me, db, &mut problem);
+    let verdict = finding_bytes(&mut problem);
+    let sizes = reply_sizes(n, me, db, verdict.as_deref(), |r| asked[r].len());
+    let mut failed: Option<Error> = None;
+    let mut misfit: Option<Error> = None;
+    let mut verdicts: Vec<Option<Vec<u8>>> = vec![None; n];
+    let (on, mut copying, mut own, mut placing) = (clock.on(), Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let mut own_failed: Option<Error> = None;
+    let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
+    let (mut next, chunk) = (0, step_rows(mem, db, local.len()));
+    let mut while_rows_travel = Some(while_rows_travel);
+    // A reply of rows lands in the rows of `out` asked of its owner; a
+    // verdict of that very length lands there too, and is read back.
+    let landings: Vec<&[usize]> = (0..n).map(|r| if r == me { &[][..] } else { wanted(r) }).collect();
+    let mut landed_verdict = vec![false; n];
+    comm.exchange(
+        ExchangePlan::new(&sizes, &mut |r, buf| {
+            if r == me {
+                return;
+            }
+            let copy = |body: &mut [u8]| timed(on, &mut copying, || read_local(mem, layout, conv, &asked[r], None, body));
+            if let Some(e) = fill_reply(buf, verdict.as_deref(), copy) {
+                failed.get_or_insert(e);
+            }
+        })
+        .land_rows(out, 1, db, &landings)
+        .between_steps(
+            // This rank's own rows go straight to their places while the
+            // others' travel, a piece per step; then the caller's work.
+            &mut |out| {
+                if next < local.len() {
+                    let end = (next + chunk).min(local.len());
+                    timed(on, &mut own, || {
+                        if let Err(e) = read_local(mem, layout, conv, &local[next..end], Some(&wanted(me)[next..end]), out) {
+                            own_failed.get_or_insert(e);
+                        }
+                    });
+                    next = if own_failed.is_some() { local.len() } else { end };
+                    return true;
+                }
+                if let Some(a) = while_rows_travel.take() {
+                    a();
+                }
+                false
+            },
+        )
+        .receive_parts(
+            // Parts that arrived through the socket landed as they came in;
+            // the others are copied to their places before this is called.
+            &mut |r, part| {
+                if r == me {
+                    // Its part is empty: own rows are not sent.
+                    return;
+                }
+                timed(on, &mut placing, || match read_arrival(comm.as_ref(), r, &part, wanted(r).len(), db) {
+                    Arrived::Rows => {}
+                    Arrived::VerdictInRows => landed_verdict[r] = true,
+                    Arrived::Verdict(v) => verdicts[r] = Some(v),
+                    Arrived::Failed(e) => {
+                        misfit.get_or_insert(e);
+                    }
+                })
+            },
+        ),
+    )?;
+    for (r, _) in landed_verdict.iter().enumerate().filter(|(_, l)| **l) {
+        verdicts[r] = Some(wm_comm::plan::read_back(out, landings[r], db));
+    }
+    clock.lap_split("rows", &[("owner copy", copying), ("own rows", own), ("place", placing)]);
+    // Every rank holds every owner's verdict on the requests it got: the
+    // lowest owner's error is every rank's.
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let parts: Vec<&[u8]> = verdicts.iter().map(|v| v.as_deref().unwrap_or(&ok)).collect();
+    let decided = wholemem::agree::decide(comm.as_ref(), problem.map_or(Ok(()), Err), wholemem::agree::Rule::Lowest, &parts);
+    // What only this rank can know — a part it received malformed, a copy
+    // of its own that failed — is its own error: on the host a copy cannot
+    // fail once the ids are checked, and a malformed part fails the rank
+    // that would otherwise return wrong rows. A device copy can fail on one
+    // rank, so device tables agree on the outcome once more.
+    let local = decided.and(failed.or(own_failed).or(misfit).map_or(Ok(()), Err));
+    let done = if mem.location() == wholemem::Location::Host { local } else { agree(comm.as_ref(), local) };
+    clock.lap("agree");
+    done
+}

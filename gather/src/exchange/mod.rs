@@ -1,0 +1,31 @@
+//! The collective paths: distributed and hierarchy memory, where a rank maps
+//! only its own rows and other rows travel through the communicator.
+//!
+//! What a peer sends is input: every part is checked before it is used — a
+//! length that is not what the exchange implies, a row id the receiver does
+//! not own (or, in the hierarchy, was not routed to it) — and a bad part is
+//! dropped and recorded as [`Error::Malformed`] naming its sender. The
+//! exchange still runs to its end on every rank, so the ranks stay in step
+//! and the next call works. What an owner finds wrong with the requests it
+//! got travels with the rows it sends back, so every rank fails with it; a
+//! part found malformed by the last rank to receive it fails that rank (it
+//! alone would otherwise return wrong rows). Where a copy can fail on one
+//! rank alone (device tables), one agreement at the end makes the first
+//! error every rank's.
+//!
+//! Each path reads as its phases: check and route the ids ([`ids`]), lay
+//! out the exchange and carry it out (`wm_comm::ExchangePlan`), land the
+//! rows ([`wire`], [`local`]), convert them on the way ([`crate::kernel`]).
+
+mod dedup;
+mod distributed;
+mod hierarchy;
+mod ids;
+mod local;
+mod scatter;
+mod wire;
+
+pub(crate) use distributed::gather_distributed;
+pub(crate) use hierarchy::gather_hierarchy;
+pub(crate) use local::{gather_owned, scatter_owned};
+pub(crate) use scatter::scatter_distributed;
