@@ -33,9 +33,9 @@ use crate::report::{self, Speeds, Spread};
 /// # Errors
 /// Bad options, an unsupported type, a failed step, a lost peer.
 pub fn start(a: &MoveArgs) -> Result<i32> {
-    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    ensure!(a.shape.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
     ensure!(a.location == Location::Host, "wm-bench apply measures host tables (--location host)");
-    ensure!(a.dtype == wholemem::DType::F32, "wm-bench apply measures f32 tables (--dtype f32), got {}", a.dtype);
+    ensure!(a.shape.dtype == wholemem::DType::F32, "wm-bench apply measures f32 tables (--dtype f32), got {}", a.shape.dtype);
     ensure!(
         a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none() && a.out_location.is_none(),
         "--cache-ratio, --embedding, --out-dtype and --out-location apply to gather and scatter, not to apply"
@@ -53,9 +53,8 @@ pub fn start(a: &MoveArgs) -> Result<i32> {
 
 fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let (me, n) = (world.rank(), world.size());
-    let dim = a.dim;
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / (dim * 4));
-    ensure!(rows > 0, "--rows must be positive");
+    let dim = a.shape.dim;
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
         anyhow::bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
     }

@@ -58,7 +58,11 @@ pub(crate) fn check(a: &MoveArgs) -> Result<()> {
     }
     ensure!(a.location == Location::Host && !a.device_out(), "--cache-ratio and --embedding gather host tables into host memory");
     if a.embedding {
-        ensure!(matches!(a.dtype, DType::F32 | DType::F16 | DType::Bf16), "--embedding: embeddings are f32, f16 or bf16, not {}", a.dtype);
+        ensure!(
+            matches!(a.shape.dtype, DType::F32 | DType::F16 | DType::Bf16),
+            "--embedding: embeddings are f32, f16 or bf16, not {}",
+            a.shape.dtype
+        );
         ensure!(a.out_dtype.is_none_or(|d| d == DType::F32), "--embedding gathers into f32");
     }
     Ok(())
@@ -176,8 +180,8 @@ impl<T: EmbeddingElement> Path for EmbeddingPath<T> {
 }
 
 fn embedding_path<T: EmbeddingElement>(world: &Arc<dyn Communicator>, a: &MoveArgs, rows: usize) -> Result<Box<dyn Path>> {
-    let mut emb = Embedding::<T>::allocate(world, a.ty, a.location, rows, a.dim, None, None)?;
-    values::fill(emb.table_mut().memory_mut(), a.dim, a.dtype)?;
+    let mut emb = Embedding::<T>::allocate(world, a.ty, a.location, rows, a.shape.dim, None, None)?;
+    values::fill(emb.table_mut().memory_mut(), a.shape.dim, a.shape.dtype)?;
     world.barrier()?;
     if let Some(r) = a.cache_ratio {
         emb.enable_node_cache(r)?;
@@ -236,15 +240,14 @@ fn likeliest(dist: IdDist, rows: usize, capacity: usize, phase: u64, remote: imp
 /// Bad options, an unsupported table, a failed gather, a lost peer.
 pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let (me, n) = (world.rank(), world.size());
-    let out_dt = a.out_dtype.unwrap_or(if a.embedding { DType::F32 } else { a.dtype });
-    let row_bytes = a.dim * a.dtype.size();
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
-    ensure!(rows > 0, "--rows must be positive");
+    let out_dt = a.out_dtype.unwrap_or(if a.embedding { DType::F32 } else { a.shape.dtype });
+    let row_bytes = a.shape.row_bytes();
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
         bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
     }
-    let layout = RowLayout::new(a.dtype, a.dim, 0)?;
-    let mut path: Box<dyn Path> = match (a.embedding, a.dtype) {
+    let layout = RowLayout::new(a.shape.dtype, a.shape.dim, 0)?;
+    let mut path: Box<dyn Path> = match (a.embedding, a.shape.dtype) {
         (true, DType::F32) => embedding_path::<f32>(world, a, rows)?,
         (true, DType::F16) => embedding_path::<half::f16>(world, a, rows)?,
         (true, DType::Bf16) => embedding_path::<half::bf16>(world, a, rows)?,
@@ -253,7 +256,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
             let ratio = a.cache_ratio.unwrap_or(1.0);
             let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
             let mut mem = WholeMemory::allocate(world, &req)?;
-            values::fill(&mut mem, a.dim, a.dtype)?;
+            values::fill(&mut mem, a.shape.dim, a.shape.dtype)?;
             world.barrier()?;
             let mut cache = NodeCache::new(&mem, &layout, ratio)?;
             match a.cache_ageing {
@@ -270,7 +273,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
     let p = path.mem().partition().clone();
     let remote = |id: i64| node_of(p.owner(id as usize)) != node_of(me);
 
-    let buf_row = a.dim * out_dt.size();
+    let buf_row = a.shape.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
     let progress = me == 0 && std::io::stderr().is_terminal();
@@ -317,7 +320,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 }
             }
             for (i, &id) in ids.iter().enumerate() {
-                values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+                values::row(id as usize, a.shape.dim, a.shape.dtype, out_dt, &mut expect);
                 wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
             }
         }
@@ -419,7 +422,7 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
         if a.json {
             let mut j = serde_json::json!({
                 "op": "gather", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
-                "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(), "batch": a.batch,
+                "rows": rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": out_dt.name(), "batch": a.batch,
                 "iters": a.iters, "warmup": a.warmup, "id_dist": a.id_dist.to_string(), "verified": verified,
             });
             if let Some(n) = a.id_drift {
@@ -441,8 +444,8 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 "gather host {} memory through the {} path: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} {} ids{} -> {}, {} timed after {} warm-up{}",
                 a.ty,
                 figures.path,
-                a.dim,
-                a.dtype,
+                a.shape.dim,
+                a.shape.dtype,
                 (rows * row_bytes) as f64 / (1u64 << 30) as f64,
                 a.batch,
                 a.id_dist,

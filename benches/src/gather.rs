@@ -21,6 +21,7 @@ use wm_gather::{DType, Ids, RowLayout};
 use crate::ids::IdDist;
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
+use crate::shape::ShapeArgs;
 use crate::values;
 
 /// The ids' integer type.
@@ -67,15 +68,9 @@ pub struct MoveArgs {
     /// The local ranks to start without a launcher.
     #[command(flatten)]
     pub(crate) ranks: RankArgs,
-    /// Rows in the table [default: a 2 GiB table].
-    #[arg(long)]
-    pub(crate) rows: Option<usize>,
-    /// Elements per row.
-    #[arg(long, default_value_t = 128)]
-    pub(crate) dim: usize,
-    /// The table's element type.
-    #[arg(long, default_value = "f32")]
-    pub(crate) dtype: DType,
+    /// The table's shape.
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
     /// The local buffer's element type (gather output, scatter input) [default: --dtype].
     #[arg(long)]
     pub(crate) out_dtype: Option<DType>,
@@ -192,13 +187,13 @@ pub(crate) const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 /// # Errors
 /// Bad options, an unsupported type or location, a failed move, a lost peer.
 pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
-    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    ensure!(a.shape.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
     if let Some(n) = a.id_drift {
         ensure!(n > 0, "--id-drift {n}: the hot set moves every N batches, N at least 1");
         ensure!(matches!(a.id_dist, IdDist::Zipf(_)), "--id-drift moves a Zipf hot set; {} ids have none", a.id_dist);
     }
     ensure!(a.cache_ageing.is_none() || a.cache_ratio.is_some(), "--cache-ageing applies to a node cache (--cache-ratio)");
-    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     ensure!(
         !(op == Op::Scatter && a.out_location.is_some_and(|l| l != a.location)),
         "--out-location applies to gather; scatter reads its input from the table's side"
@@ -236,10 +231,9 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         return crate::cached::bench(world, a);
     }
     let (me, n) = (world.rank(), world.size());
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
-    let row_bytes = a.dim * a.dtype.size();
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
-    ensure!(rows > 0, "--rows must be positive");
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
+    let row_bytes = a.shape.row_bytes();
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
     if a.ids == IdType::I32 && rows > i32::MAX as usize {
         bail!("--ids i32 cannot address {rows} rows");
     }
@@ -248,10 +242,10 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     }
     let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
-    values::fill(&mut mem, a.dim, a.dtype)?;
+    values::fill(&mut mem, a.shape.dim, a.shape.dtype)?;
     let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
-    let layout = RowLayout::new(a.dtype, a.dim, 0)?;
-    let buf_row = a.dim * out_dt.size();
+    let layout = RowLayout::new(a.shape.dtype, a.shape.dim, 0)?;
+    let buf_row = a.shape.dim * out_dt.size();
     let mut buf = vec![0u8; a.batch * buf_row];
     let mut expect = vec![0u8; buf_row];
     let progress = me == 0 && std::io::stderr().is_terminal();
@@ -288,7 +282,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             // Every rank writes the same function of (row, column), so rows
             // written by several ranks are the same whoever wins.
             for (i, &id) in ids.iter().enumerate() {
-                values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut buf[i * buf_row..][..buf_row]);
+                values::row(id as usize + rows, a.shape.dim, a.shape.dtype, out_dt, &mut buf[i * buf_row..][..buf_row]);
             }
         }
         let ready = wall_seconds();
@@ -322,7 +316,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         match op {
             Op::Gather => {
                 for (i, &id) in ids.iter().enumerate() {
-                    values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+                    values::row(id as usize, a.shape.dim, a.shape.dtype, out_dt, &mut expect);
                     wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
                 }
             }
@@ -359,14 +353,14 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         // Read back the last batch's rows: each holds the scattered value.
         world.barrier()?;
         let mut back = vec![0u8; scattered.len() * row_bytes];
-        wm_gather::gather(&mem, &layout, Ids::I64(&scattered), &mut back, a.dtype)?;
+        wm_gather::gather(&mem, &layout, Ids::I64(&scattered), &mut back, a.shape.dtype)?;
         let mut stored = vec![0u8; row_bytes];
         for (i, &id) in scattered.iter().enumerate() {
-            values::row(id as usize + rows, a.dim, a.dtype, out_dt, &mut expect);
+            values::row(id as usize + rows, a.shape.dim, a.shape.dtype, out_dt, &mut expect);
             // What the table holds after converting the buffer's row back.
-            for c in 0..a.dim {
+            for c in 0..a.shape.dim {
                 let v = values::get(out_dt, &expect[c * out_dt.size()..][..out_dt.size()]);
-                values::put(a.dtype, &mut stored[c * a.dtype.size()..][..a.dtype.size()], v);
+                values::put(a.shape.dtype, &mut stored[c * a.shape.dtype.size()..][..a.shape.dtype.size()], v);
             }
             wrong += u64::from(back[i * row_bytes..][..row_bytes] != stored[..]);
         }
@@ -421,7 +415,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
             let j = serde_json::json!({
                 "op": op.name(), "type": a.ty.name(), "location": a.location.name(),
                 "out_location": if a.device_out() { "device" } else { "host" }, "ranks": n, "nodes": nodes,
-                "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
+                "rows": rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": out_dt.name(),
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
                 "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": baseline, "ratio": ratio,
                 "ratio_batches": ratio_batches, "verified": verified,
@@ -456,8 +450,8 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
                 op.name(),
                 a.location,
                 a.ty,
-                a.dim,
-                a.dtype,
+                a.shape.dim,
+                a.shape.dtype,
                 (rows * row_bytes) as f64 / (1u64 << 30) as f64,
                 a.batch,
                 out_dt,
@@ -683,7 +677,7 @@ pub(crate) struct Baseline {
 
 impl Baseline {
     pub(crate) fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
-        Self::with(op, rows, a.dim, a.dtype, out, a.batch, a.baseline_pages == BaselinePages::Huge)
+        Self::with(op, rows, a.shape.dim, a.shape.dtype, out, a.batch, a.baseline_pages == BaselinePages::Huge)
     }
 
     /// A private table of `rows` rows of `dim` elements of `dtype`, holding

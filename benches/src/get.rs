@@ -27,6 +27,7 @@ use crate::gather::{Baseline, BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op};
 use crate::ids::Rng;
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
+use crate::shape::ShapeArgs;
 use crate::values;
 
 /// The transport of one-sided reads.
@@ -65,15 +66,9 @@ pub struct GetArgs {
     /// The local ranks to start without a launcher.
     #[command(flatten)]
     pub(crate) ranks: RankArgs,
-    /// Rows in the table [default: a 2 GiB table].
-    #[arg(long)]
-    pub(crate) rows: Option<usize>,
-    /// Elements per row.
-    #[arg(long, default_value_t = 128)]
-    pub(crate) dim: usize,
-    /// The table's element type.
-    #[arg(long, default_value = "f32")]
-    pub(crate) dtype: DType,
+    /// The table's shape.
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
     /// The output's element type [default: --dtype].
     #[arg(long)]
     pub(crate) out_dtype: Option<DType>,
@@ -151,8 +146,8 @@ impl GetArgs {
 /// # Errors
 /// Bad options, a failed read, a lost peer.
 pub fn start(a: &GetArgs) -> Result<i32> {
-    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
-    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    ensure!(a.shape.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     if let Some(m) = a.method.and_then(MethodArg::method)
         && let Err(why) = wm_onesided::available(m)
     {
@@ -171,8 +166,7 @@ pub fn start(a: &GetArgs) -> Result<i32> {
 }
 
 fn table_rows(a: &GetArgs) -> Result<usize> {
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / (a.dim * a.dtype.size()));
-    ensure!(rows > 0, "--rows must be positive");
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
     if a.ids == IdType::I32 && rows > i32::MAX as usize {
         bail!("--ids i32 cannot address {rows} rows");
     }
@@ -183,10 +177,10 @@ fn allocate(world: &Arc<dyn Communicator>, a: &GetArgs, rows: usize) -> Result<W
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, Location::Host).reason() {
         bail!("host {} memory on {} ranks: {reason}", a.ty, world.size());
     }
-    let row_bytes = a.dim * a.dtype.size();
+    let row_bytes = a.shape.row_bytes();
     let req = AllocRequest { ty: a.ty, loc: Location::Host, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
-    values::fill(&mut mem, a.dim, a.dtype)?;
+    values::fill(&mut mem, a.shape.dim, a.shape.dtype)?;
     Ok(mem)
 }
 
@@ -206,8 +200,8 @@ fn read_batches(
     rows: usize,
     mut between: impl FnMut(usize, &[i64]) -> Result<()>,
 ) -> Result<Measured> {
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
-    let buf_row = a.dim * out_dt.size();
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
+    let buf_row = a.shape.dim * out_dt.size();
     let mut plain = Vec::new();
     let mut registered = None;
     if a.registered {
@@ -234,7 +228,7 @@ fn read_batches(
             seconds += dt;
         }
         for (i, &id) in ids.iter().enumerate() {
-            values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+            values::row(id as usize, a.shape.dim, a.shape.dtype, out_dt, &mut expect);
             wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
         }
         between(b, &ids)?;
@@ -253,14 +247,14 @@ fn bench(world: &Arc<dyn Communicator>, a: &GetArgs) -> Result<i32> {
     let (me, n) = (world.rank(), world.size());
     let readers = a.readers.unwrap_or(n);
     ensure!((1..=n).contains(&readers), "--readers {readers}: between 1 and the {n} ranks");
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
     let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
-    let table = Table::new(&mem, "wm-bench-get", a.dtype, &a.options()?)?;
+    let table = Table::new(&mem, "wm-bench-get", a.shape.dtype, &a.options()?)?;
     table.publish()?;
     let reader = if me < readers { Some(table.reader()?) } else { None };
-    let mut base = (me == 0).then(|| Baseline::with(Op::Gather, rows, a.dim, a.dtype, out_dt, a.batch, a.huge_baseline()));
+    let mut base = (me == 0).then(|| Baseline::with(Op::Gather, rows, a.shape.dim, a.shape.dtype, out_dt, a.batch, a.huge_baseline()));
     world.barrier()?;
     let measured = match &reader {
         Some(r) => read_batches(r, a, me, rows, |b, ids| {
@@ -319,11 +313,11 @@ struct Report<'a> {
 impl Report<'_> {
     fn print(&self, sp: &Speeds, verified: bool, wrong: f64, baseline_huge: f64) {
         let a = self.a;
-        let out_dt = a.out_dtype.unwrap_or(a.dtype);
+        let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
         if a.json {
             let j = serde_json::json!({
                 "op": "get", "type": a.ty.name(), "location": "host", "out_location": "host", "ranks": self.ranks, "nodes": self.nodes,
-                "rows": self.rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
+                "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": out_dt.name(),
                 "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
                 "method": self.methods, "readers": self.readers, "registered": a.registered,
                 "gbps_per_rank": sp.per_rank, "gbps_total": sp.total, "baseline_gbps": sp.baseline, "ratio": sp.ratio,
@@ -340,9 +334,9 @@ impl Report<'_> {
             self.readers,
             self.methods,
             self.rows,
-            a.dim,
-            a.dtype,
-            (self.rows * a.dim * a.dtype.size()) as f64 / (1u64 << 30) as f64,
+            a.shape.dim,
+            a.shape.dtype,
+            (self.rows * a.shape.dim * a.shape.dtype.size()) as f64 / (1u64 << 30) as f64,
             a.batch,
             out_dt,
             a.iters
@@ -369,7 +363,7 @@ fn print_profile(p: &Profile) {
 fn publish(world: &Arc<dyn Communicator>, a: &GetArgs, name: &str) -> Result<i32> {
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
-    let table = Table::new(&mem, name, a.dtype, &a.options()?)?;
+    let table = Table::new(&mem, name, a.shape.dtype, &a.options()?)?;
     table.publish()?;
     if world.rank() == 0 {
         match table.published_at() {
@@ -378,8 +372,10 @@ fn publish(world: &Arc<dyn Communicator>, a: &GetArgs, name: &str) -> Result<i32
                     Rendezvous::Dir(d) => format!("dir:{}", d.display()),
                     Rendezvous::Tcp(a) => a.clone(),
                 };
-                let line =
-                    format!("published {name}: {rows} rows x {} {}; read it with: wm-bench get --join {at} --table {name}", a.dim, a.dtype);
+                let line = format!(
+                    "published {name}: {rows} rows x {} {}; read it with: wm-bench get --join {at} --table {name}",
+                    a.shape.dim, a.shape.dtype
+                );
                 println!("{}", wm_comm::launch::untagged(&line));
             }
             None => bail!("nowhere to publish {name}: set WM_RENDEZVOUS (dir:/path or host:port)"),
@@ -402,11 +398,11 @@ fn outside(a: &GetArgs, at: &Rendezvous, name: &str) -> Result<i32> {
     // The table's shape and type are the job's: verify against them.
     let mut a = a.clone();
     a.ty = info.memory_type;
-    a.dim = info.cols;
-    a.dtype = info.dtype;
-    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    a.shape.dim = info.cols;
+    a.shape.dtype = info.dtype;
+    a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     let a = &a;
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
     let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batch, a.huge_baseline());
     let m = read_batches(&reader, a, 0, info.rows, |b, ids| {
         base.batch(ids, b >= a.warmup);

@@ -4,7 +4,8 @@
 //! (one-sided reads), [`apply`] (`apply_gradients`), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
-//! [`ranks`]; the report every benchmark prints (speeds, baseline, ratio,
+//! [`ranks`]; the shape of the table they spread over the ranks (`--rows`,
+//! `--dim`, `--dtype`) in [`shape`]; the report every benchmark prints (speeds, baseline, ratio,
 //! verification, the JSON line) in [`report`]. `src/bin/wm-bench.rs` only
 //! parses the command line and dispatches.
 #![forbid(unsafe_code)]
@@ -20,6 +21,7 @@ pub mod probe;
 pub mod ranks;
 pub mod report;
 pub mod sample;
+pub mod shape;
 
 pub use ranks::{default_ranks, run_as_ranks, under_launcher};
 pub use report::Spread;
