@@ -20,9 +20,8 @@ use wholemem::{Location, WholeTensor};
 use wm_comm::{CommExt, Communicator};
 use wm_embedding::{Embedding, Optimizer};
 
-use crate::gather::{
-    BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, IdType, MoveArgs, batch_ids, one_machine, ratio_by_batch, step, wall_seconds,
-};
+use crate::baseline::{one_machine, ratio_by_batch, step, wall_seconds};
+use crate::moves::{BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, IdType, MoveArgs, batch_ids};
 use crate::ranks::Started;
 use crate::report::{self, Speeds, Spread};
 

@@ -29,12 +29,11 @@ use wm_embedding::{Embedding, EmbeddingElement};
 use wm_gather::cache::{CacheStats, NodeCache};
 use wm_gather::{DType, Ids, RowLayout};
 
-use crate::gather::{Baseline, MoveArgs, Op, batch_ids};
+use crate::baseline::Baseline;
 use crate::ids::IdDist;
+use crate::moves::{Ageing, DEFAULT_TABLE_BYTES, MoveArgs, Op, batch_ids};
 use crate::report::{self, CacheFigures, Spread};
 use crate::values;
-
-const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
 /// Checks the options of a cached (or embedding) run before any rank
 /// starts, so a bad ratio is one clear error.
@@ -66,38 +65,6 @@ pub(crate) fn check(a: &MoveArgs) -> Result<()> {
         ensure!(a.out_dtype.is_none_or(|d| d == DType::F32), "--embedding gathers into f32");
     }
     Ok(())
-}
-
-/// `--cache-ageing`: how fast a node cache's counts fade.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Ageing {
-    /// Pure LFU: counts only grow.
-    Off,
-    /// Counts halved after this many accesses per slot.
-    Every(f64),
-}
-
-impl std::str::FromStr for Ageing {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "off" {
-            return Ok(Self::Off);
-        }
-        match s.parse::<f64>() {
-            Ok(f) if f.is_finite() && f > 0.0 => Ok(Self::Every(f)),
-            _ => Err(format!("{s:?}: expected off, or a positive number of accesses per slot between halvings (e.g. 1)")),
-        }
-    }
-}
-
-impl std::fmt::Display for Ageing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Off => f.write_str("off"),
-            Self::Every(x) => write!(f, "{x}"),
-        }
-    }
 }
 
 /// The path under test, and the plain gather of the same table.

@@ -13,172 +13,17 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Result, bail, ensure};
-use clap::ValueEnum;
-use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
+use wholemem::{AllocRequest, Location, WholeMemory};
 use wm_comm::{CommExt, Communicator};
-use wm_gather::{DType, Ids, RowLayout};
+use wm_gather::{Ids, RowLayout};
 
+use crate::baseline::{Baseline, one_machine, ratio_by_batch, step, wall_seconds};
 use crate::ids::IdDist;
-use crate::ranks::{RankArgs, Started};
+use crate::moves::{BaselineRanks, DEFAULT_TABLE_BYTES, IdType, batch_ids};
+pub use crate::moves::{MoveArgs, Op};
+use crate::ranks::Started;
 use crate::report::{self, Speeds, Spread};
-use crate::shape::ShapeArgs;
 use crate::values;
-
-/// The ids' integer type.
-/// `--cache-bypass`: [`wm_gather::cache::Bypass`] by name.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum CacheBypass {
-    /// The faster path, measured.
-    Auto,
-    /// Always through the cache.
-    Off,
-    /// Always uncached.
-    Always,
-}
-
-impl CacheBypass {
-    pub(crate) fn mode(self) -> wm_gather::cache::Bypass {
-        match self {
-            Self::Auto => wm_gather::cache::Bypass::Auto,
-            Self::Off => wm_gather::cache::Bypass::Off,
-            Self::Always => wm_gather::cache::Bypass::Always,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum IdType {
-    I32,
-    I64,
-}
-
-/// The options of `wm-bench gather` and `wm-bench scatter`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct MoveArgs {
-    /// Memory type: continuous, chunked, distributed or hierarchy.
-    #[arg(long = "type", default_value = "chunked")]
-    pub(crate) ty: MemoryType,
-    /// Location: host or device.
-    #[arg(long, default_value = "host")]
-    pub(crate) location: Location,
-    /// Where gather's output lives: host, or device (a kernel on this rank's GPU reads the table — device memory, or
-    /// host memory registered with CUDA — and the baseline is a copy of the same bytes to the GPU) [default: --location].
-    #[arg(long)]
-    pub(crate) out_location: Option<Location>,
-    /// The local ranks to start without a launcher.
-    #[command(flatten)]
-    pub(crate) ranks: RankArgs,
-    /// The table's shape.
-    #[command(flatten)]
-    pub(crate) shape: ShapeArgs,
-    /// The local buffer's element type (gather output, scatter input) [default: --dtype].
-    #[arg(long)]
-    pub(crate) out_dtype: Option<DType>,
-    /// Id type.
-    #[arg(long, value_enum, default_value = "i64")]
-    pub(crate) ids: IdType,
-    /// Ids per batch, per rank.
-    #[arg(long, default_value_t = 65_536)]
-    pub(crate) batch: usize,
-    /// Timed batches.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) iters: usize,
-    /// Untimed batches first (with --cache-ratio or --embedding: through the path under test only, warming its cache).
-    #[arg(long, default_value_t = 3)]
-    pub(crate) warmup: usize,
-    /// Seed of the random ids.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
-    /// How ids are drawn: uniform, or zipf:S (row of rank k asked with probability proportional to k^-S; ranks
-    /// spread over the table by a fixed permutation).
-    #[arg(long, default_value = "uniform")]
-    pub(crate) id_dist: IdDist,
-    /// With zipf ids: move the hot set every N batches (warm-up batches count): the Zipf ranks shift by 0.382 of the
-    /// table, so each phase's hot rows were cold before.
-    #[arg(long, value_name = "N")]
-    pub(crate) id_drift: Option<usize>,
-    /// Gather through a node cache of this fraction of the table's rows (distributed and hierarchy tables across
-    /// nodes), and each batch also without it: reports both, the speed-up, the hit rate and the best static choice's.
-    #[arg(long, allow_negative_numbers = true)]
-    pub(crate) cache_ratio: Option<f64>,
-    /// With --cache-ratio: how fast the node cache's access counts fade — `off` (pure LFU: counts only grow) or F
-    /// (every count halved once the node counted F x slots accesses) [default: the library's, 4].
-    #[arg(long, value_name = "off|F")]
-    pub(crate) cache_ageing: Option<crate::cached::Ageing>,
-    /// With --cache-ratio: which path the node cache's gathers take — `auto` (the faster of the cached and the
-    /// uncached one, measured as it goes), `off` (always through the cache) or `always` (always uncached).
-    #[arg(long, value_enum, default_value = "auto")]
-    pub(crate) cache_bypass: CacheBypass,
-    /// Gather through `wm_embedding::Embedding::gather` (f32, f16 or bf16 tables; f32 output) instead of
-    /// `wm_gather::gather`; with --cache-ratio, the embedding's node cache.
-    #[arg(long)]
-    pub(crate) embedding: bool,
-    /// Pages of the baseline's private table: `default` (what plain code gets: on most systems small pages) or
-    /// `huge` (transparent huge pages asked for with madvise), to see how much of a ratio is the table's huge pages.
-    #[arg(long, value_enum, default_value = "default")]
-    pub(crate) baseline_pages: BaselinePages,
-    /// Who runs the baseline: `one` (rank 0 alone, the others waiting: the machine to itself) or `all` (every rank its
-    /// own baseline at the same time — a private table and batches, or on the device its own copy to or on its GPU —
-    /// the same sharing of cores, memory or GPUs as the benchmark). With `all`, both are timed as steps, from the last
-    /// rank ready to the last rank done, the ratio compares the steps (ranks of one machine: their clocks are
-    /// compared), and the report adds the all-ranks figures of both steps.
-    #[arg(long, value_enum, default_value = "one")]
-    pub(crate) baseline_ranks: BaselineRanks,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// Split the timed calls into their phases (ids, owner copy, rows, placing, ...) on every rank and print the time
-    /// of each per call, min/median/max over the ranks (JSON: `profile`).
-    #[arg(long)]
-    pub(crate) profile: bool,
-}
-
-/// Who runs the baseline.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum BaselineRanks {
-    One,
-    All,
-}
-
-/// Pages of the baseline's private table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum BaselinePages {
-    Default,
-    Huge,
-}
-
-impl MoveArgs {
-    /// The hot-set phase of batch `b` (`--id-drift`; 0 without).
-    pub(crate) fn phase(&self, b: usize) -> u64 {
-        self.id_drift.map_or(0, |n| (b / n.max(1)) as u64)
-    }
-
-    /// Whether the gathered rows land in device memory.
-    pub(crate) fn device_out(&self) -> bool {
-        self.location == Location::Device || self.out_location == Some(Location::Device)
-    }
-}
-
-/// Which way rows move.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Op {
-    /// From the table into the local buffer.
-    Gather,
-    /// From the local buffer into the table.
-    Scatter,
-}
-
-impl Op {
-    /// The subcommand's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Gather => "gather",
-            Op::Scatter => "scatter",
-        }
-    }
-}
-
-pub(crate) const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
 /// Runs `wm-bench gather` or `wm-bench scatter`: starts `--ranks` local
 /// ranks when no launcher did, then benchmarks. Returns the exit code (3
@@ -215,11 +60,6 @@ pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
         Started::Launched(code) => Ok(code),
         Started::Rank(world) => bench(op, &world, a),
     }
-}
-
-/// Batch `b` of rank `rank`, as `--id-dist` draws it.
-pub(crate) fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
-    crate::ids::batch(a.id_dist, a.seed, rows, a.batch, rank, b, a.phase(b))
 }
 
 /// The benchmark proper, on every rank.
@@ -330,7 +170,7 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
         if let Some(base) = &mut base {
             #[cfg(feature = "cuda")]
             if let Some(g) = &mut gpu {
-                base.device_batch(g, &mem, b >= a.warmup)?;
+                g.baseline_batch(base, &mem, b >= a.warmup)?;
             } else {
                 base.batch(&ids, b >= a.warmup);
             }
@@ -374,14 +214,14 @@ pub fn bench(op: Op, world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32>
     } else {
         (None, base.as_ref().map_or(0.0, Baseline::gbps))
     };
-    let baseline_huge = base.as_ref().map_or(0.0, |b| wholemem::huge_page_bytes(&b.table) as f64 / b.table.len().max(1) as f64);
+    let baseline_huge = base.as_ref().map_or(0.0, Baseline::huge_fraction);
     // Every rank's call times, batch after batch (rank-major).
     let all_calls = world.allgather_pod(&call_times)?;
     let batch_bytes = (a.batch * buf_row) as f64;
     let base_batches: Vec<(f64, f64)> = if all_base {
         base_steps.iter().map(|&t| (t, batch_bytes)).collect()
     } else {
-        base.as_ref().map_or_else(Vec::new, |b| b.batches.clone())
+        base.as_ref().map_or_else(Vec::new, |b| b.batches().to_vec())
     };
     let ratio_batches = ratio_by_batch(&all_calls, batch_bytes, &base_batches);
     // Each rank's median time of one call, in microseconds (the figure to
@@ -570,7 +410,7 @@ impl DeviceRun {
 
     /// Uploads the ids (untimed), gathers into device memory (timed), and
     /// brings the rows back for verification (untimed). Seconds.
-    fn gather(&mut self, mem: &WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &mut [u8], out: DType) -> Result<f64> {
+    fn gather(&mut self, mem: &WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &mut [u8], out: wm_gather::DType) -> Result<f64> {
         let dev_ids = wm_gather::device::DeviceIds::upload(mem, ids)?;
         let t0 = Instant::now();
         wm_gather::device::gather_device(mem, layout, &dev_ids, &mut self.out, out)?;
@@ -581,12 +421,22 @@ impl DeviceRun {
 
     /// Uploads the ids and the rows (untimed), scatters them from device
     /// memory (timed). Seconds.
-    fn scatter(&mut self, mem: &mut WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &[u8], src: DType) -> Result<f64> {
+    fn scatter(&mut self, mem: &mut WholeMemory, layout: &RowLayout, ids: Ids<'_>, buf: &[u8], src: wm_gather::DType) -> Result<f64> {
         let dev_ids = wm_gather::device::DeviceIds::upload(mem, ids)?;
         self.out.upload(buf)?;
         let t0 = Instant::now();
         wm_gather::device::scatter_device(mem, layout, &dev_ids, &self.out, src)?;
         Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// The device baseline: one device-to-device copy of a batch's output
+    /// bytes on this rank's GPU, added to `base` when `timed`.
+    fn baseline_batch(&mut self, base: &mut Baseline, mem: &WholeMemory, timed: bool) -> Result<()> {
+        let (dt, bytes) = self.copy(mem)?;
+        if timed {
+            base.add(dt, bytes as f64);
+        }
+        Ok(())
     }
 
     /// One timed copy of the batch's bytes to the GPU: device to device for
@@ -605,179 +455,5 @@ impl DeviceRun {
         dst.copy_from(src, src.len())?;
         ctx.synchronize().map_err(|e| anyhow::anyhow!("waiting for the GPU: {e:?}"))?;
         Ok((t0.elapsed().as_secs_f64(), src.len()))
-    }
-}
-
-/// The ratio batch by batch: for each timed batch, the call's speed (by the
-/// median over the ranks of their times for it, or by the step) over the
-/// baseline's on it, and the median of those over the batches. Unlike the
-/// ratio of totals, a batch that stalled — in the call or in the baseline —
-/// moves it by one place, not by its length. `calls` holds every rank's
-/// times, rank-major, `base.len()` of them each; 0 without a baseline.
-pub(crate) fn ratio_by_batch(calls: &[f64], call_bytes: f64, base: &[(f64, f64)]) -> f64 {
-    let iters = base.len();
-    if iters == 0 || calls.len() % iters != 0 {
-        return 0.0;
-    }
-    let ranks = calls.len() / iters;
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        let n = v.len();
-        if n % 2 == 1 { v[n / 2] } else { (v[n / 2 - 1] + v[n / 2]) / 2.0 }
-    };
-    let ratios: Vec<f64> = (0..iters)
-        .map(|b| {
-            let call = median((0..ranks).map(|r| calls[r * iters + b]).collect());
-            let (secs, bytes) = base[b];
-            (call_bytes / call.max(1e-12)) / (bytes / secs.max(1e-12))
-        })
-        .collect();
-    median(ratios)
-}
-
-/// Fails unless every rank runs on this one machine: step times
-/// (`--baseline-ranks all`) compare the ranks' clocks, so one kernel's only
-/// (network namespaces that pose as hosts are fine). Collective.
-pub(crate) fn one_machine(world: &dyn Communicator) -> Result<()> {
-    let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
-    let boots = world.allgatherv(&boot)?;
-    ensure!(
-        !boot.is_empty() && boots.iter().all(|b| b == &boots[0]),
-        "--baseline-ranks all times steps across ranks by their clocks: every rank must run on this one machine"
-    );
-    Ok(())
-}
-
-/// Seconds on this machine's real-time clock (steps compare ranks' clocks:
-/// ranks of one machine only).
-pub(crate) fn wall_seconds() -> f64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// One step of every rank: from the last rank's `ready` to the last rank's
-/// `done`.
-pub(crate) fn step(world: &dyn Communicator, ready: f64, done: f64) -> Result<f64> {
-    let all = world.allgather_pod(&[ready, done])?;
-    let last = |k: usize| all.chunks(2).map(|c| c[k]).fold(f64::MIN, f64::max);
-    Ok((last(1) - last(0)).max(0.0))
-}
-
-/// The same batches (rank 0's) moved by plain single-threaded code from or
-/// into a private table of the same shape (also `wm-bench get`'s baseline).
-pub(crate) struct Baseline {
-    op: Op,
-    table: Vec<u8>,
-    buf: Vec<u8>,
-    dim: usize,
-    dtype: DType,
-    out: DType,
-    /// Each timed batch's seconds and bytes.
-    batches: Vec<(f64, f64)>,
-}
-
-impl Baseline {
-    pub(crate) fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
-        Self::with(op, rows, a.shape.dim, a.shape.dtype, out, a.batch, a.baseline_pages == BaselinePages::Huge)
-    }
-
-    /// A private table of `rows` rows of `dim` elements of `dtype`, holding
-    /// the benchmark values, for batches of `batch` ids moved as `out`.
-    pub(crate) fn with(op: Op, rows: usize, dim: usize, dtype: DType, out: DType, batch: usize, huge: bool) -> Self {
-        let es = dtype.size();
-        let row_bytes = dim * es;
-        let mut table = vec![0u8; rows * row_bytes];
-        if huge {
-            wholemem::advise_huge_pages(&mut table);
-        }
-        for (r, row) in table.chunks_mut(row_bytes).enumerate() {
-            for c in 0..dim {
-                values::put(dtype, &mut row[c * es..][..es], values::at(r, c, dtype));
-            }
-        }
-        let buf = vec![0u8; batch * dim * out.size()];
-        Self { op, table, buf, dim, dtype, out, batches: Vec::new() }
-    }
-
-    /// Bytes of huge pages of the private table, as a fraction.
-    pub(crate) fn huge_fraction(&self) -> f64 {
-        wholemem::huge_page_bytes(&self.table) as f64 / self.table.len().max(1) as f64
-    }
-
-    /// Moves one batch; `timed` adds it to the figures.
-    pub(crate) fn batch(&mut self, ids: &[i64], timed: bool) {
-        let (es, os, dim) = (self.dtype.size(), self.out.size(), self.dim);
-        let (row_bytes, buf_row) = (dim * es, dim * os);
-        let same = self.dtype == self.out;
-        let t0 = Instant::now();
-        for (i, &id) in ids.iter().enumerate() {
-            let t = &mut self.table[id as usize * row_bytes..][..row_bytes];
-            let o = &mut self.buf[i * buf_row..][..buf_row];
-            match (self.op, same) {
-                (Op::Gather, true) => o.copy_from_slice(t),
-                (Op::Scatter, true) => t.copy_from_slice(o),
-                (Op::Gather, false) => {
-                    for c in 0..dim {
-                        values::put(self.out, &mut o[c * os..][..os], values::get(self.dtype, &t[c * es..][..es]));
-                    }
-                }
-                (Op::Scatter, false) => {
-                    for c in 0..dim {
-                        values::put(self.dtype, &mut t[c * es..][..es], values::get(self.out, &o[c * os..][..os]));
-                    }
-                }
-            }
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        std::hint::black_box(&self.buf);
-        if timed {
-            self.batches.push((dt, (ids.len() * buf_row) as f64));
-        }
-    }
-
-    /// The device baseline: one device-to-device copy of a batch's output
-    /// bytes on this rank's GPU.
-    #[cfg(feature = "cuda")]
-    fn device_batch(&mut self, gpu: &mut DeviceRun, mem: &WholeMemory, timed: bool) -> Result<()> {
-        let (dt, bytes) = gpu.copy(mem)?;
-        if timed {
-            self.batches.push((dt, bytes as f64));
-        }
-        Ok(())
-    }
-
-    pub(crate) fn gbps(&self) -> f64 {
-        let (seconds, bytes) = self.batches.iter().fold((0.0, 0.0), |(s, b), &(ds, db)| (s + ds, b + db));
-        bytes / f64::max(seconds, 1e-12) / 1e9
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::ratio_by_batch;
-
-    #[test]
-    fn a_stalled_batch_moves_the_batch_ratio_by_one_place_only() {
-        // Two ranks, four batches of 1 MB; the baseline takes 1 ms a batch.
-        let base = vec![(1e-3, 1e6); 4];
-        // Calls of 2 ms (rank 0) and 4 ms (rank 1): their median, 3 ms.
-        let calls = [[2e-3; 4], [4e-3; 4]].concat();
-        assert!((ratio_by_batch(&calls, 1e6, &base) - 1.0 / 3.0).abs() < 1e-9);
-        // One batch stalls for a second on both ranks: the ratio of totals
-        // would fall to about 0.003; batch by batch it stays.
-        let mut stalled = calls.clone();
-        stalled[2] = 1.0;
-        stalled[4 + 2] = 1.0;
-        assert!((ratio_by_batch(&stalled, 1e6, &base) - 1.0 / 3.0).abs() < 1e-9);
-        // A stall in the baseline likewise.
-        let mut slow_base = base.clone();
-        slow_base[1].0 = 1.0;
-        assert!((ratio_by_batch(&calls, 1e6, &slow_base) - 1.0 / 3.0).abs() < 1e-9);
-        // Bytes count: a baseline that moved twice the bytes in the same
-        // time is twice as fast.
-        let double = vec![(1e-3, 2e6); 4];
-        assert!((ratio_by_batch(&calls, 1e6, &double) - 1.0 / 6.0).abs() < 1e-9);
-        // No baseline (ranks other than 0), or times that do not fit it: 0.
-        assert_eq!(ratio_by_batch(&calls, 1e6, &[]), 0.0);
-        assert_eq!(ratio_by_batch(&calls[..7], 1e6, &base), 0.0);
     }
 }

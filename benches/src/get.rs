@@ -23,8 +23,9 @@ use wm_comm::{CommExt, Communicator, Rendezvous};
 use wm_gather::{DType, Ids};
 use wm_onesided::{Method, Options, Profile, Reader, Table};
 
-use crate::gather::{Baseline, BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op};
+use crate::baseline::Baseline;
 use crate::ids::Rng;
+use crate::moves::{BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op};
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
 use crate::shape::ShapeArgs;

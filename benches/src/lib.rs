@@ -1,6 +1,7 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
 //! subcommands, one module each: [`gather`] (gather and scatter; its
-//! cached runs in `cached.rs`, its id distributions in [`ids`]), [`get`]
+//! options in `moves.rs`, its cached runs in `cached.rs`, the same-run
+//! baseline in `baseline.rs`, its id distributions in [`ids`]), [`get`]
 //! (one-sided reads), [`apply`] (`apply_gradients`), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
@@ -11,12 +12,14 @@
 #![forbid(unsafe_code)]
 
 pub mod apply;
+mod baseline;
 mod cached;
 pub mod gather;
 pub mod get;
 pub mod ids;
 pub mod kernels;
 pub mod load;
+mod moves;
 pub mod probe;
 pub mod ranks;
 pub mod report;
