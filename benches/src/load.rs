@@ -177,6 +177,34 @@ fn all_ok(world: &Arc<dyn Communicator>, r: Result<()>) -> Result<()> {
     Ok(())
 }
 
+/// The shards' directory: `--dir`, or rank 0's fresh one, told to the
+/// others. Collective.
+fn shard_dir(world: &dyn Communicator, a: &LoadArgs) -> Result<PathBuf> {
+    let mut dir_bytes = match &a.dir {
+        Some(d) => d.to_string_lossy().into_owned().into_bytes(),
+        None if world.rank() == 0 => {
+            let d = std::env::temp_dir().join(format!("wm-bench-load.{}", std::process::id()));
+            d.to_string_lossy().into_owned().into_bytes()
+        }
+        None => Vec::new(),
+    };
+    world.broadcast(0, &mut dir_bytes)?;
+    Ok(PathBuf::from(String::from_utf8(dir_bytes).context("the shard directory is not UTF-8")?))
+}
+
+/// Makes `dir` (rank 0) and writes the shards, shard i by rank i % ranks.
+/// Collective.
+fn write_shards(world: &Arc<dyn Communicator>, a: &LoadArgs, dir: &Path, paths: &[PathBuf], counts: &[usize]) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let made = if me == 0 { std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display())) } else { Ok(()) };
+    all_ok(world, made)?;
+    let wrote = (me..counts.len()).step_by(n).try_for_each(|i| {
+        let first: usize = counts[..i].iter().sum();
+        write_shard(&paths[i], first, counts[i], a.shape.dim, a.shape.dtype, a.format)
+    });
+    all_ok(world, wrote)
+}
+
 /// The benchmark proper, on every rank.
 ///
 /// # Errors
@@ -188,29 +216,11 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
     let counts = shard_rows(rows, a.write_shards);
 
-    // The directory: given, or rank 0's fresh one, told to the others.
-    let mut dir_bytes = match &a.dir {
-        Some(d) => d.to_string_lossy().into_owned().into_bytes(),
-        None if me == 0 => {
-            let d = std::env::temp_dir().join(format!("wm-bench-load.{}", std::process::id()));
-            d.to_string_lossy().into_owned().into_bytes()
-        }
-        None => Vec::new(),
-    };
-    world.broadcast(0, &mut dir_bytes)?;
-    let dir = PathBuf::from(String::from_utf8(dir_bytes).context("the shard directory is not UTF-8")?);
+    let dir = shard_dir(world.as_ref(), a)?;
     let _cleanup = Cleanup((me == 0 && a.dir.is_none()).then(|| dir.clone()));
     let paths: Vec<PathBuf> = (0..counts.len()).map(|i| shard_path(&dir, i, a.format)).collect();
-
     if !a.reuse {
-        let made = if me == 0 { std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display())) } else { Ok(()) };
-        all_ok(world, made)?;
-        // Shard i is written by rank i % n.
-        let wrote = (me..counts.len()).step_by(n).try_for_each(|i| {
-            let first: usize = counts[..i].iter().sum();
-            write_shard(&paths[i], first, counts[i], a.shape.dim, a.shape.dtype, a.format)
-        });
-        all_ok(world, wrote)?;
+        write_shards(world, a, &dir, &paths, &counts)?;
     }
 
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {

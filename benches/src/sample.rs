@@ -30,7 +30,7 @@ use std::time::Instant;
 use anyhow::{Result, ensure};
 use wholemem::{Location, MemoryType};
 use wm_comm::{CommExt, Communicator};
-use wm_graph::{BuildOptions, EdgeList, IdType, Sample, SampleRequest};
+use wm_graph::{BuildOptions, CsrGraph, EdgeList, IdType, Sample, SampleRequest};
 
 use crate::ranks::{RankArgs, Started};
 use crate::report::{Spread, json_line};
@@ -147,6 +147,18 @@ impl Private {
         Self { row_ptr, col, weights }
     }
 
+    /// Every hop of a batch from `centers`, in this thread from the private
+    /// CSR: each hop's sample.
+    fn sample_hops(&self, mut centers: Vec<i64>, a: &SampleArgs) -> Result<Vec<Sample>> {
+        let mut base = Vec::with_capacity(a.fanouts.len());
+        for (h, &k) in a.fanouts.iter().enumerate() {
+            let got = wm_graph::sample_in_memory(&self.row_ptr, &self.col, Some(&self.weights), &centers, &hop_request(a, h, k))?;
+            centers = got.neighbors.clone();
+            base.push(got);
+        }
+        Ok(base)
+    }
+
     /// Wrong samples in `s` (centers `c`, fanout `k`) by the rules, and
     /// whether it differs from the baseline's `base`.
     fn wrong(&self, c: &[i64], k: usize, s: &Sample, base: &Sample) -> u64 {
@@ -164,6 +176,23 @@ impl Private {
         }
         wrong + u64::from(s != base)
     }
+}
+
+/// The request of hop `h`, taking `k` neighbours of each center.
+fn hop_request(a: &SampleArgs, h: usize, k: usize) -> SampleRequest {
+    SampleRequest::new(k, wm_graph::hop_seed(a.seed, h)).weighted(a.weighted).edge_ids(true)
+}
+
+/// Every hop of a batch from `centers`, through wholemem: each hop's centers
+/// and its sample.
+fn sample_hops(graph: &CsrGraph, mut centers: Vec<i64>, a: &SampleArgs) -> Result<Vec<(Vec<i64>, Sample)>> {
+    let mut hops = Vec::with_capacity(a.fanouts.len());
+    for (h, &k) in a.fanouts.iter().enumerate() {
+        let got = wm_graph::sample(graph, &centers, &hop_request(a, h, k))?;
+        let next = got.neighbors.clone();
+        hops.push((std::mem::replace(&mut centers, next), got));
+    }
+    Ok(hops)
 }
 
 /// The benchmark proper, on every rank.
@@ -201,26 +230,12 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
         // wholemem.
         world.barrier()?;
         let s = Instant::now();
-        let mut hops = Vec::with_capacity(a.fanouts.len());
-        let mut c = centers.clone();
-        for (h, &k) in a.fanouts.iter().enumerate() {
-            let req = SampleRequest::new(k, wm_graph::hop_seed(a.seed, h)).weighted(a.weighted).edge_ids(true);
-            let got = wm_graph::sample(&graph, &c, &req)?;
-            let next = got.neighbors.clone();
-            hops.push((std::mem::replace(&mut c, next), got));
-        }
+        let hops = sample_hops(&graph, centers.clone(), a)?;
         let dt = s.elapsed().as_secs_f64();
         // The baseline: the same hops in one thread from the private CSR.
         world.barrier()?;
         let s = Instant::now();
-        let mut base = Vec::with_capacity(a.fanouts.len());
-        let mut c = centers;
-        for (h, &k) in a.fanouts.iter().enumerate() {
-            let req = SampleRequest::new(k, wm_graph::hop_seed(a.seed, h)).weighted(a.weighted).edge_ids(true);
-            let got = wm_graph::sample_in_memory(&private.row_ptr, &private.col, Some(&private.weights), &c, &req)?;
-            c = got.neighbors.clone();
-            base.push(got);
-        }
+        let base = private.sample_hops(centers, a)?;
         let bt = s.elapsed().as_secs_f64();
         for (((c, got), want), &k) in hops.iter().zip(&base).zip(&a.fanouts) {
             wrong += private.wrong(c, k, got, want);
