@@ -252,77 +252,12 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
             let info = reader.info();
             ensure!((info.rows, info.cols, info.dtype, info.name.as_str()) == (rows, cols, dtype, name.as_str()), "{ctx}: info {info:?}");
 
-            // Random ids with repeats, both id types, every output type.
-            for &out_dt in outs {
-                for wide in [false, true] {
-                    let count = own.below(700) as usize + 1;
-                    let mut ids: Vec<usize> = (0..count).map(|_| own.below(rows as u64) as usize).collect();
-                    ids.extend_from_within(..count / 4);
-                    let mut out = vec![0u8; ids.len() * cols * out_dt.size()];
-                    if wide {
-                        let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-                        reader.get_batch(Ids::I64(&v), &mut out, out_dt)
-                    } else {
-                        let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
-                        reader.get_batch(Ids::I32(&v), &mut out, out_dt)
-                    }
-                    .with_context(|| format!("{ctx}: get_batch -> {out_dt}"))?;
-                    verify(&out, &ids, cols, 1, dtype, out_dt, &format!("{ctx} get_batch -> {out_dt} wide={wide}"))?;
-                }
-            }
-            // A range across owners, and the very last row.
-            let start = own.below(rows as u64 / 2) as usize;
-            let len = rows - start;
-            let mut out = vec![0u8; len * cols * dtype.size()];
-            reader.get(start, len, &mut out, dtype).context(ctx.clone())?;
-            verify(&out, &(start..rows).collect::<Vec<_>>(), cols, 1, dtype, dtype, &format!("{ctx} get({start}, {len})"))?;
-            reader.get(rows - 1, 1, &mut out[..cols * dtype.size()], dtype)?;
-
-            // Bad input: an error naming the value, then a good read.
+            let c = ReadCase { reader: &reader, ctx: &ctx, rows, cols, dtype };
+            c.random_reads(&mut own, outs)?;
+            c.range_reads(&mut own)?;
             let mut one = vec![0u8; cols * dtype.size()];
-            for bad in [-1i64, rows as i64, i64::MAX] {
-                match reader.get_batch(Ids::I64(&[0, bad]), &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
-                    Err(OErr::IndexOutOfRange { index, position: 1, .. }) if index == bad => {}
-                    other => bail!("{ctx}: id {bad} gave {other:?}"),
-                }
-            }
-            match reader.get(rows - 1, 2, &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
-                Err(e @ OErr::IndexOutOfRange { .. }) => ensure!(e.to_string().contains(&rows.to_string()), "{ctx}: {e}"),
-                other => bail!("{ctx}: a range past the end gave {other:?}"),
-            }
-            let e = reader.get_batch(Ids::I64(&[0, 1]), &mut one, dtype).expect_err("a short buffer");
-            ensure!(e.to_string().contains(&format!("the output has {} bytes", one.len())), "{ctx}: {e}");
-            let wrong_kind = if dtype.is_float() { DType::I32 } else { DType::F32 };
-            let e = reader.get_batch(Ids::I64(&[0]), &mut vec![0u8; cols * wrong_kind.size()], wrong_kind).expect_err("float <-> int");
-            ensure!(e.to_string().contains("float") || e.to_string().contains("integer"), "{ctx}: {e}");
-            let last = rows - 1;
-            reader.get_batch(Ids::I64(&[last as i64]), &mut one, dtype)?;
-            verify(&one, &[last], cols, 1, dtype, dtype, &format!("{ctx} after bad input"))?;
-
-            // One reader, several threads at once (clones share it).
-            std::thread::scope(|s| -> Result<()> {
-                let hs: Vec<_> = (0..3u64)
-                    .map(|t| {
-                        let r = reader.clone();
-                        let ctx = ctx.clone();
-                        s.spawn(move || -> Result<()> {
-                            let mut g = Rng::new(&[t, me as u64, 77]);
-                            for _ in 0..5 {
-                                let ids: Vec<usize> = (0..200).map(|_| g.below(rows as u64) as usize).collect();
-                                let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-                                let mut out = vec![0u8; ids.len() * cols * dtype.size()];
-                                r.get_batch(Ids::I64(&v), &mut out, dtype)?;
-                                verify(&out, &ids, cols, 1, dtype, dtype, &format!("{ctx} thread {t}"))?;
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
-                }
-                Ok(())
-            })?;
+            c.bad_reads(&mut one)?;
+            c.threaded_reads(me)?;
             if me == 0 {
                 println!("{ctx}: verified, read by {}", reader.method_names());
             }
@@ -337,6 +272,106 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One table of the `reads` scenario, read through `reader`; `ctx` names
+/// the case in errors.
+struct ReadCase<'a> {
+    reader: &'a Reader,
+    ctx: &'a str,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+}
+
+impl ReadCase<'_> {
+    /// Random ids with repeats, both id types, every output type in `outs`.
+    fn random_reads(&self, own: &mut Rng, outs: &[DType]) -> Result<()> {
+        let (reader, ctx, rows, cols, dtype) = (self.reader, self.ctx, self.rows, self.cols, self.dtype);
+        for &out_dt in outs {
+            for wide in [false, true] {
+                let count = own.below(700) as usize + 1;
+                let mut ids: Vec<usize> = (0..count).map(|_| own.below(rows as u64) as usize).collect();
+                ids.extend_from_within(..count / 4);
+                let mut out = vec![0u8; ids.len() * cols * out_dt.size()];
+                if wide {
+                    let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+                    reader.get_batch(Ids::I64(&v), &mut out, out_dt)
+                } else {
+                    let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+                    reader.get_batch(Ids::I32(&v), &mut out, out_dt)
+                }
+                .with_context(|| format!("{ctx}: get_batch -> {out_dt}"))?;
+                verify(&out, &ids, cols, 1, dtype, out_dt, &format!("{ctx} get_batch -> {out_dt} wide={wide}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A range across owners, and the very last row.
+    fn range_reads(&self, own: &mut Rng) -> Result<()> {
+        let (reader, ctx, rows, cols, dtype) = (self.reader, self.ctx, self.rows, self.cols, self.dtype);
+        let start = own.below(rows as u64 / 2) as usize;
+        let len = rows - start;
+        let mut out = vec![0u8; len * cols * dtype.size()];
+        reader.get(start, len, &mut out, dtype).context(ctx.to_owned())?;
+        verify(&out, &(start..rows).collect::<Vec<_>>(), cols, 1, dtype, dtype, &format!("{ctx} get({start}, {len})"))?;
+        reader.get(rows - 1, 1, &mut out[..cols * dtype.size()], dtype)?;
+        Ok(())
+    }
+
+    /// Bad input: an error naming the value, then a good read into `one`
+    /// (a row's bytes).
+    fn bad_reads(&self, one: &mut [u8]) -> Result<()> {
+        let (reader, ctx, rows, cols, dtype) = (self.reader, self.ctx, self.rows, self.cols, self.dtype);
+        for bad in [-1i64, rows as i64, i64::MAX] {
+            match reader.get_batch(Ids::I64(&[0, bad]), &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
+                Err(OErr::IndexOutOfRange { index, position: 1, .. }) if index == bad => {}
+                other => bail!("{ctx}: id {bad} gave {other:?}"),
+            }
+        }
+        match reader.get(rows - 1, 2, &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
+            Err(e @ OErr::IndexOutOfRange { .. }) => ensure!(e.to_string().contains(&rows.to_string()), "{ctx}: {e}"),
+            other => bail!("{ctx}: a range past the end gave {other:?}"),
+        }
+        let e = reader.get_batch(Ids::I64(&[0, 1]), one, dtype).expect_err("a short buffer");
+        ensure!(e.to_string().contains(&format!("the output has {} bytes", one.len())), "{ctx}: {e}");
+        let wrong_kind = if dtype.is_float() { DType::I32 } else { DType::F32 };
+        let e = reader.get_batch(Ids::I64(&[0]), &mut vec![0u8; cols * wrong_kind.size()], wrong_kind).expect_err("float <-> int");
+        ensure!(e.to_string().contains("float") || e.to_string().contains("integer"), "{ctx}: {e}");
+        let last = rows - 1;
+        reader.get_batch(Ids::I64(&[last as i64]), one, dtype)?;
+        verify(one, &[last], cols, 1, dtype, dtype, &format!("{ctx} after bad input"))
+    }
+
+    /// One reader, several threads at once (clones share it); `me` seeds
+    /// their ids.
+    fn threaded_reads(&self, me: usize) -> Result<()> {
+        let (reader, rows, cols, dtype) = (self.reader, self.rows, self.cols, self.dtype);
+        std::thread::scope(|s| -> Result<()> {
+            let hs: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let r = reader.clone();
+                    let ctx = self.ctx.to_owned();
+                    s.spawn(move || -> Result<()> {
+                        let mut g = Rng::new(&[t, me as u64, 77]);
+                        for _ in 0..5 {
+                            let ids: Vec<usize> = (0..200).map(|_| g.below(rows as u64) as usize).collect();
+                            let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+                            let mut out = vec![0u8; ids.len() * cols * dtype.size()];
+                            r.get_batch(Ids::I64(&v), &mut out, dtype)?;
+                            verify(&out, &ids, cols, 1, dtype, dtype, &format!("{ctx} thread {t}"))?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
+            }
+            Ok(())
+        })
+    }
 }
 
 // ------------------------------------------------------------------ mirror
