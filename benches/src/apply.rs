@@ -21,9 +21,10 @@ use wm_comm::{CommExt, Communicator};
 use wm_embedding::{Embedding, Optimizer};
 
 use crate::baseline::{one_machine, ratio_by_batch, step, wall_seconds};
-use crate::moves::{BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, IdType, MoveArgs, batch_ids};
+use crate::moves::{BaselinePages, BaselineRanks, DEFAULT_TABLE_BYTES, MoveArgs, batch_ids};
 use crate::ranks::Started;
 use crate::report::{self, Speeds, Spread};
+use crate::shape::IdType;
 
 /// Runs `wm-bench apply`: starts `--ranks` local ranks when no launcher
 /// did, then benchmarks. Returns the exit code (3 when verification
@@ -32,14 +33,14 @@ use crate::report::{self, Speeds, Spread};
 /// # Errors
 /// Bad options, an unsupported type, a failed step, a lost peer.
 pub fn start(a: &MoveArgs) -> Result<i32> {
-    ensure!(a.shape.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    ensure!(a.shape.dim > 0 && a.batches.batch > 0 && a.batches.iters > 0, "--dim, --batch and --iters must be positive");
     ensure!(a.location == Location::Host, "wm-bench apply measures host tables (--location host)");
     ensure!(a.shape.dtype == wholemem::DType::F32, "wm-bench apply measures f32 tables (--dtype f32), got {}", a.shape.dtype);
     ensure!(
         a.cache_ratio.is_none() && !a.embedding && a.out_dtype.is_none() && a.out_location.is_none(),
         "--cache-ratio, --embedding, --out-dtype and --out-location apply to gather and scatter, not to apply"
     );
-    ensure!(a.ids == IdType::I64, "wm-bench apply passes i64 ids (apply_gradients takes i64), got --ids i32");
+    ensure!(a.batches.ids == IdType::I64, "wm-bench apply passes i64 ids (apply_gradients takes i64), got --ids i32");
     ensure!(
         a.baseline_pages == BaselinePages::Default,
         "wm-bench apply's baseline table has the pages plain code gets (--baseline-pages default), got --baseline-pages huge"
@@ -74,7 +75,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let t = batches(world.as_ref(), a, &mut emb, base.as_deref_mut(), rows)?;
     let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &wm_gather::profile::take())?) } else { None };
     let wrong = wrong_rows(a, n, rows, &emb, &t.last)?;
-    let bytes = (a.iters * a.batch * dim * 4) as f64;
+    let bytes = (a.batches.iters * a.batches.batch * dim * 4) as f64;
     let stats = world.allgather_pod(&[bytes / t.seconds.max(1e-12) / 1e9, t.seconds, wrong as f64])?;
     let all_calls = world.allgather_pod(&t.call_times)?;
     let nodes = wm_topology::NodeLayout::of(world.nodes()).nodes;
@@ -95,7 +96,7 @@ fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
         (None, bytes / t.base_seconds.max(1e-12) / 1e9)
     };
     let ratio = per_step.unwrap_or(s.median) / baseline;
-    let ratio_batches = ratio_by_batch(&all_calls, (a.batch * dim * 4) as f64, &t.base_times);
+    let ratio_batches = ratio_by_batch(&all_calls, (a.batches.batch * dim * 4) as f64, &t.base_times);
     let shown = Shown { a, ranks: n, nodes, rows, per_step, ratio_batches, phases, wrong_total };
     if a.json {
         shown.print_json(&Speeds { per_rank: s, total, baseline, ratio });
@@ -127,12 +128,12 @@ struct Timings {
 /// private table `base` where this rank runs the baseline. Collective.
 fn batches(world: &dyn Communicator, a: &MoveArgs, emb: &mut Embedding<f32>, mut base: Option<&mut [f32]>, rows: usize) -> Result<Timings> {
     let (me, dim) = (world.rank(), a.shape.dim);
-    let grads = vec![1f32; a.batch * dim];
+    let grads = vec![1f32; a.batches.batch * dim];
     let all_base = a.baseline_ranks == BaselineRanks::All;
-    let batch_bytes = (a.batch * dim * 4) as f64;
+    let batch_bytes = (a.batches.batch * dim * 4) as f64;
     let mut t = Timings::default();
-    for b in 0..a.warmup + a.iters {
-        if a.profile && b == a.warmup {
+    for b in 0..a.batches.warmup + a.batches.iters {
+        if a.profile && b == a.batches.warmup {
             wm_gather::profile::record();
         }
         let ids = batch_ids(a, rows, me, b);
@@ -141,11 +142,11 @@ fn batches(world: &dyn Communicator, a: &MoveArgs, emb: &mut Embedding<f32>, mut
         let t0 = Instant::now();
         emb.apply_gradients(&ids, &grads, 1.0)?;
         let dt = t0.elapsed().as_secs_f64();
-        if all_base && b >= a.warmup {
+        if all_base && b >= a.batches.warmup {
             let st = step(world, ready, wall_seconds())?;
             t.step_seconds += st;
             t.call_times.push(st);
-        } else if b >= a.warmup {
+        } else if b >= a.batches.warmup {
             t.call_times.push(dt);
         }
         let ready = wall_seconds();
@@ -157,7 +158,7 @@ fn batches(world: &dyn Communicator, a: &MoveArgs, emb: &mut Embedding<f32>, mut
                     *v -= 1.0;
                 }
             }
-            if b >= a.warmup {
+            if b >= a.batches.warmup {
                 let bt = t0.elapsed().as_secs_f64();
                 t.base_seconds += bt;
                 if !all_base {
@@ -165,15 +166,15 @@ fn batches(world: &dyn Communicator, a: &MoveArgs, emb: &mut Embedding<f32>, mut
                 }
             }
         }
-        if all_base && b >= a.warmup {
+        if all_base && b >= a.batches.warmup {
             let st = step(world, ready, wall_seconds())?;
             t.step_base_seconds += st;
             t.base_times.push((st, batch_bytes));
         }
-        if b >= a.warmup {
+        if b >= a.batches.warmup {
             t.seconds += dt;
         }
-        if b + 1 == a.warmup + a.iters {
+        if b + 1 == a.batches.warmup + a.batches.iters {
             t.last = ids;
         }
     }
@@ -186,7 +187,7 @@ fn wrong_rows(a: &MoveArgs, n: usize, rows: usize, emb: &Embedding<f32>, last: &
     let dim = a.shape.dim;
     let mut named = std::collections::HashMap::<i64, u32>::new();
     for r in 0..n {
-        for b in 0..a.warmup + a.iters {
+        for b in 0..a.batches.warmup + a.batches.iters {
             for id in batch_ids(a, rows, r, b) {
                 *named.entry(id).or_default() += 1;
             }
@@ -224,7 +225,7 @@ impl Shown<'_> {
         let all_base = a.baseline_ranks == BaselineRanks::All;
         let mut j = serde_json::json!({
             "op": "apply", "optimizer": "sgd", "type": a.ty.name(), "ranks": n, "nodes": self.nodes, "rows": self.rows,
-            "dim": a.shape.dim, "batch": a.batch, "iters": a.iters, "gbps_per_rank": sp.per_rank, "gbps_total": sp.total,
+            "dim": a.shape.dim, "batch": a.batches.batch, "iters": a.batches.iters, "gbps_per_rank": sp.per_rank, "gbps_total": sp.total,
             "baseline_gbps": sp.baseline, "baseline_ranks": if all_base { "all" } else { "one" }, "ratio": sp.ratio,
             "ratio_batches": self.ratio_batches, "verified": self.wrong_total == 0.0,
         });
@@ -244,7 +245,7 @@ impl Shown<'_> {
         let (a, n) = (self.a, self.ranks);
         println!(
             "apply_gradients (SGD) on host {} memory: {n} ranks on {} node(s), {} rows x {} f32, batches of {} ids, {} timed",
-            a.ty, self.nodes, self.rows, a.shape.dim, a.batch, a.iters
+            a.ty, self.nodes, self.rows, a.shape.dim, a.batches.batch, a.batches.iters
         );
         let (what, how) = if a.baseline_ranks == BaselineRanks::All {
             (

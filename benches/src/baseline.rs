@@ -81,7 +81,7 @@ pub(crate) struct Baseline {
 
 impl Baseline {
     pub(crate) fn new(op: Op, a: &MoveArgs, rows: usize, out: DType) -> Self {
-        Self::with(op, rows, a.shape.dim, a.shape.dtype, out, a.batch, a.baseline_pages == BaselinePages::Huge)
+        Self::with(op, rows, a.shape.dim, a.shape.dtype, out, a.batches.batch, a.baseline_pages == BaselinePages::Huge)
     }
 
     /// A private table of `rows` rows of `dim` elements of `dtype`, holding

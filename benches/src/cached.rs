@@ -311,7 +311,7 @@ impl Run<'_> {
     ) -> Result<Seen> {
         let (a, out_dt) = (self.a, self.out_dt);
         let buf_row = a.shape.dim * out_dt.size();
-        let mut buf = vec![0u8; a.batch * buf_row];
+        let mut buf = vec![0u8; a.batches.batch * buf_row];
         let mut expect = vec![0u8; buf_row];
         let progress = world.rank() == 0 && std::io::stderr().is_terminal();
         let mut s = Seen {
@@ -325,9 +325,9 @@ impl Run<'_> {
         };
         let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
         world.barrier()?;
-        for b in 0..a.warmup + a.iters {
-            let timed = b >= a.warmup;
-            if b == a.warmup {
+        for b in 0..a.batches.warmup + a.batches.iters {
+            let timed = b >= a.batches.warmup;
+            if b == a.batches.warmup {
                 s.before = path.cache().map(|c| c.0).unwrap_or_default();
             }
             let ids = batch_ids(a, self.rows, world.rank(), b);
@@ -365,7 +365,7 @@ impl Run<'_> {
                 base.batch(&ids, timed);
             }
             if progress {
-                eprint!("\rgather batch {}/{}", b + 1, a.warmup + a.iters);
+                eprint!("\rgather batch {}/{}", b + 1, a.batches.warmup + a.batches.iters);
             }
         }
         if progress {
@@ -416,7 +416,7 @@ impl Run<'_> {
         let local = world.local();
         // The static choice by the distribution's own probabilities (with
         // --id-drift: the hot set of the first timed batch).
-        let held = likeliest(a.id_dist, self.rows, cache.map_or(0, |c| c.1), a.phase(a.warmup), remote);
+        let held = likeliest(a.id_dist, self.rows, cache.map_or(0, |c| c.1), a.phase(a.batches.warmup), remote);
         let true_hits: u64 = s.counts.iter().filter(|(id, _)| held[**id as usize]).map(|(_, c)| c).sum();
         let true_node = local.allgather_pod(&[true_hits])?.iter().sum::<u64>();
         let node = local.allgather_pod(&[window.lookups, window.hits])?;
@@ -446,7 +446,7 @@ impl Run<'_> {
 
     /// Bytes of output of a rank's timed batches.
     fn bytes(&self) -> f64 {
-        (self.a.iters * self.a.batch * self.a.shape.dim * self.out_dt.size()) as f64
+        (self.a.batches.iters * self.a.batches.batch * self.a.shape.dim * self.out_dt.size()) as f64
     }
 
     /// Every rank's figures (`all`, `width` of them a rank) as rank 0
@@ -507,8 +507,8 @@ impl Run<'_> {
         let a = self.a;
         let mut j = serde_json::json!({
             "op": "gather", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
-            "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": self.out_dt.name(), "batch": a.batch,
-            "iters": a.iters, "warmup": a.warmup, "id_dist": a.id_dist.to_string(), "verified": verified,
+            "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": self.out_dt.name(), "batch": a.batches.batch,
+            "iters": a.batches.iters, "warmup": a.batches.warmup, "id_dist": a.id_dist.to_string(), "verified": verified,
         });
         if let Some(n) = a.id_drift {
             j["id_drift"] = n.into();
@@ -545,17 +545,17 @@ impl Run<'_> {
             a.shape.dim,
             a.shape.dtype,
             (self.rows * a.shape.row_bytes()) as f64 / (1u64 << 30) as f64,
-            a.batch,
+            a.batches.batch,
             a.id_dist,
             a.id_drift.map(|n| format!(" (hot set moved every {n} batches)")).unwrap_or_default(),
             self.out_dt,
-            a.iters,
-            a.warmup,
+            a.batches.iters,
+            a.batches.warmup,
             a.cache_ageing.map(|g| format!(", cache ageing {g}")).unwrap_or_default()
         );
         figures.print();
         if let Some(b) = bypassed {
-            println!("cache bypassed (uncached path taken) in {b} of {} cached calls", a.warmup + a.iters);
+            println!("cache bypassed (uncached path taken) in {b} of {} cached calls", a.batches.warmup + a.batches.iters);
         }
         report::print_verified(wrong_total);
         if let Some(p) = phases {

@@ -19,10 +19,11 @@ use wm_gather::{DType, Ids, RowLayout};
 
 use crate::baseline::{Baseline, one_machine, ratio_by_batch, step, wall_seconds};
 use crate::ids::IdDist;
-use crate::moves::{BaselineRanks, DEFAULT_TABLE_BYTES, IdType, batch_ids};
+use crate::moves::{BaselineRanks, DEFAULT_TABLE_BYTES, batch_ids};
 pub use crate::moves::{MoveArgs, Op};
 use crate::ranks::Started;
 use crate::report::{self, Speeds, Spread};
+use crate::shape::IdType;
 use crate::values;
 
 /// Runs `wm-bench gather` or `wm-bench scatter`: starts `--ranks` local
@@ -32,7 +33,7 @@ use crate::values;
 /// # Errors
 /// Bad options, an unsupported type or location, a failed move, a lost peer.
 pub fn start(op: Op, a: &MoveArgs) -> Result<i32> {
-    ensure!(a.shape.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    ensure!(a.shape.dim > 0 && a.batches.batch > 0 && a.batches.iters > 0, "--dim, --batch and --iters must be positive");
     if let Some(n) = a.id_drift {
         ensure!(n > 0, "--id-drift {n}: the hot set moves every N batches, N at least 1");
         ensure!(matches!(a.id_dist, IdDist::Zipf(_)), "--id-drift moves a Zipf hot set; {} ids have none", a.id_dist);
@@ -143,7 +144,7 @@ impl<'a> Run<'a> {
         let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
         let row_bytes = a.shape.row_bytes();
         let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
-        if a.ids == IdType::I32 && rows > i32::MAX as usize {
+        if a.batches.ids == IdType::I32 && rows > i32::MAX as usize {
             bail!("--ids i32 cannot address {rows} rows");
         }
         if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
@@ -155,7 +156,7 @@ impl<'a> Run<'a> {
         let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
         let layout = RowLayout::new(a.shape.dtype, a.shape.dim, 0)?;
         let buf_row = a.shape.dim * out_dt.size();
-        let buf = vec![0u8; a.batch * buf_row];
+        let buf = vec![0u8; a.batches.batch * buf_row];
         let expect = vec![0u8; buf_row];
         // A run into device memory has a copy to the GPU as its baseline: no
         // private host table needed. With every rank on the baseline, each
@@ -165,7 +166,7 @@ impl<'a> Run<'a> {
         let all_base = a.baseline_ranks == BaselineRanks::All;
         let base = if me == 0 || all_base { Some(Baseline::new(op, a, host_rows, out_dt)) } else { None };
         #[cfg(feature = "cuda")]
-        let gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batch * buf_row, me == 0 || all_base)?) } else { None };
+        let gpu = if a.device_out() { Some(DeviceRun::new(&mem, a.batches.batch * buf_row, me == 0 || all_base)?) } else { None };
         if all_base {
             one_machine(world.as_ref())?;
         }
@@ -195,14 +196,14 @@ impl<'a> Run<'a> {
         let progress = me == 0 && std::io::stderr().is_terminal();
         let mut t = Timings::default();
         world.barrier()?;
-        for b in 0..a.warmup + a.iters {
-            let timed = b >= a.warmup;
-            if a.profile && b == a.warmup {
+        for b in 0..a.batches.warmup + a.batches.iters {
+            let timed = b >= a.batches.warmup;
+            if a.profile && b == a.batches.warmup {
                 wm_gather::profile::record();
             }
             let ids = batch_ids(a, self.rows, me, b);
-            let narrow: Vec<i32> = if a.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
-            let id_arg = if a.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
+            let narrow: Vec<i32> = if a.batches.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
+            let id_arg = if a.batches.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
             if self.op == Op::Scatter {
                 self.fill_scattered(&ids);
             }
@@ -221,7 +222,7 @@ impl<'a> Run<'a> {
             }
             match self.op {
                 Op::Gather => t.wrong += self.wrong_gathered(&ids),
-                Op::Scatter if b + 1 == a.warmup + a.iters => t.scattered = ids.clone(),
+                Op::Scatter if b + 1 == a.batches.warmup + a.batches.iters => t.scattered = ids.clone(),
                 Op::Scatter => {}
             }
             // The baseline's batch: by rank 0 alone, or by every rank at once
@@ -235,7 +236,7 @@ impl<'a> Run<'a> {
                 t.base_steps.push(st);
             }
             if progress {
-                eprint!("\r{} batch {}/{}", self.op.name(), b + 1, a.warmup + a.iters);
+                eprint!("\r{} batch {}/{}", self.op.name(), b + 1, a.batches.warmup + a.batches.iters);
             }
         }
         if progress {
@@ -334,7 +335,7 @@ impl<'a> Run<'a> {
         let n = world.size();
         let phases = if a.profile { Some(report::Phases::gather(world, &wm_gather::profile::take())?) } else { None };
         let wire = if a.location == Location::Host && !a.device_out() { Wire::measure(world, a, self.buf_row)? } else { None };
-        let bytes = (a.iters * a.batch * self.buf_row) as f64;
+        let bytes = (a.batches.iters * a.batches.batch * self.buf_row) as f64;
         let stats = world.allgather_pod(&[bytes / t.seconds.max(1e-12) / 1e9, t.seconds, t.wrong as f64])?;
         let (per_step, baseline) = if self.all_base {
             (Some(bytes / t.step_seconds.max(1e-12) / 1e9), bytes / t.step_base_seconds.max(1e-12) / 1e9)
@@ -344,7 +345,7 @@ impl<'a> Run<'a> {
         let baseline_huge = self.base.as_ref().map_or(0.0, Baseline::huge_fraction);
         // Every rank's call times, batch after batch (rank-major).
         let all_calls = world.allgather_pod(&t.call_times)?;
-        let batch_bytes = (a.batch * self.buf_row) as f64;
+        let batch_bytes = (a.batches.batch * self.buf_row) as f64;
         let base_batches: Vec<(f64, f64)> = if self.all_base {
             t.base_steps.iter().map(|&s| (s, batch_bytes)).collect()
         } else {
@@ -426,7 +427,7 @@ impl Figures {
             "op": op.name(), "type": a.ty.name(), "location": a.location.name(),
             "out_location": if a.device_out() { "device" } else { "host" }, "ranks": n, "nodes": self.nodes,
             "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": self.out_dt.name(),
-            "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
+            "ids": if a.batches.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batches.batch, "iters": a.batches.iters,
             "gbps_per_rank": s, "gbps_total": self.speeds.total, "baseline_gbps": self.speeds.baseline, "ratio": self.speeds.ratio,
             "ratio_batches": self.ratio_batches, "verified": self.wrong_total == 0.0,
             "huge_pages": self.huge_pages, "baseline_huge_pages": self.baseline_huge,
@@ -447,7 +448,7 @@ impl Figures {
         }
         if let Some(w) = &self.wire {
             j["wire_gbps_per_rank"] = serde_json::json!(w.per_rank);
-            j["wire_share"] = serde_json::json!(w.share(a.batch * self.buf_row, s.median));
+            j["wire_share"] = serde_json::json!(w.share(a.batches.batch * self.buf_row, s.median));
         }
         if let Some(cc) = tcp_congestion {
             j["tcp_congestion"] = serde_json::json!(cc);
@@ -467,9 +468,9 @@ impl Figures {
             a.shape.dim,
             a.shape.dtype,
             (rows * a.shape.row_bytes()) as f64 / (1u64 << 30) as f64,
-            a.batch,
+            a.batches.batch,
             self.out_dt,
-            a.iters
+            a.batches.iters
         );
         let what = match (a.location, a.out_location) {
             (Location::Device, _) if all_base => {
@@ -504,7 +505,7 @@ impl Figures {
             );
             println!(
                 "  wire share      {:.2}   of a call's time, the bare exchange's",
-                w.share(a.batch * self.buf_row, self.speeds.per_rank.median)
+                w.share(a.batches.batch * self.buf_row, self.speeds.per_rank.median)
             );
         }
         if let Some(cc) = tcp_congestion {
@@ -539,19 +540,19 @@ impl Wire {
             return Ok(None);
         }
         let (me, n) = (world.rank(), world.size());
-        let part = a.batch * out_row / n;
+        let part = a.batches.batch * out_row / n;
         let sizes: Vec<usize> = (0..n).map(|r| if placement.node[r] == placement.node[me] { 0 } else { part }).collect();
         let cross_bytes: usize = sizes.iter().sum();
         let mut seconds = 0.0f64;
-        for b in 0..a.warmup + a.iters {
+        for b in 0..a.batches.warmup + a.batches.iters {
             world.barrier()?;
             let t0 = Instant::now();
             world.alltoallv_in_place(&sizes, &mut |_, _| {}, &mut || {}, &mut |_, _| {})?;
-            if b >= a.warmup {
+            if b >= a.batches.warmup {
                 seconds += t0.elapsed().as_secs_f64();
             }
         }
-        let mine = (cross_bytes * a.iters) as f64 / seconds.max(1e-12) / 1e9;
+        let mine = (cross_bytes * a.batches.iters) as f64 / seconds.max(1e-12) / 1e9;
         let all = world.allgather_pod(&[mine])?;
         Ok(Some(Self { cross_bytes, per_rank: Spread::of(&all) }))
     }

@@ -25,10 +25,10 @@ use wm_onesided::{Method, Options, Profile, Reader, Table};
 
 use crate::baseline::Baseline;
 use crate::ids::Rng;
-use crate::moves::{BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op};
+use crate::moves::{BaselinePages, DEFAULT_TABLE_BYTES, Op};
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
-use crate::shape::ShapeArgs;
+use crate::shape::{BatchArgs, IdType, ShapeArgs};
 use crate::values;
 
 /// The transport of one-sided reads.
@@ -60,6 +60,10 @@ impl MethodArg {
 
 /// The options of `wm-bench get`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("batch", |b| b.default_value("8192").help("Ids per batch, per reader")),
+    mut_arg("warmup", |w| w.help("Untimed batches first")),
+)]
 pub struct GetArgs {
     /// Memory type: continuous, chunked, distributed or hierarchy.
     #[arg(long = "type", default_value = "distributed")]
@@ -73,21 +77,9 @@ pub struct GetArgs {
     /// The output's element type [default: --dtype].
     #[arg(long)]
     pub(crate) out_dtype: Option<DType>,
-    /// Id type.
-    #[arg(long, value_enum, default_value = "i64")]
-    pub(crate) ids: IdType,
-    /// Ids per batch, per reader.
-    #[arg(long, default_value_t = 8192)]
-    pub(crate) batch: usize,
-    /// Timed batches.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) iters: usize,
-    /// Untimed batches first.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) warmup: usize,
-    /// Seed of the random ids.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
+    /// The batches of ids.
+    #[command(flatten)]
+    pub(crate) batches: BatchArgs,
     /// Transport of the reads (`WM_ONE_SIDED` where not given).
     #[arg(long, value_enum)]
     pub(crate) method: Option<MethodArg>,
@@ -147,7 +139,7 @@ impl GetArgs {
 /// # Errors
 /// Bad options, a failed read, a lost peer.
 pub fn start(a: &GetArgs) -> Result<i32> {
-    ensure!(a.shape.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
+    ensure!(a.shape.dim > 0 && a.batches.batch > 0 && a.batches.iters > 0, "--dim, --batch and --iters must be positive");
     a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     if let Some(m) = a.method.and_then(MethodArg::method)
         && let Err(why) = wm_onesided::available(m)
@@ -168,7 +160,7 @@ pub fn start(a: &GetArgs) -> Result<i32> {
 
 fn table_rows(a: &GetArgs) -> Result<usize> {
     let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
-    if a.ids == IdType::I32 && rows > i32::MAX as usize {
+    if a.batches.ids == IdType::I32 && rows > i32::MAX as usize {
         bail!("--ids i32 cannot address {rows} rows");
     }
     Ok(rows)
@@ -192,7 +184,7 @@ struct Measured {
     wrong: u64,
 }
 
-/// Reads `a.warmup + a.iters` batches with `reader`, verifying each; between
+/// Reads `a.batches.warmup + a.batches.iters` batches with `reader`, verifying each; between
 /// batches `between(b)` runs (barriers and the baseline in a job).
 fn read_batches(
     reader: &Reader,
@@ -206,18 +198,18 @@ fn read_batches(
     let mut plain = Vec::new();
     let mut registered = None;
     if a.registered {
-        registered = Some(reader.register_recv(a.batch * buf_row)?);
+        registered = Some(reader.register_recv(a.batches.batch * buf_row)?);
     } else {
-        plain = vec![0u8; a.batch * buf_row];
+        plain = vec![0u8; a.batches.batch * buf_row];
     }
     let mut expect = vec![0u8; buf_row];
     let (mut seconds, mut wrong) = (0.0f64, 0u64);
     let progress = seed_rank == 0 && std::io::stderr().is_terminal() && !a.json;
-    for b in 0..a.warmup + a.iters {
-        let mut rng = Rng::new(a.seed, seed_rank, b);
-        let ids: Vec<i64> = (0..a.batch).map(|_| rng.below(rows as u64) as i64).collect();
-        let narrow: Vec<i32> = if a.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
-        let id_arg = if a.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
+    for b in 0..a.batches.warmup + a.batches.iters {
+        let mut rng = Rng::new(a.batches.seed, seed_rank, b);
+        let ids: Vec<i64> = (0..a.batches.batch).map(|_| rng.below(rows as u64) as i64).collect();
+        let narrow: Vec<i32> = if a.batches.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
+        let id_arg = if a.batches.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
         let buf: &mut [u8] = match registered.as_mut() {
             Some(r) => &mut r[..],
             None => &mut plain[..],
@@ -225,7 +217,7 @@ fn read_batches(
         let t0 = Instant::now();
         reader.get_batch(id_arg, buf, out_dt)?;
         let dt = t0.elapsed().as_secs_f64();
-        if b >= a.warmup {
+        if b >= a.batches.warmup {
             seconds += dt;
         }
         for (i, &id) in ids.iter().enumerate() {
@@ -234,13 +226,13 @@ fn read_batches(
         }
         between(b, &ids)?;
         if progress {
-            eprint!("\rget batch {}/{}", b + 1, a.warmup + a.iters);
+            eprint!("\rget batch {}/{}", b + 1, a.batches.warmup + a.batches.iters);
         }
     }
     if progress {
         eprintln!();
     }
-    Ok(Measured { seconds, bytes: (a.iters * a.batch * buf_row) as f64, wrong })
+    Ok(Measured { seconds, bytes: (a.batches.iters * a.batches.batch * buf_row) as f64, wrong })
 }
 
 /// The benchmark proper, on every rank.
@@ -255,19 +247,20 @@ fn bench(world: &Arc<dyn Communicator>, a: &GetArgs) -> Result<i32> {
     let table = Table::new(&mem, "wm-bench-get", a.shape.dtype, &a.options()?)?;
     table.publish()?;
     let reader = if me < readers { Some(table.reader()?) } else { None };
-    let mut base = (me == 0).then(|| Baseline::with(Op::Gather, rows, a.shape.dim, a.shape.dtype, out_dt, a.batch, a.huge_baseline()));
+    let mut base =
+        (me == 0).then(|| Baseline::with(Op::Gather, rows, a.shape.dim, a.shape.dtype, out_dt, a.batches.batch, a.huge_baseline()));
     world.barrier()?;
     let measured = match &reader {
         Some(r) => read_batches(r, a, me, rows, |b, ids| {
             world.barrier()?;
             if let Some(base) = &mut base {
-                base.batch(ids, b >= a.warmup);
+                base.batch(ids, b >= a.batches.warmup);
             }
             Ok(())
         })?,
         None => {
             // Serve only: meet the readers at their barriers.
-            for _ in 0..a.warmup + a.iters {
+            for _ in 0..a.batches.warmup + a.batches.iters {
                 world.barrier()?;
             }
             Measured { seconds: 0.0, bytes: 0.0, wrong: 0 }
@@ -319,7 +312,7 @@ impl Report<'_> {
             let j = serde_json::json!({
                 "op": "get", "type": a.ty.name(), "location": "host", "out_location": "host", "ranks": self.ranks, "nodes": self.nodes,
                 "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": out_dt.name(),
-                "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
+                "ids": if a.batches.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batches.batch, "iters": a.batches.iters,
                 "method": self.methods, "readers": self.readers, "registered": a.registered,
                 "gbps_per_rank": sp.per_rank, "gbps_total": sp.total, "baseline_gbps": sp.baseline, "ratio": sp.ratio,
                 "verified": verified, "huge_pages": self.huge_pages, "baseline_huge_pages": baseline_huge, "profile": self.profile,
@@ -338,9 +331,9 @@ impl Report<'_> {
             a.shape.dim,
             a.shape.dtype,
             (self.rows * a.shape.dim * a.shape.dtype.size()) as f64 / (1u64 << 30) as f64,
-            a.batch,
+            a.batches.batch,
             out_dt,
-            a.iters
+            a.batches.iters
         );
         sp.print("one process, one thread, private table", "per-reader median / baseline");
         if let Some(h) = self.huge_pages {
@@ -404,9 +397,9 @@ fn outside(a: &GetArgs, at: &Rendezvous, name: &str) -> Result<i32> {
     a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     let a = &a;
     let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
-    let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batch, a.huge_baseline());
+    let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batches.batch, a.huge_baseline());
     let m = read_batches(&reader, a, 0, info.rows, |b, ids| {
-        base.batch(ids, b >= a.warmup);
+        base.batch(ids, b >= a.batches.warmup);
         Ok(())
     })?;
     let gbps = m.bytes / m.seconds.max(1e-12) / 1e9;

@@ -8,7 +8,7 @@ use wm_gather::DType;
 
 use crate::ids::IdDist;
 use crate::ranks::RankArgs;
-use crate::shape::ShapeArgs;
+use crate::shape::{BatchArgs, ShapeArgs};
 
 /// `--cache-bypass`: [`wm_gather::cache::Bypass`] by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -29,13 +29,6 @@ impl CacheBypass {
             Self::Always => wm_gather::cache::Bypass::Always,
         }
     }
-}
-
-/// The ids' integer type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub(crate) enum IdType {
-    I32,
-    I64,
 }
 
 /// The options of `wm-bench gather` and `wm-bench scatter`.
@@ -60,21 +53,9 @@ pub struct MoveArgs {
     /// The local buffer's element type (gather output, scatter input) [default: --dtype].
     #[arg(long)]
     pub(crate) out_dtype: Option<DType>,
-    /// Id type.
-    #[arg(long, value_enum, default_value = "i64")]
-    pub(crate) ids: IdType,
-    /// Ids per batch, per rank.
-    #[arg(long, default_value_t = 65_536)]
-    pub(crate) batch: usize,
-    /// Timed batches.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) iters: usize,
-    /// Untimed batches first (with --cache-ratio or --embedding: through the path under test only, warming its cache).
-    #[arg(long, default_value_t = 3)]
-    pub(crate) warmup: usize,
-    /// Seed of the random ids.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
+    /// The batches of ids.
+    #[command(flatten)]
+    pub(crate) batches: BatchArgs,
     /// How ids are drawn: uniform, or zipf:S (row of rank k asked with probability proportional to k^-S; ranks
     /// spread over the table by a fixed permutation).
     #[arg(long, default_value = "uniform")]
@@ -168,7 +149,7 @@ pub(crate) const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
 /// Batch `b` of rank `rank`, as `--id-dist` draws it.
 pub(crate) fn batch_ids(a: &MoveArgs, rows: usize, rank: usize, b: usize) -> Vec<i64> {
-    crate::ids::batch(a.id_dist, a.seed, rows, a.batch, rank, b, a.phase(b))
+    crate::ids::batch(a.id_dist, a.batches.seed, rows, a.batches.batch, rank, b, a.phase(b))
 }
 
 /// `--cache-ageing`: how fast a node cache's counts fade.

@@ -1,8 +1,12 @@
-//! `--rows`, `--dim` and `--dtype`: the shape of the table a benchmark
-//! spreads over its ranks, one argument group for every subcommand that
-//! takes one (`gather`, `scatter`, `apply`, `get`, `load`).
+//! The argument groups of the subcommands that take a table: `--rows`,
+//! `--dim` and `--dtype`, the shape of the table a benchmark spreads over
+//! its ranks ([`ShapeArgs`]: `gather`, `scatter`, `apply`, `get`, `load`),
+//! and `--ids`, `--batch`, `--iters`, `--warmup` and `--seed`, the batches
+//! of random ids it moves ([`BatchArgs`]: `gather`, `scatter`, `apply`,
+//! `get`).
 
 use anyhow::{Result, ensure};
+use clap::ValueEnum;
 use wm_gather::DType;
 
 /// The table's shape: rows, elements per row and element type.
@@ -34,4 +38,33 @@ impl ShapeArgs {
         ensure!(rows > 0, "--rows must be positive");
         Ok(rows)
     }
+}
+
+/// The ids' integer type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum IdType {
+    I32,
+    I64,
+}
+
+/// The batches of random ids a benchmark moves. The defaults are
+/// `gather`'s; a subcommand changes a default or a help text with
+/// `mut_arg`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BatchArgs {
+    /// Id type.
+    #[arg(long, value_enum, default_value = "i64")]
+    pub(crate) ids: IdType,
+    /// Ids per batch, per rank.
+    #[arg(long, default_value_t = 65_536)]
+    pub(crate) batch: usize,
+    /// Timed batches.
+    #[arg(long, default_value_t = 20)]
+    pub(crate) iters: usize,
+    /// Untimed batches first (with --cache-ratio or --embedding: through the path under test only, warming its cache).
+    #[arg(long, default_value_t = 3)]
+    pub(crate) warmup: usize,
+    /// Seed of the random ids.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) seed: u64,
 }
