@@ -37,29 +37,22 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| match scenario.as_str() {
-        "node" => node_cache(&world),
-        "embedding" => embedding(&world),
-        "bad-ratio" => bad_ratio(&world),
-        "coherence" => scratch(&args).and_then(|dir| coherence(&world, &dir)),
-        "all-or-nothing" => scratch(&args).and_then(|dir| all_or_nothing(&world, &dir)),
-        "reused-table" => reused_table(&world),
-        "generations" => scratch(&args).and_then(|dir| write_generations(&world, &dir)),
-        "device" => device(&world),
+    wm_tests::rank_main(|world, scenario, rest| match scenario {
+        "node" => node_cache(world),
+        "embedding" => embedding(world),
+        "bad-ratio" => bad_ratio(world),
+        "coherence" => scratch(rest).and_then(|dir| coherence(world, &dir)),
+        "all-or-nothing" => scratch(rest).and_then(|dir| all_or_nothing(world, &dir)),
+        "reused-table" => reused_table(world),
+        "generations" => scratch(rest).and_then(|dir| write_generations(world, &dir)),
+        "device" => device(world),
         other => bail!("unknown scenario {other:?}"),
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 /// The scratch directory a scenario writes files to (its second argument).
-fn scratch(args: &[String]) -> Result<PathBuf> {
-    args.get(1).map(PathBuf::from).context("usage: wm-test-cache SCENARIO DIR")
+fn scratch(rest: &[String]) -> Result<PathBuf> {
+    rest.first().map(PathBuf::from).context("usage: wm-test-cache SCENARIO DIR")
 }
 
 fn nodes(world: &Comm) -> usize {
@@ -122,6 +115,26 @@ fn batch(rows: usize, hot: &[usize], rank: usize, round: u64, world: usize) -> V
     (0..n)
         .map(|_| if rng.below(2) == 0 { hot[rng.below(hot.len() as u64) as usize] } else { rng.below(rows as u64) as usize } as i64)
         .collect()
+}
+
+/// A host f32 table of `ty`, `rows` x `cols`, holding the model's first
+/// version of every row (written by its owner). Collective.
+fn model_table(world: &Comm, ty: MemoryType, rows: usize, cols: usize) -> Result<WholeMemory> {
+    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+    let mut mem = WholeMemory::allocate(world, &req)?;
+    let own = mem.local_rows();
+    mem.write_rows(own.start, &model_rows(own.clone(), cols, &vec![0u32; rows]))?;
+    world.barrier()?;
+    Ok(mem)
+}
+
+/// A node cache of `ratio` of the rows of `mem` (f32 rows of `cols`) that
+/// every call goes through, so that the checks count its hits.
+fn checked_cache(mem: &WholeMemory, cols: usize, ratio: f64) -> Result<NodeCache> {
+    let layout = RowLayout::new(DType::F32, cols, 0)?;
+    let mut cache = NodeCache::new(mem, &layout, ratio)?;
+    cache.set_bypass(Bypass::Off);
+    Ok(cache)
 }
 
 /// The rows rank `rank` writes in round `round`: its share of the hot rows
@@ -643,16 +656,9 @@ fn coherence_case(world: &Comm, ty: MemoryType, ratio: f64, files: &Path) -> Res
     let writer = n - 1;
     let layout_of = wm_topology::NodeLayout::of(world.nodes());
     ensure!(layout_of.node[writer] != layout_of.node[0], "the writer must be on another node than rank 0");
-    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
-    let mut mem = WholeMemory::allocate(world, &req)?;
+    let mut mem = model_table(world, ty, rows, cols)?;
     let mut version = vec![0u32; rows];
-    let own = mem.local_rows();
-    mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-    world.barrier()?;
-    let layout = RowLayout::new(DType::F32, cols, 0)?;
-    let mut cache = NodeCache::new(&mem, &layout, ratio)?;
-    // Every call through the cache: the checks count its hits.
-    cache.set_bypass(Bypass::Off);
+    let mut cache = checked_cache(&mem, cols, ratio)?;
     // Hot rows: the writer's first rows and rows of every owner.
     let theirs = mem.partition().range(writer);
     let mut hrng = Rng::new(&[29, rows as u64]);
@@ -739,6 +745,28 @@ fn hits_of(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64]) -> Result<Cach
     Ok(cache.stats().since(&before))
 }
 
+/// A host embedding of `shape` (rows, columns) with `optimizer`,
+/// initialised from `seed`, behind a node cache with a slot for every
+/// remote row that every call goes through, with the rows of `warm` read
+/// once.
+fn warm_cached_embedding(
+    world: &Comm,
+    ty: MemoryType,
+    shape: (usize, usize),
+    optimizer: Optimizer,
+    seed: u64,
+    warm: &[i64],
+) -> Result<Embedding<f32>> {
+    let (rows, cols) = shape;
+    let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(optimizer))?;
+    emb.init(Init::Normal { mean: 0.0, std: 0.1 }, seed)?;
+    emb.enable_node_cache(1.0)?;
+    emb.set_node_cache_bypass(Bypass::Off);
+    let mut x = vec![0f32; warm.len() * cols];
+    emb.gather(warm, &mut x)?;
+    Ok(emb)
+}
+
 /// The writes a cache makes or is told of cost it the rows written and no
 /// others: after a `NodeCache::scatter`, and after a step of an embedding
 /// with its own node cache, rows nobody wrote are still hits, and the rows
@@ -746,16 +774,9 @@ fn hits_of(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64]) -> Result<Cach
 fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     let (rows, cols) = (400, 4);
-    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
-    let mut mem = WholeMemory::allocate(world, &req)?;
+    let mut mem = model_table(world, ty, rows, cols)?;
     let mut version = vec![0u32; rows];
-    let own = mem.local_rows();
-    mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-    world.barrier()?;
-    let layout = RowLayout::new(DType::F32, cols, 0)?;
-    let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
-    // Every call through the cache: the checks count its hits.
-    cache.set_bypass(Bypass::Off);
+    let mut cache = checked_cache(&mem, cols, 1.0)?;
     // Rows of every owner: some kept, some written.
     let kept: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 0).collect();
     let written: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 2).collect();
@@ -773,12 +794,7 @@ fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
     cache.free()?;
     mem.free()?;
 
-    let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::sgd()))?;
-    emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 5)?;
-    emb.enable_node_cache(1.0)?;
-    emb.set_node_cache_bypass(Bypass::Off);
-    let mut x = vec![0f32; both.len() * cols];
-    emb.gather(&both, &mut x)?;
+    let mut emb = warm_cached_embedding(world, ty, (rows, cols), Optimizer::sgd(), 5, &both)?;
     let grads = vec![0.5f32; mine.len() * cols];
     emb.apply_gradients(&mine, &grads, 0.1)?;
     let before = emb.node_cache_stats().context("the embedding has its cache")?;
@@ -866,16 +882,9 @@ fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
     let (rows, cols) = (400, 4);
     let bad = rows as i64 + 5;
     for ty in collective_types(world) {
-        let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
-        let mut mem = WholeMemory::allocate(world, &req)?;
-        let version = vec![0u32; rows];
-        let own = mem.local_rows();
-        mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-        world.barrier()?;
+        let mut mem = model_table(world, ty, rows, cols)?;
+        let mut cache = checked_cache(&mem, cols, 1.0)?;
         let layout = RowLayout::new(DType::F32, cols, 0)?;
-        let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
-        // Every call through the cache: the checks count its hits.
-        cache.set_bypass(Bypass::Off);
         let hot: Vec<i64> = (0..rows as i64).step_by(9).collect();
         let mut out = vec![0u8; hot.len() * cols * 4];
         cache.gather(&mem, Ids::I64(&hot), &mut out, DType::F32)?;
@@ -917,12 +926,7 @@ fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
 
         // An embedding with a node cache: a step with a bad id changes no
         // weight, no state and nothing cached.
-        let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::adam()))?;
-        emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 1)?;
-        emb.enable_node_cache(1.0)?;
-        emb.set_node_cache_bypass(Bypass::Off);
-        let mut x = vec![0f32; hot.len() * cols];
-        emb.gather(&hot, &mut x)?;
+        let mut emb = warm_cached_embedding(world, ty, (rows, cols), Optimizer::adam(), 1, &hot)?;
         let all: Vec<i64> = (0..rows as i64).collect();
         let weights = |e: &Embedding<f32>| -> Result<Vec<f32>> {
             let mut w = vec![0f32; rows * cols];
@@ -1095,13 +1099,9 @@ fn reused_table(world: &Comm) -> Result<()> {
     for ty in collective_types(world) {
         let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
         let mut version = vec![0u32; rows];
-        let mut mem = WholeMemory::allocate(world, &req)?;
+        let mem = model_table(world, ty, rows, cols)?;
         let own = mem.local_rows();
-        mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-        world.barrier()?;
-        let mut cache = NodeCache::new(&mem, &layout, 0.5)?;
-        // Every call through the cache: the checks count its hits.
-        cache.set_bypass(Bypass::Off);
+        let mut cache = checked_cache(&mem, cols, 0.5)?;
         let ids: Vec<i64> = (0..rows as i64).step_by(5).collect();
         read_checked(&mut cache, &mem, &ids, &version, &format!("{ty}: the first table"))?;
         let old_place = mem.rank_ptr(me).map(|p| p as usize);

@@ -24,25 +24,18 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| match scenario.as_str() {
-        "optimizers" => match args.get(1).map(String::as_str) {
-            None | Some("host") => optimizers(&world, Location::Host),
-            Some("device") => optimizers(&world, Location::Device),
+    wm_tests::rank_main(|world, scenario, rest| match scenario {
+        "optimizers" => match rest.first().map(String::as_str) {
+            None | Some("host") => optimizers(world, Location::Host),
+            Some("device") => optimizers(world, Location::Device),
             Some(other) => bail!("unknown location {other:?}; expected host or device"),
         },
-        "bad-input" => bad_input(&world),
-        "init-digest" => init_digest(&world),
+        "bad-input" => bad_input(world),
+        "init-digest" => init_digest(world),
         #[cfg(feature = "candle")]
-        "candle" => candle::untouched_rows(&world),
+        "candle" => candle::untouched_rows(world),
         other => bail!("unknown scenario {other:?}"),
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 fn host_types(world: &Comm) -> Result<Vec<MemoryType>> {

@@ -24,36 +24,29 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let loc = match args.iter().skip(1).find(|a| *a == "device") {
+    wm_tests::rank_main(|world, scenario, rest| {
+        let loc = match rest.iter().find(|a| *a == "device") {
             Some(_) => Location::Device,
             None => Location::Host,
         };
-        match scenario.as_str() {
+        match scenario {
             "build" => {
-                let dir = PathBuf::from(args.get(1).context("usage: wm-test-graph build DIR [device]")?);
-                build_and_files(&world, &dir, loc)
+                let dir = PathBuf::from(rest.first().context("usage: wm-test-graph build DIR [device]")?);
+                build_and_files(world, &dir, loc)
             }
-            "uniform" => uniform(&world, loc),
-            "weighted" => weighted(&world, loc),
-            "digest" => digest(&world, loc),
-            "blocks" => blocks(&world, loc),
-            "bad-input" => bad_input(&world),
-            "fanout-property" => fanout_property(&world, loc),
+            "uniform" => uniform(world, loc),
+            "weighted" => weighted(world, loc),
+            "digest" => digest(world, loc),
+            "blocks" => blocks(world, loc),
+            "bad-input" => bad_input(world),
+            "fanout-property" => fanout_property(world, loc),
             "load-partition" => {
-                let dir = PathBuf::from(args.get(1).context("usage: wm-test-graph load-partition DIR")?);
-                load_partition(&world, &dir)
+                let dir = PathBuf::from(rest.first().context("usage: wm-test-graph load-partition DIR")?);
+                load_partition(world, &dir)
             }
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 /// The memory types `world` can hold at `loc`, printing why for the others.
@@ -133,6 +126,19 @@ impl Edges {
         }
         adj
     }
+}
+
+/// The private CSR of an adjacency list: row pointers, neighbours and
+/// weights, for `sample_in_memory`.
+fn csr_of(adjacency: &[Vec<(i64, f32)>]) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
+    let mut row_ptr = vec![0i64];
+    let (mut col, mut weights) = (Vec::new(), Vec::new());
+    for list in adjacency {
+        col.extend(list.iter().map(|p| p.0));
+        weights.extend(list.iter().map(|p| p.1));
+        row_ptr.push(col.len() as i64);
+    }
+    (row_ptr, col, weights)
 }
 
 /// Every node's neighbours (and weights) through a collective full sample,
@@ -378,13 +384,7 @@ fn digest(world: &Comm, loc: Location) -> Result<()> {
     let mine = all.share(world);
     let centers: Vec<i64> = (0..nodes as i64).step_by(3).collect();
     let reference = all.reference(nodes, true, true, false);
-    let mut row_ptr = vec![0i64];
-    let (mut col, mut weights) = (Vec::new(), Vec::new());
-    for list in &reference {
-        col.extend(list.iter().map(|p| p.0));
-        weights.extend(list.iter().map(|p| p.1));
-        row_ptr.push(col.len() as i64);
-    }
+    let (row_ptr, col, weights) = csr_of(&reference);
     for ty in types_at(world, loc) {
         let opts = BuildOptions::new(nodes, ty, loc).undirected(true).dedup(true);
         let g = build(world, &opts, mine.list(true))?;
@@ -552,13 +552,7 @@ fn fanout_property(world: &Comm, loc: Location) -> Result<()> {
     let all = Edges::random(23, nodes, 400);
     let mine = all.share(world);
     let reference = all.reference(nodes, false, false, false);
-    let mut row_ptr = vec![0i64];
-    let (mut col, mut weights) = (Vec::new(), Vec::new());
-    for list in &reference {
-        col.extend(list.iter().map(|p| p.0));
-        weights.extend(list.iter().map(|p| p.1));
-        row_ptr.push(col.len() as i64);
-    }
+    let (row_ptr, col, weights) = csr_of(&reference);
     let most = reference.iter().map(Vec::len).max().unwrap_or(0);
     let mut graphs = Vec::new();
     for ty in types_at(world, loc) {

@@ -20,27 +20,20 @@ use wm_comm::Communicator;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let dir = PathBuf::from(args.get(1).context("usage: wm-test-load SCENARIO DIR")?);
+    wm_tests::rank_main(|world, scenario, rest| {
+        let dir = PathBuf::from(rest.first().context("usage: wm-test-load SCENARIO DIR")?);
         ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-        match scenario.as_str() {
-            "layouts" => layouts(&world, &dir),
-            "round-trip" => match args.get(2).map(String::as_str) {
-                None | Some("host") => round_trip(&world, &dir, Location::Host),
-                Some("device") => round_trip(&world, &dir, Location::Device),
+        match scenario {
+            "layouts" => layouts(world, &dir),
+            "round-trip" => match rest.get(1).map(String::as_str) {
+                None | Some("host") => round_trip(world, &dir, Location::Host),
+                Some("device") => round_trip(world, &dir, Location::Device),
                 Some(other) => bail!("unknown location {other:?}; expected host or device"),
             },
-            "malformed" => malformed(&world, &dir),
+            "malformed" => malformed(world, &dir),
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 // ------------------------------------------------------------- test values

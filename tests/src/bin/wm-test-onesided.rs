@@ -82,11 +82,7 @@ fn main() {
         "relay-reader" => relay_reader(rest),
         other => Err(anyhow::anyhow!("unknown scenario {other:?}")),
     };
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
+    wm_tests::exit_with(result);
 }
 
 fn rank(f: impl FnOnce(&Comm) -> Result<()>) -> Result<()> {

@@ -18,32 +18,22 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let rest = &args[1.min(args.len())..];
-        match scenario.as_str() {
-            "collectives" => collectives(&world),
-            "landing" => landing(&world),
-            "fill-read" => location(rest).and_then(|loc| fill_read(&world, loc)),
-            "two-nodes" => two_nodes(&world),
-            "bad-input" => bad_input(&world),
-            "lose-peer" => lose_peer(&world, rest),
-            "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
-            "device-calls" => device_calls(&world),
-            "concurrent-scatter" => concurrent_scatter(&world),
-            "scatter-rank-order" => scatter_rank_order(&world),
-            "column" => columns(&world),
-            "huge-pages" => huge_pages(&world, rest),
-            "tcp-congestion" => tcp_congestion(&world, rest),
-            other => bail!("unknown scenario {other:?}"),
-        }
+    wm_tests::rank_main(|world, scenario, rest| match scenario {
+        "collectives" => collectives(world),
+        "landing" => landing(world),
+        "fill-read" => location(rest).and_then(|loc| fill_read(world, loc)),
+        "two-nodes" => two_nodes(world),
+        "bad-input" => bad_input(world),
+        "lose-peer" => lose_peer(world, rest),
+        "gather" => location(rest).and_then(|loc| gather_scatter(world, loc)),
+        "device-calls" => device_calls(world),
+        "concurrent-scatter" => concurrent_scatter(world),
+        "scatter-rank-order" => scatter_rank_order(world),
+        "column" => columns(world),
+        "huge-pages" => huge_pages(world, rest),
+        "tcp-congestion" => tcp_congestion(world, rest),
+        other => bail!("unknown scenario {other:?}"),
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 /// The location a scenario runs on: its first argument, `host` by default.

@@ -25,11 +25,7 @@ fn main() {
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
+    wm_tests::exit_with(result);
 }
 
 /// A few collectives with checked results: what a job that was attacked
