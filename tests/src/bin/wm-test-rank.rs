@@ -527,11 +527,7 @@ fn two_nodes(world: &Comm) -> Result<()> {
         ensure!(query(world.as_ref(), ty, Location::Host).is_supported(), "{ty} must be supported across nodes");
         let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 1001, 7, None)?;
         let first = t.local_rows().start;
-        let mut own = vec![0u32; t.local_rows().len() * 7];
-        for (i, row) in own.chunks_mut(7).enumerate() {
-            row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
-        }
-        t.write_local(&own)?;
+        let mut own = write_own_values(&mut t, 7)?;
         world.barrier()?;
         own.fill(0);
         t.read_local(&mut own)?;
@@ -558,6 +554,18 @@ fn two_nodes(world: &Comm) -> Result<()> {
 
 // ------------------------------------------------------------------ bad-input
 
+/// Writes this rank's rows of `t` (`cols` wide) with [`value`] of row and
+/// column, and returns them.
+fn write_own_values(t: &mut WholeTensor<u32>, cols: usize) -> Result<Vec<u32>> {
+    let first = t.local_rows().start;
+    let mut own = vec![0u32; t.local_rows().len() * cols];
+    for (i, row) in own.chunks_mut(cols).enumerate() {
+        row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
+    }
+    t.write_local(&own)?;
+    Ok(own)
+}
+
 fn expect_err<T>(what: &str, r: wholemem::Result<T>, needle: &str) -> Result<()> {
     match r {
         Ok(_) => bail!("{what}: allocation succeeded but must fail"),
@@ -572,12 +580,7 @@ fn expect_err<T>(what: &str, r: wholemem::Result<T>, needle: &str) -> Result<()>
 
 fn allocate_and_check(world: &Comm, ty: MemoryType) -> Result<()> {
     let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 333, 3, None)?;
-    let first = t.local_rows().start;
-    let mut own = vec![0u32; t.local_rows().len() * 3];
-    for (i, row) in own.chunks_mut(3).enumerate() {
-        row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
-    }
-    t.write_local(&own)?;
+    write_own_values(&mut t, 3)?;
     world.barrier()?;
     let mut buf = [0u32; 3];
     t.read_row(332, &mut buf).or_else(|e| if ty.is_mapped() { Err(e) } else { Ok(()) })?;
