@@ -164,8 +164,8 @@ fn best_static(local: &dyn Communicator, counts: &HashMap<u64, u64>, capacity: u
     let mine: Vec<u64> = counts.iter().flat_map(|(&id, &c)| [id, c]).collect();
     let all = local.allgatherv_pod(&mine)?;
     let mut merged: HashMap<u64, u64> = HashMap::new();
-    for part in &all {
-        for pair in part.chunks_exact(2) {
+    for rank_counts in &all {
+        for pair in rank_counts.chunks_exact(2) {
             *merged.entry(pair[0]).or_default() += pair[1];
         }
     }

@@ -540,8 +540,8 @@ impl Wire {
             return Ok(None);
         }
         let (me, n) = (world.rank(), world.size());
-        let part = a.batches.batch * out_row / n;
-        let sizes: Vec<usize> = (0..n).map(|r| if placement.node[r] == placement.node[me] { 0 } else { part }).collect();
+        let per_peer = a.batches.batch * out_row / n;
+        let sizes: Vec<usize> = (0..n).map(|r| if placement.node[r] == placement.node[me] { 0 } else { per_peer }).collect();
         let cross_bytes: usize = sizes.iter().sum();
         let mut seconds = 0.0f64;
         for b in 0..a.batches.warmup + a.batches.iters {

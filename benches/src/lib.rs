@@ -76,10 +76,10 @@ pub mod values {
     /// `out`: the bytes a correct gather produces.
     pub fn row(row: usize, cols: usize, table: DType, out: DType, buf: &mut [u8]) {
         let (ts, os) = (table.size(), out.size());
-        let mut tmp = [0u8; 8];
+        let mut stored = [0u8; 8];
         for c in 0..cols {
-            put(table, &mut tmp[..ts], at(row, c, table));
-            put(out, &mut buf[c * os..][..os], get(table, &tmp[..ts]));
+            put(table, &mut stored[..ts], at(row, c, table));
+            put(out, &mut buf[c * os..][..os], get(table, &stored[..ts]));
         }
     }
 

@@ -152,9 +152,9 @@ impl Private {
     fn sample_hops(&self, mut centers: Vec<i64>, a: &SampleArgs) -> Result<Vec<Sample>> {
         let mut base = Vec::with_capacity(a.fanouts.len());
         for (h, &k) in a.fanouts.iter().enumerate() {
-            let got = wm_graph::sample_in_memory(&self.row_ptr, &self.col, Some(&self.weights), &centers, &hop_request(a, h, k))?;
-            centers = got.neighbors.clone();
-            base.push(got);
+            let hop = wm_graph::sample_in_memory(&self.row_ptr, &self.col, Some(&self.weights), &centers, &hop_request(a, h, k))?;
+            centers = hop.neighbors.clone();
+            base.push(hop);
         }
         Ok(base)
     }
@@ -168,10 +168,10 @@ impl Private {
         }
         for (i, &v) in c.iter().enumerate() {
             let (lo, hi) = (self.row_ptr[v as usize], self.row_ptr[v as usize + 1]);
-            let (got, eids) = (s.of(i), &s.edge_ids[s.offsets[i]..s.offsets[i + 1]]);
-            let ok = got.len() == ((hi - lo) as usize).min(k)
+            let (drawn, eids) = (s.of(i), &s.edge_ids[s.offsets[i]..s.offsets[i + 1]]);
+            let ok = drawn.len() == ((hi - lo) as usize).min(k)
                 && eids.windows(2).all(|w| w[0] < w[1])
-                && eids.iter().zip(got).all(|(&e, &x)| e >= lo && e < hi && self.col[e as usize] == x);
+                && eids.iter().zip(drawn).all(|(&e, &x)| e >= lo && e < hi && self.col[e as usize] == x);
             wrong += u64::from(!ok);
         }
         wrong + u64::from(s != base)
@@ -188,9 +188,9 @@ fn hop_request(a: &SampleArgs, h: usize, k: usize) -> SampleRequest {
 fn sample_hops(graph: &CsrGraph, mut centers: Vec<i64>, a: &SampleArgs) -> Result<Vec<(Vec<i64>, Sample)>> {
     let mut hops = Vec::with_capacity(a.fanouts.len());
     for (h, &k) in a.fanouts.iter().enumerate() {
-        let got = wm_graph::sample(graph, &centers, &hop_request(a, h, k))?;
-        let next = got.neighbors.clone();
-        hops.push((std::mem::replace(&mut centers, next), got));
+        let hop = wm_graph::sample(graph, &centers, &hop_request(a, h, k))?;
+        let next = hop.neighbors.clone();
+        hops.push((std::mem::replace(&mut centers, next), hop));
     }
     Ok(hops)
 }
@@ -237,8 +237,8 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
         let s = Instant::now();
         let base = private.sample_hops(centers, a)?;
         let bt = s.elapsed().as_secs_f64();
-        for (((c, got), want), &k) in hops.iter().zip(&base).zip(&a.fanouts) {
-            wrong += private.wrong(c, k, got, want);
+        for (((c, drawn), want), &k) in hops.iter().zip(&base).zip(&a.fanouts) {
+            wrong += private.wrong(c, k, drawn, want);
         }
         if timed {
             seconds += dt;

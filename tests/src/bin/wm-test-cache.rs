@@ -558,15 +558,15 @@ fn read_checked(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64], version: 
     cache.gather(mem, Ids::I64(ids), &mut cached, DType::F32).with_context(|| format!("{what}: cached gather"))?;
     let mut plain = vec![0u8; cached.len()];
     wm_gather::gather(mem, cache.layout(), Ids::I64(ids), &mut plain, DType::F32)?;
-    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&cached);
+    let held: Vec<f32> = bytemuck::pod_collect_to_vec(&cached);
     for (k, &id) in ids.iter().enumerate() {
         let row = id as usize;
         for c in 0..cols {
             let want = value(row, c, version[row]);
             ensure!(
-                got[k * cols + c] == want,
+                held[k * cols + c] == want,
                 "{what}: the cached gather returned a stale row {row}: column {c} holds {} instead of {want} (version {})",
-                got[k * cols + c],
+                held[k * cols + c],
                 version[row]
             );
         }

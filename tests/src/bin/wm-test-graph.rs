@@ -149,9 +149,9 @@ fn check_graph(g: &CsrGraph, reference: &[Vec<(i64, f32)>], case: &str) -> Resul
     let total: usize = reference.iter().map(Vec::len).sum();
     ensure!(g.edges() == total, "{case}: {} edges, the reference has {total}", g.edges());
     for (v, want) in reference.iter().enumerate() {
-        let got = s.of(v);
+        let drawn = s.of(v);
         let want_ids: Vec<i64> = want.iter().map(|p| p.0).collect();
-        ensure!(got == want_ids.as_slice(), "{case}: node {v} has neighbours {got:?}, the reference {want_ids:?}");
+        ensure!(drawn == want_ids.as_slice(), "{case}: node {v} has neighbours {drawn:?}, the reference {want_ids:?}");
         let eids = &s.edge_ids[s.offsets[v]..s.offsets[v + 1]];
         ensure!(eids.windows(2).all(|w| w[1] == w[0] + 1), "{case}: node {v}'s edge ids {eids:?} are not consecutive");
     }
@@ -264,13 +264,13 @@ fn draw(g: &CsrGraph, world: &Comm, node: i64, k: usize, seeds: u64, weighted: b
             ensure!(s.neighbors.is_empty(), "samples for no centers");
             continue;
         }
-        let got = s.of(0).to_vec();
-        ensure!(got.len() == k, "seed {seed}: {} samples, fanout {k}", got.len());
-        ensure!(got.windows(2).all(|w| w[0] < w[1]), "seed {seed}: repeats or out of order: {got:?}");
+        let drawn = s.of(0).to_vec();
+        ensure!(drawn.len() == k, "seed {seed}: {} samples, fanout {k}", drawn.len());
+        ensure!(drawn.windows(2).all(|w| w[0] < w[1]), "seed {seed}: repeats or out of order: {drawn:?}");
         if let Some(n) = &neighbours {
-            ensure!(got.iter().all(|x| n.contains(x)), "seed {seed}: {got:?} are not all neighbours of {node} ({n:?})");
+            ensure!(drawn.iter().all(|x| n.contains(x)), "seed {seed}: {drawn:?} are not all neighbours of {node} ({n:?})");
         }
-        *counts.entry(got).or_insert(0) += 1;
+        *counts.entry(drawn).or_insert(0) += 1;
     }
     Ok(counts)
 }
@@ -580,8 +580,11 @@ fn fanout_property(world: &Comm, loc: Location) -> Result<()> {
             ensure!(eids.iter().all(|e| (start..end).contains(e)), "sample_in_memory: edges {eids:?} are not {v}'s {start}..{end}");
         }
         for (name, g) in &graphs {
-            let got = sample(g, &centers, &req).with_context(|| format!("{name}: fanout {fanout}, weighted {weighted}"))?;
-            ensure!(got == want, "{name}: fanout {fanout}, weighted {weighted}, centers {centers:?}: {got:?}, sample_in_memory {want:?}");
+            let drawn = sample(g, &centers, &req).with_context(|| format!("{name}: fanout {fanout}, weighted {weighted}"))?;
+            ensure!(
+                drawn == want,
+                "{name}: fanout {fanout}, weighted {weighted}, centers {centers:?}: {drawn:?}, sample_in_memory {want:?}"
+            );
         }
         Ok(())
     };

@@ -384,8 +384,8 @@ fn round_trip(world: &Comm, dir: &Path, loc: Location) -> Result<()> {
 
         // Back into tables of other partitions.
         let reversed: Vec<usize> = store_part.iter().rev().copied().collect();
-        for (pname, part) in [("even", None), ("reversed", Some(reversed))] {
-            let mut back = WholeTensor::<f32>::matrix(world, ty, loc, rows, 5, part.as_deref())?;
+        for (pname, partition) in [("even", None), ("reversed", Some(reversed))] {
+            let mut back = WholeTensor::<f32>::matrix(world, ty, loc, rows, 5, partition.as_deref())?;
             back.load(&ShardSet::npy_dir(&npy_dir)).context(format!("{what}: npy into {pname}"))?;
             check_local(&back, &format!("{what}: npy into {pname}"), me)?;
             let zeros = vec![0u8; back.local_rows().len() * back.memory().granularity()];

@@ -137,10 +137,10 @@ fn get(d: DType, b: &[u8]) -> f64 {
 /// converted to `out` (the half crate rounds, ints cast).
 fn expected(row: usize, cols: usize, epoch: u64, table: DType, out: DType) -> Vec<u8> {
     let mut b = vec![0u8; cols * out.size()];
-    let mut tmp = [0u8; 8];
+    let mut stored = [0u8; 8];
     for c in 0..cols {
-        put(table, &mut tmp[..table.size()], value(row, c, epoch));
-        put(out, &mut b[c * out.size()..][..out.size()], get(table, &tmp[..table.size()]));
+        put(table, &mut stored[..table.size()], value(row, c, epoch));
+        put(out, &mut b[c * out.size()..][..out.size()], get(table, &stored[..table.size()]));
     }
     b
 }
@@ -171,8 +171,8 @@ fn verify(out: &[u8], ids: &[usize], cols: usize, epoch: u64, table: DType, out_
     Ok(())
 }
 
-fn allocate(world: &Comm, ty: MemoryType, rows: usize, cols: usize, dtype: DType, part: Option<Vec<usize>>) -> Result<WholeMemory> {
-    allocate_at(world, ty, Location::Host, rows, cols, dtype, part)
+fn allocate(world: &Comm, ty: MemoryType, rows: usize, cols: usize, dtype: DType, partition: Option<Vec<usize>>) -> Result<WholeMemory> {
+    allocate_at(world, ty, Location::Host, rows, cols, dtype, partition)
 }
 
 fn allocate_at(
@@ -182,10 +182,10 @@ fn allocate_at(
     rows: usize,
     cols: usize,
     dtype: DType,
-    part: Option<Vec<usize>>,
+    partition: Option<Vec<usize>>,
 ) -> Result<WholeMemory> {
     let g = cols * dtype.size();
-    let req = AllocRequest { ty, loc, total: rows * g, granularity: g, partition: part };
+    let req = AllocRequest { ty, loc, total: rows * g, granularity: g, partition };
     Ok(WholeMemory::allocate(world, &req)?)
 }
 
@@ -225,7 +225,7 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
             let rows = 300 + rng.below(900) as usize;
             // A partition in which rank 1 (every other case) and sometimes
             // the last rank own nothing.
-            let part: Option<Vec<usize>> = (n > 1).then(|| {
+            let partition: Option<Vec<usize>> = (n > 1).then(|| {
                 let mut p = vec![0usize; n];
                 for _ in 0..rows {
                     let r = rng.below(n as u64) as usize;
@@ -233,8 +233,8 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
                 }
                 p
             });
-            let ctx = format!("{ty} {dtype}x{cols} rows={rows} partition={part:?} method={forced:?}");
-            let mut mem = allocate(world, ty, rows, cols, dtype, part).context(ctx.clone())?;
+            let ctx = format!("{ty} {dtype}x{cols} rows={rows} partition={partition:?} method={forced:?}");
+            let mut mem = allocate(world, ty, rows, cols, dtype, partition).context(ctx.clone())?;
             fill(&mut mem, cols, dtype, 1)?;
             let name = format!("reads-{case}");
             let table = Table::new(&mem, &name, dtype, &opts).context(ctx.clone())?;
@@ -408,14 +408,14 @@ fn mirror(world: &Comm, loc: Option<&str>, forced: Option<Method>) -> Result<()>
         }
         let rows = 200 + rng.below(400) as usize;
         // Rank 1 owns nothing.
-        let part: Option<Vec<usize>> = (n > 1).then(|| {
+        let partition: Option<Vec<usize>> = (n > 1).then(|| {
             let mut p = vec![rows / (n - 1); n];
             p[1] = 0;
             p[0] += rows - rows / (n - 1) * (n - 1);
             p
         });
-        let ctx = format!("mirror of {what} rows={rows} partition={part:?} method={forced:?}");
-        let mut mem = allocate_at(world, ty, loc, rows, cols, DType::F32, part.clone()).context(ctx.clone())?;
+        let ctx = format!("mirror of {what} rows={rows} partition={partition:?} method={forced:?}");
+        let mut mem = allocate_at(world, ty, loc, rows, cols, DType::F32, partition.clone()).context(ctx.clone())?;
         fill(&mut mem, cols, DType::F32, 1)?;
         let name = format!("mirror-{ty}");
         let table = Table::new(&mem, &name, DType::F32, &opts).context(ctx.clone())?;
@@ -888,11 +888,11 @@ fn impostor(rest: &[String]) -> Result<()> {
         r#"{{"version":2,"name":"{IMPOSTOR}","id":7,"rows":{IMPOSTOR_ROWS},"row_bytes":{row_bytes},"dtype":"f32","cols":{IMPOSTOR_COLS},"memory_type":"distributed","location":"host","counts":[{IMPOSTOR_ROWS}],"epoch":1,"owners":[{{"rank":0,"node_id":"impostor-node","hostname":"impostor","node_overridden":true,"unix_name":"wholemem.onesided.impostor","tcp_addr":"127.0.0.1:{port}","nonce":{nonce},"pieces":[{}],"offset":0,"fabric":null}}]}}"#,
         IMPOSTOR_ROWS * row_bytes
     );
-    let tmp = Path::new(dir).join(".impostor.tmp");
+    let stored = Path::new(dir).join(".impostor.stored");
     // Signed with the job's key: this impostor holds it (the tests are
     // about what a key holder's server can do to a reader).
-    std::fs::write(&tmp, key.sign_record(wm_comm::trust::RecordKind::Table, record.as_bytes()))?;
-    std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
+    std::fs::write(&stored, key.sign_record(wm_comm::trust::RecordKind::Table, record.as_bytes()))?;
+    std::fs::rename(&stored, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
     listener.set_nonblocking(true)?;
     let accept = || -> Result<Sealed<TcpStream>> {
         let start = Instant::now();
@@ -1083,9 +1083,9 @@ fn relay(rest: &[String]) -> Result<()> {
     record["owners"][0]["tcp_addr"] = listener.local_addr()?.to_string().into();
     record["owners"][0]["node_id"] = "the-relay's-node".into();
     record["owners"][0]["unix_name"] = "wholemem.onesided.relay-none".into();
-    let tmp = rdv.join(".relayed.tmp");
-    std::fs::write(&tmp, record_key.sign_record(wm_comm::trust::RecordKind::Table, &serde_json::to_vec(&record)?))?;
-    std::fs::rename(&tmp, rdv.join(format!("onesided-{relayed}.json")))?;
+    let stored = rdv.join(".relayed.stored");
+    std::fs::write(&stored, record_key.sign_record(wm_comm::trust::RecordKind::Table, &serde_json::to_vec(&record)?))?;
+    std::fs::rename(&stored, rdv.join(format!("onesided-{relayed}.json")))?;
     listener.set_nonblocking(true)?;
     // What one answer of RELAY_ROWS rows is on the wire: a record of its
     // header and rows.
