@@ -275,35 +275,56 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let wrong_total: f64 = per_rank.iter().map(|r| r[a.iters + 1]).sum::<f64>() + base_wrong as f64;
     let verified = wrong_total == 0.0;
     let threads: Vec<usize> = per_rank.iter().map(|r| r[a.iters + 2] as usize).collect();
-    let s = Spread::of(&gbps);
-    if a.json {
-        let j = serde_json::json!({
-            "op": "load", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
-            "rows": rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "format": if a.format == Format::Npy { "npy" } else { "raw" },
-            "shards": counts.len(), "shard_rows": counts, "threads_per_rank": threads, "iters": a.iters,
-            "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": base, "ratio": ratio, "verified": verified,
-            "dir": dir.display().to_string(),
-        });
-        report::json_line(&j);
-    } else {
-        println!(
-            "load {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB) from {} {} shards of {:?} rows, {} timed",
-            a.location,
-            a.ty,
-            a.shape.dim,
-            a.shape.dtype,
-            table_bytes / (1u64 << 30) as f64,
-            counts.len(),
-            if a.format == Format::Npy { "NPY" } else { "raw" },
-            counts,
-            a.iters
-        );
-        println!("  threads per rank {threads:?}");
-        Speeds { per_rank: s, total, baseline: base, ratio }
-            .print("one process reading the files in order with plain reads into one buffer", "all ranks / baseline");
-        report::print_verified(wrong_total);
-    }
+    let speeds = Speeds { per_rank: Spread::of(&gbps), total, baseline: base, ratio };
+    LoadReport { ranks: n, nodes, rows, counts: &counts, threads, speeds, wrong_total, dir: &dir }.print(a);
     Ok(if verified { 0 } else { 3 })
+}
+
+/// What rank 0 reports of a load run.
+struct LoadReport<'a> {
+    ranks: usize,
+    nodes: usize,
+    rows: usize,
+    /// Rows per shard.
+    counts: &'a [usize],
+    threads: Vec<usize>,
+    speeds: Speeds,
+    wrong_total: f64,
+    dir: &'a Path,
+}
+
+impl LoadReport<'_> {
+    /// As one JSON line with `--json`, else as text.
+    fn print(&self, a: &LoadArgs) {
+        let (n, nodes, rows, counts, threads) = (self.ranks, self.nodes, self.rows, self.counts, &self.threads);
+        let (s, total, base, ratio) = (self.speeds.per_rank, self.speeds.total, self.speeds.baseline, self.speeds.ratio);
+        if a.json {
+            let j = serde_json::json!({
+                "op": "load", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
+                "rows": rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "format": if a.format == Format::Npy { "npy" } else { "raw" },
+                "shards": counts.len(), "shard_rows": counts, "threads_per_rank": threads, "iters": a.iters,
+                "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": base, "ratio": ratio, "verified": self.wrong_total == 0.0,
+                "dir": self.dir.display().to_string(),
+            });
+            report::json_line(&j);
+        } else {
+            println!(
+                "load {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB) from {} {} shards of {:?} rows, {} timed",
+                a.location,
+                a.ty,
+                a.shape.dim,
+                a.shape.dtype,
+                (rows * a.shape.row_bytes()) as f64 / (1u64 << 30) as f64,
+                counts.len(),
+                if a.format == Format::Npy { "NPY" } else { "raw" },
+                counts,
+                a.iters
+            );
+            println!("  threads per rank {threads:?}");
+            self.speeds.print("one process reading the files in order with plain reads into one buffer", "all ranks / baseline");
+            report::print_verified(self.wrong_total);
+        }
+    }
 }
 
 /// The same files read by one process, in order, with plain reads into one

@@ -195,13 +195,10 @@ fn sample_hops(graph: &CsrGraph, mut centers: Vec<i64>, a: &SampleArgs) -> Resul
     Ok(hops)
 }
 
-/// The benchmark proper, on every rank.
-///
-/// # Errors
-/// A failed build or sampling call, a lost peer.
-pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
+/// The graph in wholemem tables, built from this rank's share of the
+/// edges (edge i is rank i % ranks'). Collective.
+fn build_graph(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<CsrGraph> {
     let (me, n) = (world.rank(), world.size());
-    let t = Instant::now();
     let (mut src, mut dst, mut w) = (Vec::new(), Vec::new(), Vec::new());
     for i in (me..a.edges).step_by(n) {
         let (s, d, x) = edge(a.seed, i, a.nodes);
@@ -211,8 +208,17 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
     }
     let opts = BuildOptions::new(a.nodes, a.ty, a.location).id_type(a.ids);
     let list = if a.weighted { EdgeList::weighted(&src, &dst, &w) } else { EdgeList::new(&src, &dst) };
-    let graph = wm_graph::build(world, &opts, list)?;
-    drop((src, dst, w));
+    Ok(wm_graph::build(world, &opts, list)?)
+}
+
+/// The benchmark proper, on every rank.
+///
+/// # Errors
+/// A failed build or sampling call, a lost peer.
+pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let t = Instant::now();
+    let graph = build_graph(world, a)?;
     let private = Private::build(a);
     ensure!(private.col.len() == graph.edges(), "the private graph has {} edges, wholemem's {}", private.col.len(), graph.edges());
     let built = t.elapsed().as_secs_f64();
