@@ -29,12 +29,11 @@ use wm_embedding::{Embedding, EmbeddingElement};
 use wm_gather::cache::{CacheStats, NodeCache};
 use wm_gather::{DType, Ids, RowLayout};
 
-use crate::gather::{Baseline, MoveArgs, Op, batch_ids};
+use crate::baseline::Baseline;
 use crate::ids::IdDist;
+use crate::moves::{Ageing, DEFAULT_TABLE_BYTES, MoveArgs, Op, batch_ids};
 use crate::report::{self, CacheFigures, Spread};
 use crate::values;
-
-const DEFAULT_TABLE_BYTES: usize = 2 << 30;
 
 /// Checks the options of a cached (or embedding) run before any rank
 /// starts, so a bad ratio is one clear error.
@@ -58,42 +57,14 @@ pub(crate) fn check(a: &MoveArgs) -> Result<()> {
     }
     ensure!(a.location == Location::Host && !a.device_out(), "--cache-ratio and --embedding gather host tables into host memory");
     if a.embedding {
-        ensure!(matches!(a.dtype, DType::F32 | DType::F16 | DType::Bf16), "--embedding: embeddings are f32, f16 or bf16, not {}", a.dtype);
+        ensure!(
+            matches!(a.shape.dtype, DType::F32 | DType::F16 | DType::Bf16),
+            "--embedding: embeddings are f32, f16 or bf16, not {}",
+            a.shape.dtype
+        );
         ensure!(a.out_dtype.is_none_or(|d| d == DType::F32), "--embedding gathers into f32");
     }
     Ok(())
-}
-
-/// `--cache-ageing`: how fast a node cache's counts fade.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) enum Ageing {
-    /// Pure LFU: counts only grow.
-    Off,
-    /// Counts halved after this many accesses per slot.
-    Every(f64),
-}
-
-impl std::str::FromStr for Ageing {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        if s == "off" {
-            return Ok(Self::Off);
-        }
-        match s.parse::<f64>() {
-            Ok(f) if f.is_finite() && f > 0.0 => Ok(Self::Every(f)),
-            _ => Err(format!("{s:?}: expected off, or a positive number of accesses per slot between halvings (e.g. 1)")),
-        }
-    }
-}
-
-impl std::fmt::Display for Ageing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Off => f.write_str("off"),
-            Self::Every(x) => write!(f, "{x}"),
-        }
-    }
 }
 
 /// The path under test, and the plain gather of the same table.
@@ -176,8 +147,8 @@ impl<T: EmbeddingElement> Path for EmbeddingPath<T> {
 }
 
 fn embedding_path<T: EmbeddingElement>(world: &Arc<dyn Communicator>, a: &MoveArgs, rows: usize) -> Result<Box<dyn Path>> {
-    let mut emb = Embedding::<T>::allocate(world, a.ty, a.location, rows, a.dim, None, None)?;
-    values::fill(emb.table_mut().memory_mut(), a.dim, a.dtype)?;
+    let mut emb = Embedding::<T>::allocate(world, a.ty, a.location, rows, a.shape.dim, None, None)?;
+    values::fill(emb.table_mut().memory_mut(), a.shape.dim, a.shape.dtype)?;
     world.barrier()?;
     if let Some(r) = a.cache_ratio {
         emb.enable_node_cache(r)?;
@@ -193,8 +164,8 @@ fn best_static(local: &dyn Communicator, counts: &HashMap<u64, u64>, capacity: u
     let mine: Vec<u64> = counts.iter().flat_map(|(&id, &c)| [id, c]).collect();
     let all = local.allgatherv_pod(&mine)?;
     let mut merged: HashMap<u64, u64> = HashMap::new();
-    for part in &all {
-        for pair in part.chunks_exact(2) {
+    for rank_counts in &all {
+        for pair in rank_counts.chunks_exact(2) {
             *merged.entry(pair[0]).or_default() += pair[1];
         }
     }
@@ -230,170 +201,276 @@ fn likeliest(dist: IdDist, rows: usize, capacity: usize, phase: u64, remote: imp
     held
 }
 
-/// The cached run, on every rank.
+/// The cached run, on every rank: the path under test, the batches through
+/// it and through the plain gather, every rank's figures, rank 0's report.
 ///
 /// # Errors
 /// Bad options, an unsupported table, a failed gather, a lost peer.
 pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> {
     let (me, n) = (world.rank(), world.size());
-    let out_dt = a.out_dtype.unwrap_or(if a.embedding { DType::F32 } else { a.dtype });
-    let row_bytes = a.dim * a.dtype.size();
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
-    ensure!(rows > 0, "--rows must be positive");
+    let out_dt = a.out_dtype.unwrap_or(if a.embedding { DType::F32 } else { a.shape.dtype });
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
         bail!("{} {} memory on {n} ranks: {reason}", a.location, a.ty);
     }
-    let layout = RowLayout::new(a.dtype, a.dim, 0)?;
-    let mut path: Box<dyn Path> = match (a.embedding, a.dtype) {
-        (true, DType::F32) => embedding_path::<f32>(world, a, rows)?,
-        (true, DType::F16) => embedding_path::<half::f16>(world, a, rows)?,
-        (true, DType::Bf16) => embedding_path::<half::bf16>(world, a, rows)?,
-        (true, other) => bail!("--embedding: embeddings are f32, f16 or bf16, not {other}"),
-        (false, _) => {
-            let ratio = a.cache_ratio.unwrap_or(1.0);
-            let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
-            let mut mem = WholeMemory::allocate(world, &req)?;
-            values::fill(&mut mem, a.dim, a.dtype)?;
-            world.barrier()?;
-            let mut cache = NodeCache::new(&mem, &layout, ratio)?;
-            match a.cache_ageing {
-                None => {}
-                Some(Ageing::Off) => cache.set_ageing(None)?,
-                Some(Ageing::Every(f)) => cache.set_ageing(Some(f))?,
-            }
-            cache.set_bypass(a.cache_bypass.mode());
-            Box::new(TablePath { mem, cache })
-        }
-    };
+    let run = Run { a, rows, out_dt, layout: RowLayout::new(a.shape.dtype, a.shape.dim, 0)? };
+    let mut path = run.open_path(world)?;
     let placement = wm_topology::NodeLayout::of(world.nodes());
-    let node_of = |r: usize| placement.node[r];
     let p = path.mem().partition().clone();
-    let remote = |id: i64| node_of(p.owner(id as usize)) != node_of(me);
-
-    let buf_row = a.dim * out_dt.size();
-    let mut buf = vec![0u8; a.batch * buf_row];
-    let mut expect = vec![0u8; buf_row];
-    let progress = me == 0 && std::io::stderr().is_terminal();
+    let remote = |id: i64| placement.node[p.owner(id as usize)] != placement.node[me];
     let mut base = if me == 0 { Some(Baseline::new(Op::Gather, a, rows, out_dt)) } else { None };
-    let (mut secs_test, mut secs_plain) = (0.0f64, 0.0f64);
-    let mut wrong = 0u64;
-    let mut counts: HashMap<u64, u64> = HashMap::new();
-    let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
-    let mut first_seen = 0u64;
-    let mut before = CacheStats::default();
-    let mut profile = wm_gather::profile::Profile::default();
-    world.barrier()?;
-    for b in 0..a.warmup + a.iters {
-        let timed = b >= a.warmup;
-        if b == a.warmup {
-            before = path.cache().map(|c| c.0).unwrap_or_default();
-        }
-        let ids = batch_ids(a, rows, me, b);
-        // Alternate which goes first, so neither always finds the other's
-        // traffic in the caches of the machine.
-        for k in 0..if timed { 2 } else { 1 } {
-            let test_turn = !timed || (k == 0) == (b % 2 == 0);
-            world.barrier()?;
-            let dt = if test_turn {
-                // Only the cached path's calls are profiled.
-                if timed && a.profile {
-                    wm_gather::profile::record();
-                }
-                let dt = path.timed(&ids, &mut buf, out_dt)?;
-                if timed && a.profile {
-                    profile.merge(&wm_gather::profile::take());
-                }
-                dt
-            } else {
-                let t0 = Instant::now();
-                wm_gather::gather(path.mem(), &layout, Ids::I64(&ids), &mut buf, out_dt)?;
-                t0.elapsed().as_secs_f64()
-            };
-            if timed {
-                if test_turn {
-                    secs_test += dt;
-                } else {
-                    secs_plain += dt;
-                }
-            }
-            for (i, &id) in ids.iter().enumerate() {
-                values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
-                wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
-            }
-        }
-        for &id in ids.iter().filter(|&&id| remote(id)) {
-            let new = seen.insert(id as u64);
-            if timed {
-                *counts.entry(id as u64).or_default() += 1;
-                first_seen += u64::from(new);
-            }
-        }
-        world.barrier()?;
-        if let Some(base) = &mut base {
-            base.batch(&ids, timed);
-        }
-        if progress {
-            eprint!("\rgather batch {}/{}", b + 1, a.warmup + a.iters);
-        }
-    }
-    if progress {
-        eprintln!();
-    }
+    let seen = run.batches(world.as_ref(), path.as_mut(), base.as_mut(), &remote)?;
 
-    let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &profile)?) } else { None };
-    // The node's hit rate over the timed batches, and the best static
-    // choice's for the same ids.
+    let phases = if a.profile { Some(report::Phases::gather(world.as_ref(), &seen.profile)?) } else { None };
     let cache = path.cache();
     let bypassed = path.bypassed();
-    let window = cache.map(|c| c.0.since(&before)).unwrap_or_default();
-    let local = world.local();
-    // The static choice by the distribution's own probabilities (with
-    // --id-drift: the hot set of the first timed batch).
-    let held = likeliest(a.id_dist, rows, cache.map_or(0, |c| c.1), a.phase(a.warmup), remote);
-    let true_hits: u64 = counts.iter().filter(|(id, _)| held[**id as usize]).map(|(_, c)| c).sum();
-    let true_node = local.allgather_pod(&[true_hits])?.iter().sum::<u64>();
-    let node = local.allgather_pod(&[window.lookups, window.hits])?;
-    let (node_lookups, node_hits) = node.chunks(2).fold((0, 0), |(l, h), c| (l + c[0], h + c[1]));
-    let capacity = cache.map_or(0, |c| c.1);
-    let (best_hits, best_total) = best_static(local.as_ref(), &counts, capacity)?;
-    let rate = |h: u64, t: u64| if t == 0 { 0.0 } else { h as f64 / t as f64 };
-    let bytes = (a.iters * a.batch * buf_row) as f64;
-    let gbps = |s: f64| bytes / s.max(1e-12) / 1e9;
-    let totals = cache.map(|c| c.0).unwrap_or_default();
-    let mine = [
-        gbps(secs_test),
-        gbps(secs_plain),
-        wrong as f64,
-        rate(node_hits, node_lookups),
-        rate(best_hits, best_total),
-        totals.lookups as f64,
-        totals.hits as f64,
-        totals.fills as f64,
-        totals.evictions as f64,
-        totals.writebacks as f64,
-        secs_test,
-        secs_plain,
-        rate(first_seen, counts.values().sum()),
-        rate(true_node, best_total),
-    ];
+    let mine = run.rank_figures(world.as_ref(), &seen, cache, &remote)?;
     let all = world.allgather_pod(&mine)?;
     let baseline = base.as_ref().map_or(0.0, Baseline::gbps);
     drop(base);
-    let remote_rows = cache.map_or(0, |c| c.2);
     path.free()?;
 
-    let col = |i: usize| -> Vec<f64> { all.chunks(mine.len()).map(|c| c[i]).collect() };
-    let wrong_total: f64 = col(2).iter().sum();
+    let wrong_total: f64 = all.chunks(mine.len()).map(|c| c[2]).sum();
     let verified = wrong_total == 0.0;
     if me == 0 {
+        let figures = run.cache_figures(&all, mine.len(), &placement, cache, baseline);
+        let nodes = placement.nodes;
+        if a.json {
+            run.print_json(&figures, n, nodes, verified, bypassed, phases.as_ref());
+        } else {
+            run.print_text(&figures, n, nodes, bypassed, wrong_total, phases.as_ref());
+        }
+    }
+    Ok(if verified { 0 } else { 3 })
+}
+
+/// What every phase of a cached run shares.
+struct Run<'a> {
+    a: &'a MoveArgs,
+    rows: usize,
+    /// The output's element type.
+    out_dt: DType,
+    layout: RowLayout,
+}
+
+/// What the batches saw on one rank.
+struct Seen {
+    /// Seconds of the timed calls of the path under test, and of the plain
+    /// gather.
+    secs_test: f64,
+    secs_plain: f64,
+    /// Rows that came out wrong, by either.
+    wrong: u64,
+    /// How often the timed batches asked for each remote row.
+    counts: HashMap<u64, u64>,
+    /// Timed lookups of a remote row this rank had not asked for before.
+    first_seen: u64,
+    /// The cache's statistics when the timed batches began.
+    before: CacheStats,
+    /// The path under test's timed calls (`--profile`).
+    profile: wm_gather::profile::Profile,
+}
+
+impl Run<'_> {
+    /// Allocates and fills the table, behind the path under test. Collective.
+    fn open_path(&self, world: &Arc<dyn Communicator>) -> Result<Box<dyn Path>> {
+        let (a, rows) = (self.a, self.rows);
+        Ok(match (a.embedding, a.shape.dtype) {
+            (true, DType::F32) => embedding_path::<f32>(world, a, rows)?,
+            (true, DType::F16) => embedding_path::<half::f16>(world, a, rows)?,
+            (true, DType::Bf16) => embedding_path::<half::bf16>(world, a, rows)?,
+            (true, other) => bail!("--embedding: embeddings are f32, f16 or bf16, not {other}"),
+            (false, _) => {
+                let ratio = a.cache_ratio.unwrap_or(1.0);
+                let row_bytes = a.shape.row_bytes();
+                let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
+                let mut mem = WholeMemory::allocate(world, &req)?;
+                values::fill(&mut mem, a.shape.dim, a.shape.dtype)?;
+                world.barrier()?;
+                let mut cache = NodeCache::new(&mem, &self.layout, ratio)?;
+                match a.cache_ageing {
+                    None => {}
+                    Some(Ageing::Off) => cache.set_ageing(None)?,
+                    Some(Ageing::Every(f)) => cache.set_ageing(Some(f))?,
+                }
+                cache.set_bypass(a.cache_bypass.mode());
+                Box::new(TablePath { mem, cache })
+            }
+        })
+    }
+
+    /// The warm-up batches through the path under test, then each timed
+    /// batch through it and through the plain gather, both checked, and the
+    /// baseline's. Collective.
+    fn batches(
+        &self,
+        world: &dyn Communicator,
+        path: &mut dyn Path,
+        mut base: Option<&mut Baseline>,
+        remote: &dyn Fn(i64) -> bool,
+    ) -> Result<Seen> {
+        let (a, out_dt) = (self.a, self.out_dt);
+        let buf_row = a.shape.dim * out_dt.size();
+        let mut buf = vec![0u8; a.batches.batch * buf_row];
+        let mut expect = vec![0u8; buf_row];
+        let progress = world.rank() == 0 && std::io::stderr().is_terminal();
+        let mut s = Seen {
+            secs_test: 0.0,
+            secs_plain: 0.0,
+            wrong: 0,
+            counts: HashMap::new(),
+            first_seen: 0,
+            before: CacheStats::default(),
+            profile: wm_gather::profile::Profile::default(),
+        };
+        let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
+        world.barrier()?;
+        for b in 0..a.batches.warmup + a.batches.iters {
+            let timed = b >= a.batches.warmup;
+            if b == a.batches.warmup {
+                s.before = path.cache().map(|c| c.0).unwrap_or_default();
+            }
+            let ids = batch_ids(a, self.rows, world.rank(), b);
+            // Alternate which goes first, so neither always finds the other's
+            // traffic in the caches of the machine.
+            for k in 0..if timed { 2 } else { 1 } {
+                let test_turn = !timed || (k == 0) == (b % 2 == 0);
+                world.barrier()?;
+                let dt = if test_turn {
+                    self.test_call(path, &ids, &mut buf, timed, &mut s.profile)?
+                } else {
+                    self.plain_call(path, &ids, &mut buf)?
+                };
+                if timed {
+                    if test_turn {
+                        s.secs_test += dt;
+                    } else {
+                        s.secs_plain += dt;
+                    }
+                }
+                for (i, &id) in ids.iter().enumerate() {
+                    values::row(id as usize, a.shape.dim, a.shape.dtype, out_dt, &mut expect);
+                    s.wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
+                }
+            }
+            for &id in ids.iter().filter(|&&id| remote(id)) {
+                let new = seen.insert(id as u64);
+                if timed {
+                    *s.counts.entry(id as u64).or_default() += 1;
+                    s.first_seen += u64::from(new);
+                }
+            }
+            world.barrier()?;
+            if let Some(base) = base.as_deref_mut() {
+                base.batch(&ids, timed);
+            }
+            if progress {
+                eprint!("\rgather batch {}/{}", b + 1, a.batches.warmup + a.batches.iters);
+            }
+        }
+        if progress {
+            eprintln!();
+        }
+        Ok(s)
+    }
+
+    /// One call of the path under test (only its timed calls profiled).
+    /// Seconds.
+    fn test_call(
+        &self,
+        path: &mut dyn Path,
+        ids: &[i64],
+        buf: &mut [u8],
+        timed: bool,
+        profile: &mut wm_gather::profile::Profile,
+    ) -> Result<f64> {
+        if timed && self.a.profile {
+            wm_gather::profile::record();
+        }
+        let dt = path.timed(ids, buf, self.out_dt)?;
+        if timed && self.a.profile {
+            profile.merge(&wm_gather::profile::take());
+        }
+        Ok(dt)
+    }
+
+    /// One plain uncached gather of the same table. Seconds.
+    fn plain_call(&self, path: &dyn Path, ids: &[i64], buf: &mut [u8]) -> Result<f64> {
+        let t0 = Instant::now();
+        wm_gather::gather(path.mem(), &self.layout, Ids::I64(ids), buf, self.out_dt)?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+
+    /// This rank's figures, in the order `cache_figures` reads them: the
+    /// node's hit rate over the timed batches and the best static choice's
+    /// for the same ids. Collective over each node's ranks.
+    fn rank_figures(
+        &self,
+        world: &dyn Communicator,
+        s: &Seen,
+        cache: Option<(CacheStats, usize, usize)>,
+        remote: &dyn Fn(i64) -> bool,
+    ) -> Result<[f64; 14]> {
+        let a = self.a;
+        let window = cache.map(|c| c.0.since(&s.before)).unwrap_or_default();
+        let local = world.local();
+        // The static choice by the distribution's own probabilities (with
+        // --id-drift: the hot set of the first timed batch).
+        let held = likeliest(a.id_dist, self.rows, cache.map_or(0, |c| c.1), a.phase(a.batches.warmup), remote);
+        let true_hits: u64 = s.counts.iter().filter(|(id, _)| held[**id as usize]).map(|(_, c)| c).sum();
+        let true_node = local.allgather_pod(&[true_hits])?.iter().sum::<u64>();
+        let node = local.allgather_pod(&[window.lookups, window.hits])?;
+        let (node_lookups, node_hits) = node.chunks(2).fold((0, 0), |(l, h), c| (l + c[0], h + c[1]));
+        let capacity = cache.map_or(0, |c| c.1);
+        let (best_hits, best_total) = best_static(local.as_ref(), &s.counts, capacity)?;
+        let rate = |h: u64, t: u64| if t == 0 { 0.0 } else { h as f64 / t as f64 };
+        let gbps = |secs: f64| self.bytes() / secs.max(1e-12) / 1e9;
+        let totals = cache.map(|c| c.0).unwrap_or_default();
+        Ok([
+            gbps(s.secs_test),
+            gbps(s.secs_plain),
+            s.wrong as f64,
+            rate(node_hits, node_lookups),
+            rate(best_hits, best_total),
+            totals.lookups as f64,
+            totals.hits as f64,
+            totals.fills as f64,
+            totals.evictions as f64,
+            totals.writebacks as f64,
+            s.secs_test,
+            s.secs_plain,
+            rate(s.first_seen, s.counts.values().sum()),
+            rate(true_node, best_total),
+        ])
+    }
+
+    /// Bytes of output of a rank's timed batches.
+    fn bytes(&self) -> f64 {
+        (self.a.batches.iters * self.a.batches.batch * self.a.shape.dim * self.out_dt.size()) as f64
+    }
+
+    /// Every rank's figures (`all`, `width` of them a rank) as rank 0
+    /// reports them.
+    fn cache_figures(
+        &self,
+        all: &[f64],
+        width: usize,
+        placement: &wm_topology::NodeLayout,
+        cache: Option<(CacheStats, usize, usize)>,
+        baseline: f64,
+    ) -> CacheFigures {
+        let a = self.a;
+        let n = all.len() / width;
+        let bytes = self.bytes();
+        let col = |i: usize| -> Vec<f64> { all.chunks(width).map(|c| c[i]).collect() };
         let (test, plain) = (Spread::of(&col(0)), Spread::of(&col(1)));
         let slowest = |i: usize| col(i).into_iter().fold(0.0f64, f64::max);
         let per_node = |v: &[f64]| -> f64 { v.iter().enumerate().filter(|(r, _)| placement.local[*r] == 0).map(|(_, x)| x).sum() };
-        let figures = CacheFigures {
+        CacheFigures {
             path: if a.embedding { "embedding" } else { "table" },
             ratio: a.cache_ratio,
-            capacity,
-            remote_rows,
+            capacity: cache.map_or(0, |c| c.1),
+            remote_rows: cache.map_or(0, |c| c.2),
             test,
             test_total: bytes * n as f64 / slowest(10).max(1e-12) / 1e9,
             uncached: plain,
@@ -414,55 +491,77 @@ pub(crate) fn bench(world: &Arc<dyn Communicator>, a: &MoveArgs) -> Result<i32> 
                 evictions: per_node(&col(8)) as u64,
                 writebacks: col(9).iter().sum::<f64>() as u64,
             },
-        };
-        let nodes = placement.nodes;
-        if a.json {
-            let mut j = serde_json::json!({
-                "op": "gather", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
-                "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(), "batch": a.batch,
-                "iters": a.iters, "warmup": a.warmup, "id_dist": a.id_dist.to_string(), "verified": verified,
-            });
-            if let Some(n) = a.id_drift {
-                j["id_drift"] = n.into();
-            }
-            if let Some(g) = a.cache_ageing {
-                j["cache_ageing"] = g.to_string().into();
-            }
-            if let Some(b) = bypassed {
-                j["cache_bypassed_calls"] = b.into();
-            }
-            figures.extend_json(&mut j);
-            if let Some(p) = &phases {
-                j["profile"] = p.json();
-            }
-            report::json_line(&j);
-        } else {
-            println!(
-                "gather host {} memory through the {} path: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB), batches of {} {} ids{} -> {}, {} timed after {} warm-up{}",
-                a.ty,
-                figures.path,
-                a.dim,
-                a.dtype,
-                (rows * row_bytes) as f64 / (1u64 << 30) as f64,
-                a.batch,
-                a.id_dist,
-                a.id_drift.map(|n| format!(" (hot set moved every {n} batches)")).unwrap_or_default(),
-                out_dt,
-                a.iters,
-                a.warmup,
-                a.cache_ageing.map(|g| format!(", cache ageing {g}")).unwrap_or_default()
-            );
-            figures.print();
-            if let Some(b) = bypassed {
-                println!("cache bypassed (uncached path taken) in {b} of {} cached calls", a.warmup + a.iters);
-            }
-            report::print_verified(wrong_total);
-            if let Some(p) = &phases {
-                p.print();
-            }
         }
     }
-    Ok(if verified { 0 } else { 3 })
+
+    /// The report as one JSON line.
+    fn print_json(
+        &self,
+        figures: &CacheFigures,
+        n: usize,
+        nodes: usize,
+        verified: bool,
+        bypassed: Option<u64>,
+        phases: Option<&report::Phases>,
+    ) {
+        let a = self.a;
+        let mut j = serde_json::json!({
+            "op": "gather", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
+            "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": self.out_dt.name(), "batch": a.batches.batch,
+            "iters": a.batches.iters, "warmup": a.batches.warmup, "id_dist": a.id_dist.to_string(), "verified": verified,
+        });
+        if let Some(n) = a.id_drift {
+            j["id_drift"] = n.into();
+        }
+        if let Some(g) = a.cache_ageing {
+            j["cache_ageing"] = g.to_string().into();
+        }
+        if let Some(b) = bypassed {
+            j["cache_bypassed_calls"] = b.into();
+        }
+        figures.extend_json(&mut j);
+        if let Some(p) = phases {
+            j["profile"] = p.json();
+        }
+        report::json_line(&j);
+    }
+
+    /// The report as text.
+    fn print_text(
+        &self,
+        figures: &CacheFigures,
+        n: usize,
+        nodes: usize,
+        bypassed: Option<u64>,
+        wrong_total: f64,
+        phases: Option<&report::Phases>,
+    ) {
+        let a = self.a;
+        println!(
+            "gather host {} memory through the {} path: {n} ranks on {nodes} node(s), {} rows x {} {} ({:.2} GiB), batches of {} {} ids{} -> {}, {} timed after {} warm-up{}",
+            a.ty,
+            figures.path,
+            self.rows,
+            a.shape.dim,
+            a.shape.dtype,
+            (self.rows * a.shape.row_bytes()) as f64 / (1u64 << 30) as f64,
+            a.batches.batch,
+            a.id_dist,
+            a.id_drift.map(|n| format!(" (hot set moved every {n} batches)")).unwrap_or_default(),
+            self.out_dt,
+            a.batches.iters,
+            a.batches.warmup,
+            a.cache_ageing.map(|g| format!(", cache ageing {g}")).unwrap_or_default()
+        );
+        figures.print();
+        if let Some(b) = bypassed {
+            println!("cache bypassed (uncached path taken) in {b} of {} cached calls", a.batches.warmup + a.batches.iters);
+        }
+        report::print_verified(wrong_total);
+        if let Some(p) = phases {
+            p.print();
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,10 +23,12 @@ use wm_comm::{CommExt, Communicator, Rendezvous};
 use wm_gather::{DType, Ids};
 use wm_onesided::{Method, Options, Profile, Reader, Table};
 
-use crate::gather::{Baseline, BaselinePages, DEFAULT_TABLE_BYTES, IdType, Op};
+use crate::baseline::Baseline;
 use crate::ids::Rng;
+use crate::moves::{BaselinePages, DEFAULT_TABLE_BYTES, Op};
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
+use crate::shape::{BatchArgs, IdType, ShapeArgs};
 use crate::values;
 
 /// The transport of one-sided reads.
@@ -58,6 +60,10 @@ impl MethodArg {
 
 /// The options of `wm-bench get`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("batch", |b| b.default_value("8192").help("Ids per batch, per reader")),
+    mut_arg("warmup", |w| w.help("Untimed batches first")),
+)]
 pub struct GetArgs {
     /// Memory type: continuous, chunked, distributed or hierarchy.
     #[arg(long = "type", default_value = "distributed")]
@@ -65,33 +71,15 @@ pub struct GetArgs {
     /// The local ranks to start without a launcher.
     #[command(flatten)]
     pub(crate) ranks: RankArgs,
-    /// Rows in the table [default: a 2 GiB table].
-    #[arg(long)]
-    pub(crate) rows: Option<usize>,
-    /// Elements per row.
-    #[arg(long, default_value_t = 128)]
-    pub(crate) dim: usize,
-    /// The table's element type.
-    #[arg(long, default_value = "f32")]
-    pub(crate) dtype: DType,
+    /// The table's shape.
+    #[command(flatten)]
+    pub(crate) shape: ShapeArgs,
     /// The output's element type [default: --dtype].
     #[arg(long)]
     pub(crate) out_dtype: Option<DType>,
-    /// Id type.
-    #[arg(long, value_enum, default_value = "i64")]
-    pub(crate) ids: IdType,
-    /// Ids per batch, per reader.
-    #[arg(long, default_value_t = 8192)]
-    pub(crate) batch: usize,
-    /// Timed batches.
-    #[arg(long, default_value_t = 20)]
-    pub(crate) iters: usize,
-    /// Untimed batches first.
-    #[arg(long, default_value_t = 3)]
-    pub(crate) warmup: usize,
-    /// Seed of the random ids.
-    #[arg(long, default_value_t = 1)]
-    pub(crate) seed: u64,
+    /// The batches of ids.
+    #[command(flatten)]
+    pub(crate) batches: BatchArgs,
     /// Transport of the reads (`WM_ONE_SIDED` where not given).
     #[arg(long, value_enum)]
     pub(crate) method: Option<MethodArg>,
@@ -151,8 +139,8 @@ impl GetArgs {
 /// # Errors
 /// Bad options, a failed read, a lost peer.
 pub fn start(a: &GetArgs) -> Result<i32> {
-    ensure!(a.dim > 0 && a.batch > 0 && a.iters > 0, "--dim, --batch and --iters must be positive");
-    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    ensure!(a.shape.dim > 0 && a.batches.batch > 0 && a.batches.iters > 0, "--dim, --batch and --iters must be positive");
+    a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     if let Some(m) = a.method.and_then(MethodArg::method)
         && let Err(why) = wm_onesided::available(m)
     {
@@ -171,9 +159,8 @@ pub fn start(a: &GetArgs) -> Result<i32> {
 }
 
 fn table_rows(a: &GetArgs) -> Result<usize> {
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / (a.dim * a.dtype.size()));
-    ensure!(rows > 0, "--rows must be positive");
-    if a.ids == IdType::I32 && rows > i32::MAX as usize {
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
+    if a.batches.ids == IdType::I32 && rows > i32::MAX as usize {
         bail!("--ids i32 cannot address {rows} rows");
     }
     Ok(rows)
@@ -183,10 +170,10 @@ fn allocate(world: &Arc<dyn Communicator>, a: &GetArgs, rows: usize) -> Result<W
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, Location::Host).reason() {
         bail!("host {} memory on {} ranks: {reason}", a.ty, world.size());
     }
-    let row_bytes = a.dim * a.dtype.size();
+    let row_bytes = a.shape.row_bytes();
     let req = AllocRequest { ty: a.ty, loc: Location::Host, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
-    values::fill(&mut mem, a.dim, a.dtype)?;
+    values::fill(&mut mem, a.shape.dim, a.shape.dtype)?;
     Ok(mem)
 }
 
@@ -197,7 +184,7 @@ struct Measured {
     wrong: u64,
 }
 
-/// Reads `a.warmup + a.iters` batches with `reader`, verifying each; between
+/// Reads `a.batches.warmup + a.batches.iters` batches with `reader`, verifying each; between
 /// batches `between(b)` runs (barriers and the baseline in a job).
 fn read_batches(
     reader: &Reader,
@@ -206,23 +193,23 @@ fn read_batches(
     rows: usize,
     mut between: impl FnMut(usize, &[i64]) -> Result<()>,
 ) -> Result<Measured> {
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
-    let buf_row = a.dim * out_dt.size();
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
+    let buf_row = a.shape.dim * out_dt.size();
     let mut plain = Vec::new();
     let mut registered = None;
     if a.registered {
-        registered = Some(reader.register_recv(a.batch * buf_row)?);
+        registered = Some(reader.register_recv(a.batches.batch * buf_row)?);
     } else {
-        plain = vec![0u8; a.batch * buf_row];
+        plain = vec![0u8; a.batches.batch * buf_row];
     }
     let mut expect = vec![0u8; buf_row];
     let (mut seconds, mut wrong) = (0.0f64, 0u64);
     let progress = seed_rank == 0 && std::io::stderr().is_terminal() && !a.json;
-    for b in 0..a.warmup + a.iters {
-        let mut rng = Rng::new(a.seed, seed_rank, b);
-        let ids: Vec<i64> = (0..a.batch).map(|_| rng.below(rows as u64) as i64).collect();
-        let narrow: Vec<i32> = if a.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
-        let id_arg = if a.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
+    for b in 0..a.batches.warmup + a.batches.iters {
+        let mut rng = Rng::new(a.batches.seed, seed_rank, b);
+        let ids: Vec<i64> = (0..a.batches.batch).map(|_| rng.below(rows as u64) as i64).collect();
+        let narrow: Vec<i32> = if a.batches.ids == IdType::I32 { ids.iter().map(|&x| x as i32).collect() } else { Vec::new() };
+        let id_arg = if a.batches.ids == IdType::I32 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
         let buf: &mut [u8] = match registered.as_mut() {
             Some(r) => &mut r[..],
             None => &mut plain[..],
@@ -230,22 +217,22 @@ fn read_batches(
         let t0 = Instant::now();
         reader.get_batch(id_arg, buf, out_dt)?;
         let dt = t0.elapsed().as_secs_f64();
-        if b >= a.warmup {
+        if b >= a.batches.warmup {
             seconds += dt;
         }
         for (i, &id) in ids.iter().enumerate() {
-            values::row(id as usize, a.dim, a.dtype, out_dt, &mut expect);
+            values::row(id as usize, a.shape.dim, a.shape.dtype, out_dt, &mut expect);
             wrong += u64::from(buf[i * buf_row..][..buf_row] != expect[..]);
         }
         between(b, &ids)?;
         if progress {
-            eprint!("\rget batch {}/{}", b + 1, a.warmup + a.iters);
+            eprint!("\rget batch {}/{}", b + 1, a.batches.warmup + a.batches.iters);
         }
     }
     if progress {
         eprintln!();
     }
-    Ok(Measured { seconds, bytes: (a.iters * a.batch * buf_row) as f64, wrong })
+    Ok(Measured { seconds, bytes: (a.batches.iters * a.batches.batch * buf_row) as f64, wrong })
 }
 
 /// The benchmark proper, on every rank.
@@ -253,26 +240,27 @@ fn bench(world: &Arc<dyn Communicator>, a: &GetArgs) -> Result<i32> {
     let (me, n) = (world.rank(), world.size());
     let readers = a.readers.unwrap_or(n);
     ensure!((1..=n).contains(&readers), "--readers {readers}: between 1 and the {n} ranks");
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
     let huge_pages = mem.huge_page_bytes() as f64 / mem.mapped_bytes().max(1) as f64;
-    let table = Table::new(&mem, "wm-bench-get", a.dtype, &a.options()?)?;
+    let table = Table::new(&mem, "wm-bench-get", a.shape.dtype, &a.options()?)?;
     table.publish()?;
     let reader = if me < readers { Some(table.reader()?) } else { None };
-    let mut base = (me == 0).then(|| Baseline::with(Op::Gather, rows, a.dim, a.dtype, out_dt, a.batch, a.huge_baseline()));
+    let mut base =
+        (me == 0).then(|| Baseline::with(Op::Gather, rows, a.shape.dim, a.shape.dtype, out_dt, a.batches.batch, a.huge_baseline()));
     world.barrier()?;
     let measured = match &reader {
         Some(r) => read_batches(r, a, me, rows, |b, ids| {
             world.barrier()?;
             if let Some(base) = &mut base {
-                base.batch(ids, b >= a.warmup);
+                base.batch(ids, b >= a.batches.warmup);
             }
             Ok(())
         })?,
         None => {
             // Serve only: meet the readers at their barriers.
-            for _ in 0..a.warmup + a.iters {
+            for _ in 0..a.batches.warmup + a.batches.iters {
                 world.barrier()?;
             }
             Measured { seconds: 0.0, bytes: 0.0, wrong: 0 }
@@ -319,12 +307,12 @@ struct Report<'a> {
 impl Report<'_> {
     fn print(&self, sp: &Speeds, verified: bool, wrong: f64, baseline_huge: f64) {
         let a = self.a;
-        let out_dt = a.out_dtype.unwrap_or(a.dtype);
+        let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
         if a.json {
             let j = serde_json::json!({
                 "op": "get", "type": a.ty.name(), "location": "host", "out_location": "host", "ranks": self.ranks, "nodes": self.nodes,
-                "rows": self.rows, "dim": a.dim, "dtype": a.dtype.name(), "out_dtype": out_dt.name(),
-                "ids": if a.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batch, "iters": a.iters,
+                "rows": self.rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "out_dtype": out_dt.name(),
+                "ids": if a.batches.ids == IdType::I32 { "i32" } else { "i64" }, "batch": a.batches.batch, "iters": a.batches.iters,
                 "method": self.methods, "readers": self.readers, "registered": a.registered,
                 "gbps_per_rank": sp.per_rank, "gbps_total": sp.total, "baseline_gbps": sp.baseline, "ratio": sp.ratio,
                 "verified": verified, "huge_pages": self.huge_pages, "baseline_huge_pages": baseline_huge, "profile": self.profile,
@@ -340,12 +328,12 @@ impl Report<'_> {
             self.readers,
             self.methods,
             self.rows,
-            a.dim,
-            a.dtype,
-            (self.rows * a.dim * a.dtype.size()) as f64 / (1u64 << 30) as f64,
-            a.batch,
+            a.shape.dim,
+            a.shape.dtype,
+            (self.rows * a.shape.dim * a.shape.dtype.size()) as f64 / (1u64 << 30) as f64,
+            a.batches.batch,
             out_dt,
-            a.iters
+            a.batches.iters
         );
         sp.print("one process, one thread, private table", "per-reader median / baseline");
         if let Some(h) = self.huge_pages {
@@ -369,7 +357,7 @@ fn print_profile(p: &Profile) {
 fn publish(world: &Arc<dyn Communicator>, a: &GetArgs, name: &str) -> Result<i32> {
     let rows = table_rows(a)?;
     let mem = allocate(world, a, rows)?;
-    let table = Table::new(&mem, name, a.dtype, &a.options()?)?;
+    let table = Table::new(&mem, name, a.shape.dtype, &a.options()?)?;
     table.publish()?;
     if world.rank() == 0 {
         match table.published_at() {
@@ -378,8 +366,10 @@ fn publish(world: &Arc<dyn Communicator>, a: &GetArgs, name: &str) -> Result<i32
                     Rendezvous::Dir(d) => format!("dir:{}", d.display()),
                     Rendezvous::Tcp(a) => a.clone(),
                 };
-                let line =
-                    format!("published {name}: {rows} rows x {} {}; read it with: wm-bench get --join {at} --table {name}", a.dim, a.dtype);
+                let line = format!(
+                    "published {name}: {rows} rows x {} {}; read it with: wm-bench get --join {at} --table {name}",
+                    a.shape.dim, a.shape.dtype
+                );
                 println!("{}", wm_comm::launch::untagged(&line));
             }
             None => bail!("nowhere to publish {name}: set WM_RENDEZVOUS (dir:/path or host:port)"),
@@ -402,14 +392,14 @@ fn outside(a: &GetArgs, at: &Rendezvous, name: &str) -> Result<i32> {
     // The table's shape and type are the job's: verify against them.
     let mut a = a.clone();
     a.ty = info.memory_type;
-    a.dim = info.cols;
-    a.dtype = info.dtype;
-    a.dtype.check_conversion(a.out_dtype.unwrap_or(a.dtype))?;
+    a.shape.dim = info.cols;
+    a.shape.dtype = info.dtype;
+    a.shape.dtype.check_conversion(a.out_dtype.unwrap_or(a.shape.dtype))?;
     let a = &a;
-    let out_dt = a.out_dtype.unwrap_or(a.dtype);
-    let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batch, a.huge_baseline());
+    let out_dt = a.out_dtype.unwrap_or(a.shape.dtype);
+    let mut base = Baseline::with(Op::Gather, info.rows, info.cols, info.dtype, out_dt, a.batches.batch, a.huge_baseline());
     let m = read_batches(&reader, a, 0, info.rows, |b, ids| {
-        base.batch(ids, b >= a.warmup);
+        base.batch(ids, b >= a.batches.warmup);
         Ok(())
     })?;
     let gbps = m.bytes / m.seconds.max(1e-12) / 1e9;

@@ -212,9 +212,9 @@ mod tests {
             let norm: f64 = (1..=n).map(|k| (k as f64).powf(-s)).sum();
             for k in 1..=n {
                 let p = (k as f64).powf(-s) / norm;
-                let (want, got) = (p * draws as f64, seen[k as usize] as f64);
+                let (want, drawn) = (p * draws as f64, seen[k as usize] as f64);
                 let sd = (draws as f64 * p * (1.0 - p)).sqrt();
-                assert!((got - want).abs() < 5.0 * sd + 1.0, "s {s} rank {k}: {got} draws, {want:.0} expected");
+                assert!((drawn - want).abs() < 5.0 * sd + 1.0, "s {s} rank {k}: {drawn} draws, {want:.0} expected");
             }
         }
     }

@@ -1,25 +1,30 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
 //! subcommands, one module each: [`gather`] (gather and scatter; its
-//! cached runs in `cached.rs`, its id distributions in [`ids`]), [`get`]
+//! options in `moves.rs`, its cached runs in `cached.rs`, the same-run
+//! baseline in `baseline.rs`, its id distributions in [`ids`]), [`get`]
 //! (one-sided reads), [`apply`] (`apply_gradients`), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
 //! ranks, and how a tool starts its own ranks when no launcher did, are in
-//! [`ranks`]; the report every benchmark prints (speeds, baseline, ratio,
+//! [`ranks`]; the shape of the table they spread over the ranks (`--rows`,
+//! `--dim`, `--dtype`) in [`shape`]; the report every benchmark prints (speeds, baseline, ratio,
 //! verification, the JSON line) in [`report`]. `src/bin/wm-bench.rs` only
 //! parses the command line and dispatches.
 #![forbid(unsafe_code)]
 
 pub mod apply;
+mod baseline;
 mod cached;
 pub mod gather;
 pub mod get;
 pub mod ids;
 pub mod kernels;
 pub mod load;
+mod moves;
 pub mod probe;
 pub mod ranks;
 pub mod report;
 pub mod sample;
+pub mod shape;
 
 pub use ranks::{default_ranks, run_as_ranks, under_launcher};
 pub use report::Spread;
@@ -71,10 +76,10 @@ pub mod values {
     /// `out`: the bytes a correct gather produces.
     pub fn row(row: usize, cols: usize, table: DType, out: DType, buf: &mut [u8]) {
         let (ts, os) = (table.size(), out.size());
-        let mut tmp = [0u8; 8];
+        let mut stored = [0u8; 8];
         for c in 0..cols {
-            put(table, &mut tmp[..ts], at(row, c, table));
-            put(out, &mut buf[c * os..][..os], get(table, &tmp[..ts]));
+            put(table, &mut stored[..ts], at(row, c, table));
+            put(out, &mut buf[c * os..][..os], get(table, &stored[..ts]));
         }
     }
 

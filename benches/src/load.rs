@@ -35,10 +35,15 @@ use wm_gather::DType;
 
 use crate::ranks::{RankArgs, Started};
 use crate::report::{self, Speeds, Spread};
+use crate::shape::ShapeArgs;
 use crate::values;
 
 /// The options of `wm-bench load`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    mut_arg("rows", |r| r.help("Rows in the table [default: a 512 MiB table]")),
+    mut_arg("dtype", |d| d.help("The table's element type (bf16 needs --format raw: numpy has no bf16)")),
+)]
 pub struct LoadArgs {
     /// Memory type: continuous, chunked, distributed or hierarchy.
     #[arg(long = "type", default_value = "chunked")]
@@ -49,15 +54,9 @@ pub struct LoadArgs {
     /// The local ranks to start without a launcher.
     #[command(flatten)]
     pub ranks: RankArgs,
-    /// Rows in the table [default: a 512 MiB table].
-    #[arg(long)]
-    pub rows: Option<usize>,
-    /// Elements per row.
-    #[arg(long, default_value_t = 128)]
-    pub dim: usize,
-    /// The table's element type (bf16 needs --format raw: numpy has no bf16).
-    #[arg(long, default_value = "f32")]
-    pub dtype: DType,
+    /// The table's shape.
+    #[command(flatten)]
+    pub shape: ShapeArgs,
     /// Timed loads.
     #[arg(long, default_value_t = 5)]
     pub iters: usize,
@@ -97,8 +96,8 @@ const DEFAULT_TABLE_BYTES: usize = 512 << 20;
 /// # Errors
 /// Bad options, files that cannot be written, a failed load.
 pub fn start(a: &LoadArgs) -> Result<i32> {
-    ensure!(a.dim > 0 && a.iters > 0 && a.write_shards > 0, "--dim, --iters and --write-shards must be positive");
-    if a.dtype == DType::Bf16 && a.format == Format::Npy {
+    ensure!(a.shape.dim > 0 && a.iters > 0 && a.write_shards > 0, "--dim, --iters and --write-shards must be positive");
+    if a.shape.dtype == DType::Bf16 && a.format == Format::Npy {
         bail!("--dtype bf16 needs --format raw: numpy has no bf16 element type");
     }
     match a.ranks.start()? {
@@ -178,41 +177,50 @@ fn all_ok(world: &Arc<dyn Communicator>, r: Result<()>) -> Result<()> {
     Ok(())
 }
 
-/// The benchmark proper, on every rank.
-///
-/// # Errors
-/// Files that cannot be written or read, a failed load, a lost peer.
-pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
-    let (me, n) = (world.rank(), world.size());
-    let elem = a.dtype;
-    let row_bytes = a.dim * a.dtype.size();
-    let rows = a.rows.unwrap_or(DEFAULT_TABLE_BYTES / row_bytes);
-    ensure!(rows > 0, "--rows must be positive");
-    let counts = shard_rows(rows, a.write_shards);
-
-    // The directory: given, or rank 0's fresh one, told to the others.
+/// The shards' directory: `--dir`, or rank 0's fresh one, told to the
+/// others. Collective.
+fn shard_dir(world: &dyn Communicator, a: &LoadArgs) -> Result<PathBuf> {
     let mut dir_bytes = match &a.dir {
         Some(d) => d.to_string_lossy().into_owned().into_bytes(),
-        None if me == 0 => {
+        None if world.rank() == 0 => {
             let d = std::env::temp_dir().join(format!("wm-bench-load.{}", std::process::id()));
             d.to_string_lossy().into_owned().into_bytes()
         }
         None => Vec::new(),
     };
     world.broadcast(0, &mut dir_bytes)?;
-    let dir = PathBuf::from(String::from_utf8(dir_bytes).context("the shard directory is not UTF-8")?);
+    Ok(PathBuf::from(String::from_utf8(dir_bytes).context("the shard directory is not UTF-8")?))
+}
+
+/// Makes `dir` (rank 0) and writes the shards, shard i by rank i % ranks.
+/// Collective.
+fn write_shards(world: &Arc<dyn Communicator>, a: &LoadArgs, dir: &Path, paths: &[PathBuf], counts: &[usize]) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let made = if me == 0 { std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display())) } else { Ok(()) };
+    all_ok(world, made)?;
+    let wrote = (me..counts.len()).step_by(n).try_for_each(|i| {
+        let first: usize = counts[..i].iter().sum();
+        write_shard(&paths[i], first, counts[i], a.shape.dim, a.shape.dtype, a.format)
+    });
+    all_ok(world, wrote)
+}
+
+/// The benchmark proper, on every rank.
+///
+/// # Errors
+/// Files that cannot be written or read, a failed load, a lost peer.
+pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let elem = a.shape.dtype;
+    let row_bytes = a.shape.row_bytes();
+    let rows = a.shape.rows_or(DEFAULT_TABLE_BYTES)?;
+    let counts = shard_rows(rows, a.write_shards);
+
+    let dir = shard_dir(world.as_ref(), a)?;
     let _cleanup = Cleanup((me == 0 && a.dir.is_none()).then(|| dir.clone()));
     let paths: Vec<PathBuf> = (0..counts.len()).map(|i| shard_path(&dir, i, a.format)).collect();
-
     if !a.reuse {
-        let made = if me == 0 { std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display())) } else { Ok(()) };
-        all_ok(world, made)?;
-        // Shard i is written by rank i % n.
-        let wrote = (me..counts.len()).step_by(n).try_for_each(|i| {
-            let first: usize = counts[..i].iter().sum();
-            write_shard(&paths[i], first, counts[i], a.dim, a.dtype, a.format)
-        });
-        all_ok(world, wrote)?;
+        write_shards(world, a, &dir, &paths, &counts)?;
     }
 
     if let Some(reason) = wholemem::query(world.as_ref(), a.ty, a.location).reason() {
@@ -220,7 +228,7 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     }
     let req = AllocRequest { ty: a.ty, loc: a.location, total: rows * row_bytes, granularity: row_bytes, partition: None };
     let mut mem = WholeMemory::allocate(world, &req)?;
-    let format = RowFormat::vector(elem, a.dim);
+    let format = RowFormat::vector(elem, a.shape.dim);
     let set = match a.format {
         Format::Npy => ShardSet::npy_dir(&dir),
         Format::Raw => ShardSet::raw_files(&paths),
@@ -246,8 +254,8 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let first = mem.local_rows().start;
     let mut rows_read = vec![0u8; mem.local_rows().len() * row_bytes];
     mem.read_local(&mut rows_read)?;
-    let wrong = wrong_rows(&rows_read, first, a.dim, a.dtype);
-    let base_wrong = baseline.as_ref().map_or(0, |b| wrong_rows(&b.buf, 0, a.dim, a.dtype));
+    let wrong = wrong_rows(&rows_read, first, a.shape.dim, a.shape.dtype);
+    let base_wrong = baseline.as_ref().map_or(0, |b| wrong_rows(&b.buf, 0, a.shape.dim, a.shape.dtype));
     let local_bytes = loaded.bytes as f64;
     let mut mine = times.clone();
     mine.extend([local_bytes, wrong as f64, loaded.threads as f64]);
@@ -267,35 +275,56 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &LoadArgs) -> Result<i32> {
     let wrong_total: f64 = per_rank.iter().map(|r| r[a.iters + 1]).sum::<f64>() + base_wrong as f64;
     let verified = wrong_total == 0.0;
     let threads: Vec<usize> = per_rank.iter().map(|r| r[a.iters + 2] as usize).collect();
-    let s = Spread::of(&gbps);
-    if a.json {
-        let j = serde_json::json!({
-            "op": "load", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
-            "rows": rows, "dim": a.dim, "dtype": a.dtype.name(), "format": if a.format == Format::Npy { "npy" } else { "raw" },
-            "shards": counts.len(), "shard_rows": counts, "threads_per_rank": threads, "iters": a.iters,
-            "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": base, "ratio": ratio, "verified": verified,
-            "dir": dir.display().to_string(),
-        });
-        report::json_line(&j);
-    } else {
-        println!(
-            "load {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB) from {} {} shards of {:?} rows, {} timed",
-            a.location,
-            a.ty,
-            a.dim,
-            a.dtype,
-            table_bytes / (1u64 << 30) as f64,
-            counts.len(),
-            if a.format == Format::Npy { "NPY" } else { "raw" },
-            counts,
-            a.iters
-        );
-        println!("  threads per rank {threads:?}");
-        Speeds { per_rank: s, total, baseline: base, ratio }
-            .print("one process reading the files in order with plain reads into one buffer", "all ranks / baseline");
-        report::print_verified(wrong_total);
-    }
+    let speeds = Speeds { per_rank: Spread::of(&gbps), total, baseline: base, ratio };
+    LoadReport { ranks: n, nodes, rows, counts: &counts, threads, speeds, wrong_total, dir: &dir }.print(a);
     Ok(if verified { 0 } else { 3 })
+}
+
+/// What rank 0 reports of a load run.
+struct LoadReport<'a> {
+    ranks: usize,
+    nodes: usize,
+    rows: usize,
+    /// Rows per shard.
+    counts: &'a [usize],
+    threads: Vec<usize>,
+    speeds: Speeds,
+    wrong_total: f64,
+    dir: &'a Path,
+}
+
+impl LoadReport<'_> {
+    /// As one JSON line with `--json`, else as text.
+    fn print(&self, a: &LoadArgs) {
+        let (n, nodes, rows, counts, threads) = (self.ranks, self.nodes, self.rows, self.counts, &self.threads);
+        let (s, total, base, ratio) = (self.speeds.per_rank, self.speeds.total, self.speeds.baseline, self.speeds.ratio);
+        if a.json {
+            let j = serde_json::json!({
+                "op": "load", "type": a.ty.name(), "location": a.location.name(), "ranks": n, "nodes": nodes,
+                "rows": rows, "dim": a.shape.dim, "dtype": a.shape.dtype.name(), "format": if a.format == Format::Npy { "npy" } else { "raw" },
+                "shards": counts.len(), "shard_rows": counts, "threads_per_rank": threads, "iters": a.iters,
+                "gbps_per_rank": s, "gbps_total": total, "baseline_gbps": base, "ratio": ratio, "verified": self.wrong_total == 0.0,
+                "dir": self.dir.display().to_string(),
+            });
+            report::json_line(&j);
+        } else {
+            println!(
+                "load {} {} memory: {n} ranks on {nodes} node(s), {rows} rows x {} {} ({:.2} GiB) from {} {} shards of {:?} rows, {} timed",
+                a.location,
+                a.ty,
+                a.shape.dim,
+                a.shape.dtype,
+                (rows * a.shape.row_bytes()) as f64 / (1u64 << 30) as f64,
+                counts.len(),
+                if a.format == Format::Npy { "NPY" } else { "raw" },
+                counts,
+                a.iters
+            );
+            println!("  threads per rank {threads:?}");
+            self.speeds.print("one process reading the files in order with plain reads into one buffer", "all ranks / baseline");
+            report::print_verified(self.wrong_total);
+        }
+    }
 }
 
 /// The same files read by one process, in order, with plain reads into one

@@ -30,7 +30,7 @@ use std::time::Instant;
 use anyhow::{Result, ensure};
 use wholemem::{Location, MemoryType};
 use wm_comm::{CommExt, Communicator};
-use wm_graph::{BuildOptions, EdgeList, IdType, Sample, SampleRequest};
+use wm_graph::{BuildOptions, CsrGraph, EdgeList, IdType, Sample, SampleRequest};
 
 use crate::ranks::{RankArgs, Started};
 use crate::report::{Spread, json_line};
@@ -147,6 +147,18 @@ impl Private {
         Self { row_ptr, col, weights }
     }
 
+    /// Every hop of a batch from `centers`, in this thread from the private
+    /// CSR: each hop's sample.
+    fn sample_hops(&self, mut centers: Vec<i64>, a: &SampleArgs) -> Result<Vec<Sample>> {
+        let mut base = Vec::with_capacity(a.fanouts.len());
+        for (h, &k) in a.fanouts.iter().enumerate() {
+            let hop = wm_graph::sample_in_memory(&self.row_ptr, &self.col, Some(&self.weights), &centers, &hop_request(a, h, k))?;
+            centers = hop.neighbors.clone();
+            base.push(hop);
+        }
+        Ok(base)
+    }
+
     /// Wrong samples in `s` (centers `c`, fanout `k`) by the rules, and
     /// whether it differs from the baseline's `base`.
     fn wrong(&self, c: &[i64], k: usize, s: &Sample, base: &Sample) -> u64 {
@@ -156,23 +168,37 @@ impl Private {
         }
         for (i, &v) in c.iter().enumerate() {
             let (lo, hi) = (self.row_ptr[v as usize], self.row_ptr[v as usize + 1]);
-            let (got, eids) = (s.of(i), &s.edge_ids[s.offsets[i]..s.offsets[i + 1]]);
-            let ok = got.len() == ((hi - lo) as usize).min(k)
+            let (drawn, eids) = (s.of(i), &s.edge_ids[s.offsets[i]..s.offsets[i + 1]]);
+            let ok = drawn.len() == ((hi - lo) as usize).min(k)
                 && eids.windows(2).all(|w| w[0] < w[1])
-                && eids.iter().zip(got).all(|(&e, &x)| e >= lo && e < hi && self.col[e as usize] == x);
+                && eids.iter().zip(drawn).all(|(&e, &x)| e >= lo && e < hi && self.col[e as usize] == x);
             wrong += u64::from(!ok);
         }
         wrong + u64::from(s != base)
     }
 }
 
-/// The benchmark proper, on every rank.
-///
-/// # Errors
-/// A failed build or sampling call, a lost peer.
-pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
+/// The request of hop `h`, taking `k` neighbours of each center.
+fn hop_request(a: &SampleArgs, h: usize, k: usize) -> SampleRequest {
+    SampleRequest::new(k, wm_graph::hop_seed(a.seed, h)).weighted(a.weighted).edge_ids(true)
+}
+
+/// Every hop of a batch from `centers`, through wholemem: each hop's centers
+/// and its sample.
+fn sample_hops(graph: &CsrGraph, mut centers: Vec<i64>, a: &SampleArgs) -> Result<Vec<(Vec<i64>, Sample)>> {
+    let mut hops = Vec::with_capacity(a.fanouts.len());
+    for (h, &k) in a.fanouts.iter().enumerate() {
+        let hop = wm_graph::sample(graph, &centers, &hop_request(a, h, k))?;
+        let next = hop.neighbors.clone();
+        hops.push((std::mem::replace(&mut centers, next), hop));
+    }
+    Ok(hops)
+}
+
+/// The graph in wholemem tables, built from this rank's share of the
+/// edges (edge i is rank i % ranks'). Collective.
+fn build_graph(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<CsrGraph> {
     let (me, n) = (world.rank(), world.size());
-    let t = Instant::now();
     let (mut src, mut dst, mut w) = (Vec::new(), Vec::new(), Vec::new());
     for i in (me..a.edges).step_by(n) {
         let (s, d, x) = edge(a.seed, i, a.nodes);
@@ -182,8 +208,17 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
     }
     let opts = BuildOptions::new(a.nodes, a.ty, a.location).id_type(a.ids);
     let list = if a.weighted { EdgeList::weighted(&src, &dst, &w) } else { EdgeList::new(&src, &dst) };
-    let graph = wm_graph::build(world, &opts, list)?;
-    drop((src, dst, w));
+    Ok(wm_graph::build(world, &opts, list)?)
+}
+
+/// The benchmark proper, on every rank.
+///
+/// # Errors
+/// A failed build or sampling call, a lost peer.
+pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
+    let (me, n) = (world.rank(), world.size());
+    let t = Instant::now();
+    let graph = build_graph(world, a)?;
     let private = Private::build(a);
     ensure!(private.col.len() == graph.edges(), "the private graph has {} edges, wholemem's {}", private.col.len(), graph.edges());
     let built = t.elapsed().as_secs_f64();
@@ -201,29 +236,15 @@ pub fn bench(world: &Arc<dyn Communicator>, a: &SampleArgs) -> Result<i32> {
         // wholemem.
         world.barrier()?;
         let s = Instant::now();
-        let mut hops = Vec::with_capacity(a.fanouts.len());
-        let mut c = centers.clone();
-        for (h, &k) in a.fanouts.iter().enumerate() {
-            let req = SampleRequest::new(k, wm_graph::hop_seed(a.seed, h)).weighted(a.weighted).edge_ids(true);
-            let got = wm_graph::sample(&graph, &c, &req)?;
-            let next = got.neighbors.clone();
-            hops.push((std::mem::replace(&mut c, next), got));
-        }
+        let hops = sample_hops(&graph, centers.clone(), a)?;
         let dt = s.elapsed().as_secs_f64();
         // The baseline: the same hops in one thread from the private CSR.
         world.barrier()?;
         let s = Instant::now();
-        let mut base = Vec::with_capacity(a.fanouts.len());
-        let mut c = centers;
-        for (h, &k) in a.fanouts.iter().enumerate() {
-            let req = SampleRequest::new(k, wm_graph::hop_seed(a.seed, h)).weighted(a.weighted).edge_ids(true);
-            let got = wm_graph::sample_in_memory(&private.row_ptr, &private.col, Some(&private.weights), &c, &req)?;
-            c = got.neighbors.clone();
-            base.push(got);
-        }
+        let base = private.sample_hops(centers, a)?;
         let bt = s.elapsed().as_secs_f64();
-        for (((c, got), want), &k) in hops.iter().zip(&base).zip(&a.fanouts) {
-            wrong += private.wrong(c, k, got, want);
+        for (((c, drawn), want), &k) in hops.iter().zip(&base).zip(&a.fanouts) {
+            wrong += private.wrong(c, k, drawn, want);
         }
         if timed {
             seconds += dt;

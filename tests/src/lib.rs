@@ -166,6 +166,47 @@ pub fn rank_by_hand(
     c
 }
 
+/// A command that starts the test program `program` (relocated) with
+/// `args` outside any job: no rank, world size, rendezvous or node id from
+/// the test's own environment, the job key `key` and a timeout of
+/// `timeout_s` seconds; stdin empty, stdout and stderr piped.
+pub fn outside_job(program: &str, key: &str, timeout_s: &str, args: &[&str]) -> std::process::Command {
+    use std::process::Stdio;
+    let mut c = std::process::Command::new(relocated(program));
+    c.args(args)
+        .env("WM_JOB_KEY", key)
+        .env("WM_TIMEOUT_S", timeout_s)
+        .env_remove("WM_RANK")
+        .env_remove("WM_WORLD_SIZE")
+        .env_remove("WM_RENDEZVOUS")
+        .env_remove("WM_NODE_ID")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// The `main` of a test program whose ranks run one scenario: joins the
+/// job, runs `scenario` with the world, the scenario's name (the first
+/// argument) and the arguments after it, and ends as [`exit_with`] does.
+pub fn rank_main(scenario: impl FnOnce(&std::sync::Arc<dyn wm_comm::Communicator>, &str, &[String]) -> anyhow::Result<()>) {
+    use anyhow::Context as _;
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let name = args.first().cloned().unwrap_or_default();
+    let rest = &args[1.min(args.len())..];
+    exit_with(wm_comm::init().context("bootstrap").and_then(|world| scenario(&world, &name, rest)));
+}
+
+/// How a test program ends: `ok` on stdout for `Ok`, else `FAILED:` and
+/// the error on stderr and exit status 1.
+pub fn exit_with(result: anyhow::Result<()>) {
+    if let Err(e) = result {
+        eprintln!("FAILED: {e:#}");
+        std::process::exit(1);
+    }
+    println!("ok");
+}
+
 /// What a process printed, stdout then stderr.
 pub fn output_text(o: &std::process::Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))

@@ -100,18 +100,7 @@ fn flooded_job(mode: &str) {
 
     // The reader that holds the key: joins through the flooded catalogue,
     // reads from the flooded servers, sees the table freed.
-    let reader = Command::new(wm_tests::relocated(PROG))
-        .args(["reader", d.as_str(), "flooded", "1", "socket", "free"])
-        .env("WM_JOB_KEY", &key)
-        .env("WM_TIMEOUT_S", "120")
-        .env_remove("WM_RANK")
-        .env_remove("WM_WORLD_SIZE")
-        .env_remove("WM_RENDEZVOUS")
-        .env_remove("WM_NODE_ID")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let reader = wm_tests::outside_job(PROG, &key, "120", &["reader", d.as_str(), "flooded", "1", "socket", "free"]).spawn().unwrap();
     let reader = finish(reader, "the outside reader");
     if !reader.status.success() {
         std::fs::write(dir.0.join("done"), b"").unwrap();

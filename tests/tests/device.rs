@@ -30,23 +30,24 @@ fn gpu_or_skip(test: &str) -> bool {
     }
 }
 
+/// `program` with `args` on 1, 2, 3 and 4 ranks, each run passing.
+fn on_1_to_4_ranks(program: &str, args: &[&str]) {
+    for n in 1..=4 {
+        World::new(n).run_ok(program, args);
+    }
+}
+
 #[test]
 fn device_memory_of_every_type_fills_and_reads_back_on_1_to_4_ranks() {
-    if !gpu_or_skip("device fill-read") {
-        return;
-    }
-    for n in 1..=4 {
-        World::new(n).run_ok(RANK, &["fill-read", "device"]);
+    if gpu_or_skip("device fill-read") {
+        on_1_to_4_ranks(RANK, &["fill-read", "device"]);
     }
 }
 
 #[test]
 fn device_gather_and_scatter_match_the_reference_on_1_to_4_ranks() {
-    if !gpu_or_skip("device gather") {
-        return;
-    }
-    for n in 1..=4 {
-        World::new(n).run_ok(RANK, &["gather", "device"]);
+    if gpu_or_skip("device gather") {
+        on_1_to_4_ranks(RANK, &["gather", "device"]);
     }
 }
 
@@ -55,9 +56,7 @@ fn device_buffers_gather_and_scatter_checked_and_deduplicated_on_the_device_on_1
     if !gpu_or_skip("device calls") {
         return;
     }
-    for n in 1..=4 {
-        World::new(n).run_ok(RANK, &["device-calls"]);
-    }
+    on_1_to_4_ranks(RANK, &["device-calls"]);
     // Across simulated nodes: the host route of the collective types.
     World::new(4).nodes_of(2).run_ok(RANK, &["device-calls"]);
 }
@@ -85,11 +84,8 @@ fn device_tables_store_and_load_sharded_files_on_1_to_4_ranks() {
 
 #[test]
 fn device_embeddings_train_like_the_reference_on_1_to_4_ranks() {
-    if !gpu_or_skip("device optimizers") {
-        return;
-    }
-    for n in 1..=4 {
-        World::new(n).run_ok(EMB, &["optimizers", "device"]);
+    if gpu_or_skip("device optimizers") {
+        on_1_to_4_ranks(EMB, &["optimizers", "device"]);
     }
 }
 
@@ -104,11 +100,8 @@ fn device_caches_of_host_rows_train_like_no_cache_on_2_ranks_and_2_nodes() {
 
 #[test]
 fn device_tables_are_read_one_sidedly_through_a_host_mirror_on_1_to_4_ranks() {
-    if !gpu_or_skip("device one-sided reads") {
-        return;
-    }
-    for n in 1..=4 {
-        World::new(n).run_ok(ONESIDED, &["mirror", "device"]);
+    if gpu_or_skip("device one-sided reads") {
+        on_1_to_4_ranks(ONESIDED, &["mirror", "device"]);
     }
 }
 

@@ -25,7 +25,7 @@
 //!   error answer, after which the reader reads on over the same
 //!   connection.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::thread;
 
 use wm_tests::{Scratch, World, random_key as key};
@@ -88,20 +88,7 @@ fn against_impostor(mode: &str) -> String {
     let dir = Scratch::new(&format!("impostor-{mode}"));
     let d = dir.0.to_string_lossy().into_owned();
     let key = key();
-    let start = |args: &[&str]| {
-        let mut c = Command::new(wm_tests::relocated(PROG));
-        c.args(args)
-            .env("WM_JOB_KEY", &key)
-            .env("WM_TIMEOUT_S", "60")
-            .env_remove("WM_RANK")
-            .env_remove("WM_WORLD_SIZE")
-            .env_remove("WM_RENDEZVOUS")
-            .env_remove("WM_NODE_ID")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
-    };
+    let start = |args: &[&str]| wm_tests::outside_job(PROG, &key, "60", args);
     let mut server = start(&["impostor", &d, mode]).spawn().unwrap();
     let reader = start(&["impostor-reader", &d, mode]).output().unwrap();
     if !reader.status.success() {
@@ -233,16 +220,7 @@ fn outside_with(world: World, method: &str, ty: &str, mode: &str, mirrored: bool
         let a: Vec<&str> = args.iter().map(String::as_str).collect();
         world.run(PROG, &a)
     });
-    let reader = Command::new(wm_tests::relocated(PROG))
-        .args(["reader", &dir.0.to_string_lossy(), &name, "3", method, mode])
-        .env("WM_JOB_KEY", &key)
-        .env("WM_TIMEOUT_S", "60")
-        .env_remove("WM_RANK")
-        .env_remove("WM_WORLD_SIZE")
-        .env_remove("WM_RENDEZVOUS")
-        .env_remove("WM_NODE_ID")
-        .output()
-        .unwrap();
+    let reader = wm_tests::outside_job(PROG, &key, "60", &["reader", &dir.0.to_string_lossy(), &name, "3", method, mode]).output().unwrap();
     let out = String::from_utf8_lossy(&reader.stdout).into_owned() + &String::from_utf8_lossy(&reader.stderr);
     if !reader.status.success() {
         // Let the job finish (it waits for the reader's files up to its
@@ -317,18 +295,8 @@ fn through_relay(wire: &str, mode: &str, runs: usize) -> (String, String) {
         world.run(PROG, &a)
     });
     let start = |args: &[&str]| {
-        let mut c = Command::new(wm_tests::relocated(PROG));
-        c.args(args)
-            .env("WM_JOB_KEY", &key)
-            .env("WM_WIRE", wire)
-            .env("WM_TIMEOUT_S", "60")
-            .env_remove("WM_RANK")
-            .env_remove("WM_WORLD_SIZE")
-            .env_remove("WM_RENDEZVOUS")
-            .env_remove("WM_NODE_ID")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut c = wm_tests::outside_job(PROG, &key, "60", args);
+        c.env("WM_WIRE", wire);
         c
     };
     // The relay gets no key for the channel: it has none to use. Records

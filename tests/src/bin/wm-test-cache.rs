@@ -37,29 +37,22 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| match scenario.as_str() {
-        "node" => node_cache(&world),
-        "embedding" => embedding(&world),
-        "bad-ratio" => bad_ratio(&world),
-        "coherence" => scratch(&args).and_then(|dir| coherence(&world, &dir)),
-        "all-or-nothing" => scratch(&args).and_then(|dir| all_or_nothing(&world, &dir)),
-        "reused-table" => reused_table(&world),
-        "generations" => scratch(&args).and_then(|dir| write_generations(&world, &dir)),
-        "device" => device(&world),
+    wm_tests::rank_main(|world, scenario, rest| match scenario {
+        "node" => node_cache(world),
+        "embedding" => embedding(world),
+        "bad-ratio" => bad_ratio(world),
+        "coherence" => scratch(rest).and_then(|dir| coherence(world, &dir)),
+        "all-or-nothing" => scratch(rest).and_then(|dir| all_or_nothing(world, &dir)),
+        "reused-table" => reused_table(world),
+        "generations" => scratch(rest).and_then(|dir| write_generations(world, &dir)),
+        "device" => device(world),
         other => bail!("unknown scenario {other:?}"),
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 /// The scratch directory a scenario writes files to (its second argument).
-fn scratch(args: &[String]) -> Result<PathBuf> {
-    args.get(1).map(PathBuf::from).context("usage: wm-test-cache SCENARIO DIR")
+fn scratch(rest: &[String]) -> Result<PathBuf> {
+    rest.first().map(PathBuf::from).context("usage: wm-test-cache SCENARIO DIR")
 }
 
 fn nodes(world: &Comm) -> usize {
@@ -124,6 +117,26 @@ fn batch(rows: usize, hot: &[usize], rank: usize, round: u64, world: usize) -> V
         .collect()
 }
 
+/// A host f32 table of `ty`, `rows` x `cols`, holding the model's first
+/// version of every row (written by its owner). Collective.
+fn model_table(world: &Comm, ty: MemoryType, rows: usize, cols: usize) -> Result<WholeMemory> {
+    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
+    let mut mem = WholeMemory::allocate(world, &req)?;
+    let own = mem.local_rows();
+    mem.write_rows(own.start, &model_rows(own.clone(), cols, &vec![0u32; rows]))?;
+    world.barrier()?;
+    Ok(mem)
+}
+
+/// A node cache of `ratio` of the rows of `mem` (f32 rows of `cols`) that
+/// every call goes through, so that the checks count its hits.
+fn checked_cache(mem: &WholeMemory, cols: usize, ratio: f64) -> Result<NodeCache> {
+    let layout = RowLayout::new(DType::F32, cols, 0)?;
+    let mut cache = NodeCache::new(mem, &layout, ratio)?;
+    cache.set_bypass(Bypass::Off);
+    Ok(cache)
+}
+
 /// The rows rank `rank` writes in round `round`: its share of the hot rows
 /// and a few others, never a row another rank writes in the same round.
 fn writes(rows: usize, hot: &[usize], rank: usize, round: u64, world: usize) -> Vec<i64> {
@@ -133,14 +146,9 @@ fn writes(rows: usize, hot: &[usize], rank: usize, round: u64, world: usize) -> 
     v.iter().map(|&r| r as i64).collect()
 }
 
-/// One node-cache case: a table, a cache, rounds of gathers checked
-/// against an uncached gather and the model, writes by every path.
-fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: Option<(usize, usize)>) -> Result<()> {
-    let (me, n) = (world.rank(), world.size());
-    let cols = 6;
-    let rows = 1000 + 37 * n;
-    let case = format!("{ty} {dt} ratio {ratio} layout {layout_cols:?}");
-    // A random partition (the same on every rank), one rank without rows.
+/// A random partition of `rows` over `n` ranks (the same on every rank),
+/// one rank without rows.
+fn random_partition(n: usize, rows: usize) -> Vec<usize> {
     let mut prng = Rng::new(&[7, n as u64, rows as u64]);
     let mut counts: Vec<usize> = (0..n).map(|_| 1 + prng.below(3) as usize).collect();
     counts[n / 2] = 0;
@@ -148,10 +156,37 @@ fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: O
     let mut partition: Vec<usize> = counts.iter().map(|c| c * rows / sum).collect();
     let given: usize = partition.iter().sum();
     partition[0] += rows - given;
+    partition
+}
+
+/// What a node-cache case knows besides its table and cache: its shape,
+/// the cached columns, the hot rows and each row's version (the model).
+struct NodeModel {
+    case: String,
+    rows: usize,
+    cols: usize,
+    dt: DType,
+    /// The cached columns: `width` of them from `first`.
+    first: usize,
+    width: usize,
+    /// Whether the cache holds a column slice.
+    sliced: bool,
+    layout: RowLayout,
+    hot: Vec<usize>,
+    /// The round that last wrote each row (0: the initial values).
+    version: Vec<u32>,
+}
+
+/// One node-cache case: a table, a cache, rounds of gathers checked
+/// against an uncached gather and the model, writes by every path.
+fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: Option<(usize, usize)>) -> Result<()> {
+    let n = world.size();
+    let cols = 6;
+    let rows = 1000 + 37 * n;
+    let case = format!("{ty} {dt} ratio {ratio} layout {layout_cols:?}");
     let rb = cols * dt.size();
-    let req = AllocRequest { ty, loc: Location::Host, total: rows * rb, granularity: rb, partition: Some(partition.clone()) };
+    let req = AllocRequest { ty, loc: Location::Host, total: rows * rb, granularity: rb, partition: Some(random_partition(n, rows)) };
     let mut mem = WholeMemory::allocate(world, &req).with_context(|| format!("allocating {case}"))?;
-    let mut version = vec![0u32; rows];
     let own = mem.local_rows();
     let init: Vec<f32> = own.clone().flat_map(|r| (0..cols).map(move |c| value(r, c, 0))).collect();
     mem.write_rows(own.start, &encode(dt, &init))?;
@@ -165,60 +200,80 @@ fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: O
     // Hot rows: the same on every rank.
     let mut hrng = Rng::new(&[17, rows as u64]);
     let hot: Vec<usize> = (0..24).map(|_| hrng.below(rows as u64) as usize).collect();
-
+    let version = vec![0u32; rows];
+    let mut m = NodeModel { case, rows, cols, dt, first, width, sliced: layout_cols.is_some(), layout, hot, version };
     for round in 0..12u64 {
-        let ids = batch(rows, &hot, me, round, n);
+        m.check_round(world, &mem, &mut cache, round)?;
+        m.write_round(world, &mut mem, &mut cache, round)?;
+    }
+    m.check_stats(world, &mem, &mut cache, ratio)?;
+    cache.free()?;
+    mem.free()?;
+    Ok(())
+}
+
+impl NodeModel {
+    /// Round `round`'s batch through the cache: the same bytes as the
+    /// uncached gather, and the values the model says.
+    fn check_round(&self, world: &Comm, mem: &WholeMemory, cache: &mut NodeCache, round: u64) -> Result<()> {
+        let (case, width, first) = (&self.case, self.width, self.first);
+        let ids = batch(self.rows, &self.hot, world.rank(), round, world.size());
         let out_dt = if round % 3 == 2 { DType::Bf16 } else { DType::F32 };
         let narrow: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
         let id_arg = || if round % 2 == 0 { Ids::I32(&narrow) } else { Ids::I64(&ids) };
         let mut cached = vec![0u8; ids.len() * width * out_dt.size()];
-        cache.gather(&mem, id_arg(), &mut cached, out_dt).with_context(|| format!("{case}: cached gather, round {round}"))?;
+        cache.gather(mem, id_arg(), &mut cached, out_dt).with_context(|| format!("{case}: cached gather, round {round}"))?;
         let mut plain = vec![0u8; cached.len()];
-        wm_gather::gather(&mem, &layout, id_arg(), &mut plain, out_dt)?;
+        wm_gather::gather(mem, &self.layout, id_arg(), &mut plain, out_dt)?;
+        let out_row = width * out_dt.size();
         if cached != plain {
-            let k = (0..ids.len()).find(|&k| {
-                cached[k * width * out_dt.size()..][..width * out_dt.size()] != plain[k * width * out_dt.size()..][..width * out_dt.size()]
-            });
+            let k = (0..ids.len()).find(|&k| cached[k * out_row..][..out_row] != plain[k * out_row..][..out_row]);
             bail!("{case}, round {round}: the cached gather differs from the uncached one first at id {:?}", k.map(|k| ids[k]));
         }
-        let got = decode(out_dt, &cached);
+        let held = decode(out_dt, &cached);
         for (k, &id) in ids.iter().enumerate() {
             let row = id as usize;
             for c in 0..width {
-                let want = stored(out_dt, stored(dt, value(row, first + c, version[row])));
+                let want = stored(out_dt, stored(self.dt, value(row, first + c, self.version[row])));
                 ensure!(
-                    got[k * width + c] == want,
+                    held[k * width + c] == want,
                     "{case}, round {round}: row {row} column {} holds {} instead of {want} (version {})",
                     first + c,
-                    got[k * width + c],
-                    version[row]
+                    held[k * width + c],
+                    self.version[row]
                 );
             }
         }
+        Ok(())
+    }
 
-        // Writes, each path in turn, by every rank (ranks of every node).
+    /// Round `round`'s writes, each path in turn, by every rank (ranks of
+    /// every node), and the versions they leave.
+    fn write_round(&mut self, world: &Comm, mem: &mut WholeMemory, cache: &mut NodeCache, round: u64) -> Result<()> {
+        let (me, n) = (world.rank(), world.size());
+        let (rows, cols, width, first) = (self.rows, self.cols, self.width, self.first);
         let v = round as u32 + 1;
         match round % 4 {
             1 | 2 => {
-                let mine = writes(rows, &hot, me, round, n);
+                let mine = writes(rows, &self.hot, me, round, n);
                 let vals: Vec<f32> = mine.iter().flat_map(|&r| (0..width).map(move |c| value(r as usize, first + c, v))).collect();
                 if round % 4 == 1 {
-                    cache.scatter(&mut mem, Ids::I64(&mine), bytemuck::cast_slice(&vals), DType::F32)?;
+                    cache.scatter(mem, Ids::I64(&mine), bytemuck::cast_slice(&vals), DType::F32)?;
                 } else {
-                    wm_gather::scatter(&mut mem, &layout, Ids::I64(&mine), bytemuck::cast_slice(&vals), DType::F32)?;
+                    wm_gather::scatter(mem, &self.layout, Ids::I64(&mine), bytemuck::cast_slice(&vals), DType::F32)?;
                     cache.invalidate(Ids::I64(&mine))?;
                 }
-                if layout_cols.is_some() {
+                if self.sliced {
                     // Only the layout's columns changed: the model keeps
                     // whole rows, so the others are written alike here.
-                    let whole = RowLayout::new(dt, cols, 0)?;
+                    let whole = RowLayout::new(self.dt, cols, 0)?;
                     let vals: Vec<f32> = mine.iter().flat_map(|&r| (0..cols).map(move |c| value(r as usize, c, v))).collect();
-                    wm_gather::scatter(&mut mem, &whole, Ids::I64(&mine), bytemuck::cast_slice(&vals), DType::F32)?;
+                    wm_gather::scatter(mem, &whole, Ids::I64(&mine), bytemuck::cast_slice(&vals), DType::F32)?;
                     cache.invalidate(Ids::I64(&mine))?;
                 }
                 for r in 0..n {
-                    for row in writes(rows, &hot, r, round, n) {
-                        version[row as usize] = v;
+                    for row in writes(rows, &self.hot, r, round, n) {
+                        self.version[row as usize] = v;
                     }
                 }
             }
@@ -227,63 +282,71 @@ fn node_case(world: &Comm, ty: MemoryType, dt: DType, ratio: f64, layout_cols: O
                 // then empties the cache.
                 let last = n - 1;
                 if me == last {
-                    let vals: Vec<f32> = own.clone().flat_map(|r| (0..cols).map(move |c| value(r, c, v))).collect();
-                    mem.write_local(&encode(dt, &vals))?;
+                    let vals: Vec<f32> = mem.local_rows().flat_map(|r| (0..cols).map(move |c| value(r, c, v))).collect();
+                    mem.write_local(&encode(self.dt, &vals))?;
                 }
                 cache.clear()?;
                 for row in mem.partition().range(last) {
-                    version[row] = v;
+                    self.version[row] = v;
                 }
             }
             _ => {}
         }
+        Ok(())
     }
 
-    let s = cache.stats();
-    ensure!(s.lookups > 0 && s.hits > 0 && s.hits <= s.lookups, "{case}: implausible statistics {s:?}");
-    ensure!(s.writebacks == 0, "{case}: a read-only cache wrote back {s:?}");
-    ensure!(cache.cached_rows() <= cache.capacity(), "{case}: {} rows held in {} slots", cache.cached_rows(), cache.capacity());
-    // At least the slots asked for, at most one per remote row.
-    let asked = ((ratio * rows as f64).ceil() as usize).min(cache.remote_rows());
-    ensure!(
-        (asked..=cache.remote_rows()).contains(&cache.capacity()),
-        "{case}: {} slots for {asked} asked and {} remote rows",
-        cache.capacity(),
-        cache.remote_rows()
-    );
-    if ratio == 1.0 {
-        // A cache larger than the remote part: a slot per row, nothing
-        // ever evicted, and rows read twice hit the second time.
-        ensure!(cache.capacity() == cache.remote_rows(), "{case}: {} slots for {} remote rows", cache.capacity(), cache.remote_rows());
-        ensure!(s.evictions == 0, "{case}: a cache with a slot per row evicted {s:?}");
-        let ids: Vec<i64> = hot.iter().map(|&h| h as i64).collect();
-        let mut out = vec![0u8; ids.len() * width * 4];
-        cache.gather(&mem, Ids::I64(&ids), &mut out, DType::F32)?;
-        let before = cache.stats();
-        cache.gather(&mem, Ids::I64(&ids), &mut out, DType::F32)?;
-        let d = cache.stats().since(&before);
-        ensure!(d.lookups > 0 && d.hits == d.lookups, "{case}: rows read twice missed the second time: {d:?}");
-    }
-    let s = cache.stats();
-    // Fills and evictions are the node's: the same on every rank of it.
-    let local = world.local();
-    let node_stats = local.allgather_pod(&[s.fills, s.evictions, cache.cached_rows() as u64])?;
-    ensure!(node_stats.chunks(3).all(|c| c == &node_stats[..3]), "{case}: the ranks of a node disagree about their cache: {node_stats:?}");
-    if me == 0 {
-        println!(
-            "case {case}: capacity {} of {} remote rows, lookups {} hits {} ({:.2}) fills {} evictions {}",
+    /// The cache's statistics and size after the rounds, a second read of
+    /// the hot rows hitting where every remote row has a slot, and the
+    /// node's ranks agreeing about their cache.
+    fn check_stats(&self, world: &Comm, mem: &WholeMemory, cache: &mut NodeCache, ratio: f64) -> Result<()> {
+        let (case, rows, width) = (&self.case, self.rows, self.width);
+        let s = cache.stats();
+        ensure!(s.lookups > 0 && s.hits > 0 && s.hits <= s.lookups, "{case}: implausible statistics {s:?}");
+        ensure!(s.writebacks == 0, "{case}: a read-only cache wrote back {s:?}");
+        ensure!(cache.cached_rows() <= cache.capacity(), "{case}: {} rows held in {} slots", cache.cached_rows(), cache.capacity());
+        // At least the slots asked for, at most one per remote row.
+        let asked = ((ratio * rows as f64).ceil() as usize).min(cache.remote_rows());
+        ensure!(
+            (asked..=cache.remote_rows()).contains(&cache.capacity()),
+            "{case}: {} slots for {asked} asked and {} remote rows",
             cache.capacity(),
-            cache.remote_rows(),
-            s.lookups,
-            s.hits,
-            s.hit_rate(),
-            s.fills,
-            s.evictions
+            cache.remote_rows()
         );
+        if ratio == 1.0 {
+            // A cache larger than the remote part: a slot per row, nothing
+            // ever evicted, and rows read twice hit the second time.
+            ensure!(cache.capacity() == cache.remote_rows(), "{case}: {} slots for {} remote rows", cache.capacity(), cache.remote_rows());
+            ensure!(s.evictions == 0, "{case}: a cache with a slot per row evicted {s:?}");
+            let ids: Vec<i64> = self.hot.iter().map(|&h| h as i64).collect();
+            let mut out = vec![0u8; ids.len() * width * 4];
+            cache.gather(mem, Ids::I64(&ids), &mut out, DType::F32)?;
+            let before = cache.stats();
+            cache.gather(mem, Ids::I64(&ids), &mut out, DType::F32)?;
+            let d = cache.stats().since(&before);
+            ensure!(d.lookups > 0 && d.hits == d.lookups, "{case}: rows read twice missed the second time: {d:?}");
+        }
+        let s = cache.stats();
+        // Fills and evictions are the node's: the same on every rank of it.
+        let local = world.local();
+        let node_stats = local.allgather_pod(&[s.fills, s.evictions, cache.cached_rows() as u64])?;
+        ensure!(
+            node_stats.chunks(3).all(|c| c == &node_stats[..3]),
+            "{case}: the ranks of a node disagree about their cache: {node_stats:?}"
+        );
+        if world.rank() == 0 {
+            println!(
+                "case {case}: capacity {} of {} remote rows, lookups {} hits {} ({:.2}) fills {} evictions {}",
+                cache.capacity(),
+                cache.remote_rows(),
+                s.lookups,
+                s.hits,
+                s.hit_rate(),
+                s.fills,
+                s.evictions
+            );
+        }
+        Ok(())
     }
-    cache.free()?;
-    mem.free()?;
-    Ok(())
 }
 
 fn node_cache(world: &Comm) -> Result<()> {
@@ -495,15 +558,15 @@ fn read_checked(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64], version: 
     cache.gather(mem, Ids::I64(ids), &mut cached, DType::F32).with_context(|| format!("{what}: cached gather"))?;
     let mut plain = vec![0u8; cached.len()];
     wm_gather::gather(mem, cache.layout(), Ids::I64(ids), &mut plain, DType::F32)?;
-    let got: Vec<f32> = bytemuck::pod_collect_to_vec(&cached);
+    let held: Vec<f32> = bytemuck::pod_collect_to_vec(&cached);
     for (k, &id) in ids.iter().enumerate() {
         let row = id as usize;
         for c in 0..cols {
             let want = value(row, c, version[row]);
             ensure!(
-                got[k * cols + c] == want,
+                held[k * cols + c] == want,
                 "{what}: the cached gather returned a stale row {row}: column {c} holds {} instead of {want} (version {})",
-                got[k * cols + c],
+                held[k * cols + c],
                 version[row]
             );
         }
@@ -593,16 +656,9 @@ fn coherence_case(world: &Comm, ty: MemoryType, ratio: f64, files: &Path) -> Res
     let writer = n - 1;
     let layout_of = wm_topology::NodeLayout::of(world.nodes());
     ensure!(layout_of.node[writer] != layout_of.node[0], "the writer must be on another node than rank 0");
-    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
-    let mut mem = WholeMemory::allocate(world, &req)?;
+    let mut mem = model_table(world, ty, rows, cols)?;
     let mut version = vec![0u32; rows];
-    let own = mem.local_rows();
-    mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-    world.barrier()?;
-    let layout = RowLayout::new(DType::F32, cols, 0)?;
-    let mut cache = NodeCache::new(&mem, &layout, ratio)?;
-    // Every call through the cache: the checks count its hits.
-    cache.set_bypass(Bypass::Off);
+    let mut cache = checked_cache(&mem, cols, ratio)?;
     // Hot rows: the writer's first rows and rows of every owner.
     let theirs = mem.partition().range(writer);
     let mut hrng = Rng::new(&[29, rows as u64]);
@@ -689,6 +745,28 @@ fn hits_of(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64]) -> Result<Cach
     Ok(cache.stats().since(&before))
 }
 
+/// A host embedding of `shape` (rows, columns) with `optimizer`,
+/// initialised from `seed`, behind a node cache with a slot for every
+/// remote row that every call goes through, with the rows of `warm` read
+/// once.
+fn warm_cached_embedding(
+    world: &Comm,
+    ty: MemoryType,
+    shape: (usize, usize),
+    optimizer: Optimizer,
+    seed: u64,
+    warm: &[i64],
+) -> Result<Embedding<f32>> {
+    let (rows, cols) = shape;
+    let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(optimizer))?;
+    emb.init(Init::Normal { mean: 0.0, std: 0.1 }, seed)?;
+    emb.enable_node_cache(1.0)?;
+    emb.set_node_cache_bypass(Bypass::Off);
+    let mut x = vec![0f32; warm.len() * cols];
+    emb.gather(warm, &mut x)?;
+    Ok(emb)
+}
+
 /// The writes a cache makes or is told of cost it the rows written and no
 /// others: after a `NodeCache::scatter`, and after a step of an embedding
 /// with its own node cache, rows nobody wrote are still hits, and the rows
@@ -696,16 +774,9 @@ fn hits_of(cache: &mut NodeCache, mem: &WholeMemory, ids: &[i64]) -> Result<Cach
 fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     let (rows, cols) = (400, 4);
-    let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
-    let mut mem = WholeMemory::allocate(world, &req)?;
+    let mut mem = model_table(world, ty, rows, cols)?;
     let mut version = vec![0u32; rows];
-    let own = mem.local_rows();
-    mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-    world.barrier()?;
-    let layout = RowLayout::new(DType::F32, cols, 0)?;
-    let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
-    // Every call through the cache: the checks count its hits.
-    cache.set_bypass(Bypass::Off);
+    let mut cache = checked_cache(&mem, cols, 1.0)?;
     // Rows of every owner: some kept, some written.
     let kept: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 0).collect();
     let written: Vec<i64> = (0..rows as i64).filter(|r| r % 5 == 2).collect();
@@ -723,12 +794,7 @@ fn own_writes_keep_the_rest(world: &Comm, ty: MemoryType) -> Result<()> {
     cache.free()?;
     mem.free()?;
 
-    let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::sgd()))?;
-    emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 5)?;
-    emb.enable_node_cache(1.0)?;
-    emb.set_node_cache_bypass(Bypass::Off);
-    let mut x = vec![0f32; both.len() * cols];
-    emb.gather(&both, &mut x)?;
+    let mut emb = warm_cached_embedding(world, ty, (rows, cols), Optimizer::sgd(), 5, &both)?;
     let grads = vec![0.5f32; mine.len() * cols];
     emb.apply_gradients(&mine, &grads, 0.1)?;
     let before = emb.node_cache_stats().context("the embedding has its cache")?;
@@ -816,16 +882,9 @@ fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
     let (rows, cols) = (400, 4);
     let bad = rows as i64 + 5;
     for ty in collective_types(world) {
-        let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
-        let mut mem = WholeMemory::allocate(world, &req)?;
-        let version = vec![0u32; rows];
-        let own = mem.local_rows();
-        mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-        world.barrier()?;
+        let mut mem = model_table(world, ty, rows, cols)?;
+        let mut cache = checked_cache(&mem, cols, 1.0)?;
         let layout = RowLayout::new(DType::F32, cols, 0)?;
-        let mut cache = NodeCache::new(&mem, &layout, 1.0)?;
-        // Every call through the cache: the checks count its hits.
-        cache.set_bypass(Bypass::Off);
         let hot: Vec<i64> = (0..rows as i64).step_by(9).collect();
         let mut out = vec![0u8; hot.len() * cols * 4];
         cache.gather(&mem, Ids::I64(&hot), &mut out, DType::F32)?;
@@ -867,12 +926,7 @@ fn all_or_nothing(world: &Comm, files: &Path) -> Result<()> {
 
         // An embedding with a node cache: a step with a bad id changes no
         // weight, no state and nothing cached.
-        let mut emb = Embedding::<f32>::allocate(world, ty, Location::Host, rows, cols, None, Some(Optimizer::adam()))?;
-        emb.init(Init::Normal { mean: 0.0, std: 0.1 }, 1)?;
-        emb.enable_node_cache(1.0)?;
-        emb.set_node_cache_bypass(Bypass::Off);
-        let mut x = vec![0f32; hot.len() * cols];
-        emb.gather(&hot, &mut x)?;
+        let mut emb = warm_cached_embedding(world, ty, (rows, cols), Optimizer::adam(), 1, &hot)?;
         let all: Vec<i64> = (0..rows as i64).collect();
         let weights = |e: &Embedding<f32>| -> Result<Vec<f32>> {
             let mut w = vec![0f32; rows * cols];
@@ -1045,13 +1099,9 @@ fn reused_table(world: &Comm) -> Result<()> {
     for ty in collective_types(world) {
         let req = AllocRequest { ty, loc: Location::Host, total: rows * cols * 4, granularity: cols * 4, partition: None };
         let mut version = vec![0u32; rows];
-        let mut mem = WholeMemory::allocate(world, &req)?;
+        let mem = model_table(world, ty, rows, cols)?;
         let own = mem.local_rows();
-        mem.write_rows(own.start, &model_rows(own.clone(), cols, &version))?;
-        world.barrier()?;
-        let mut cache = NodeCache::new(&mem, &layout, 0.5)?;
-        // Every call through the cache: the checks count its hits.
-        cache.set_bypass(Bypass::Off);
+        let mut cache = checked_cache(&mem, cols, 0.5)?;
         let ids: Vec<i64> = (0..rows as i64).step_by(5).collect();
         read_checked(&mut cache, &mem, &ids, &version, &format!("{ty}: the first table"))?;
         let old_place = mem.rank_ptr(me).map(|p| p as usize);

@@ -24,25 +24,18 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| match scenario.as_str() {
-        "optimizers" => match args.get(1).map(String::as_str) {
-            None | Some("host") => optimizers(&world, Location::Host),
-            Some("device") => optimizers(&world, Location::Device),
+    wm_tests::rank_main(|world, scenario, rest| match scenario {
+        "optimizers" => match rest.first().map(String::as_str) {
+            None | Some("host") => optimizers(world, Location::Host),
+            Some("device") => optimizers(world, Location::Device),
             Some(other) => bail!("unknown location {other:?}; expected host or device"),
         },
-        "bad-input" => bad_input(&world),
-        "init-digest" => init_digest(&world),
+        "bad-input" => bad_input(world),
+        "init-digest" => init_digest(world),
         #[cfg(feature = "candle")]
-        "candle" => candle::untouched_rows(&world),
+        "candle" => candle::untouched_rows(world),
         other => bail!("unknown scenario {other:?}"),
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 fn host_types(world: &Comm) -> Result<Vec<MemoryType>> {
@@ -174,16 +167,16 @@ impl Reference {
     }
 }
 
-/// Whether `got` is `want` up to f32 arithmetic order, and for 16-bit
+/// Whether `held` is `want` up to f32 arithmetic order, and for 16-bit
 /// tables up to two units in the last place of the stored type.
-fn close(dt: DType, got: f32, want: f32) -> bool {
-    let mag = got.abs().max(want.abs());
+fn close(dt: DType, held: f32, want: f32) -> bool {
+    let mag = held.abs().max(want.abs());
     let tol = match dt {
         DType::F32 => 2e-5 * mag.max(1.0),
         DType::Bf16 => mag * 2f32.powi(-6) + 1e-5,
         _ => mag * 2f32.powi(-9) + 1e-5,
     };
-    (got - want).abs() <= tol
+    (held - want).abs() <= tol
 }
 
 // ------------------------------------------------------------ the scenarios
@@ -297,15 +290,15 @@ fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, loc: Location, op
 
     // Every rank reads the whole table (and the state) and compares.
     let all: Vec<i64> = (0..rows as i64).collect();
-    let mut got = vec![0f32; rows * dim];
-    emb.gather(&all, &mut got)?;
-    for (k, (&g, &w)) in got.iter().zip(&reference.w).enumerate() {
+    let mut held = vec![0f32; rows * dim];
+    emb.gather(&all, &mut held)?;
+    for (k, (&g, &w)) in held.iter().zip(&reference.w).enumerate() {
         ensure!(close(dt, g, w), "rank {me}: weight row {} col {} = {g}, reference {w}", k / dim, k % dim);
     }
     let untouched = rows * 3 / 4..rows;
     for row in untouched {
         for c in 0..dim {
-            ensure!(got[row * dim + c] == round_to(dt, start(row, c)), "rank {me}: row {row} got no gradient but changed");
+            ensure!(held[row * dim + c] == round_to(dt, start(row, c)), "rank {me}: row {row} got no gradient but changed");
         }
     }
     let mut state = vec![0f32; rows * dim];
@@ -402,8 +395,8 @@ fn bad_input(world: &Comm) -> Result<()> {
         let grads = [1.0, 1.0, 1.0, 2.0, 2.0, 2.0];
         emb.apply_gradients(&ids, &grads, 0.25)?;
         let all: Vec<i64> = (0..rows as i64).collect();
-        let mut got = vec![0f32; rows * dim];
-        emb.gather(&all, &mut got)?;
+        let mut held = vec![0f32; rows * dim];
+        emb.gather(&all, &mut held)?;
         for row in 0..rows {
             // Row 0 gets 2 from every rank plus 1 from rank 0.
             let g = if row == 0 {
@@ -415,10 +408,10 @@ fn bad_input(world: &Comm) -> Result<()> {
             };
             let want = 1.0 - 0.25 * g;
             ensure!(
-                got[row * dim..][..dim].iter().all(|&v| v == want),
+                held[row * dim..][..dim].iter().all(|&v| v == want),
                 "{}: row {row} = {:?}, want {want}",
                 ctx("after"),
-                &got[row * dim..][..dim]
+                &held[row * dim..][..dim]
             );
         }
 
@@ -517,13 +510,13 @@ mod candle {
     /// One rank's part of a step: the ids its loss reads, their gradients
     /// (the loss is `sum(rows ⊙ grads)`), and ids it looks up but leaves
     /// out of the loss.
-    struct Part {
+    struct RankStep {
         used: Vec<i64>,
         grads: Vec<f32>,
         idle: Vec<i64>,
     }
 
-    fn part(rows: usize, dim: usize, step: u64, r: usize) -> Part {
+    fn rank_step(rows: usize, dim: usize, step: u64, r: usize) -> RankStep {
         let mut b = Rng::new(&[0xca4d1e, step, r as u64]);
         // Every third rank-step the loss reads no embedding row at all.
         let count = if (r as u64 + step) % 3 == 1 { 0 } else { 1 + b.below(6) as usize };
@@ -532,7 +525,7 @@ mod candle {
         let idle: Vec<i64> = (0..1 + b.below(6)).map(|_| b.below(rows as u64) as i64).collect();
         // Never zero, so every read row visibly takes its step.
         let grads = (0..count * dim).map(|k| ((k * 5 + r * 3 + step as usize * 7) % 13) as f32 * 0.05 - 0.32).collect();
-        Part { used, grads, idle }
+        RankStep { used, grads, idle }
     }
 
     /// Every host type on any rank count: each step, each rank looks up a
@@ -558,7 +551,7 @@ mod candle {
             emb.gather(&all, &mut before)?;
             let bias = Var::new(1.5f32, &Device::Cpu)?;
             for step in 0..4u64 {
-                let parts: Vec<Part> = (0..n).map(|r| part(rows, dim, step, r)).collect();
+                let parts: Vec<RankStep> = (0..n).map(|r| rank_step(rows, dim, step, r)).collect();
                 let mine = &parts[me];
                 // Lookups are collective for some types: both, on every rank.
                 let used = EmbeddingVar::lookup(&emb, &mine.used, &Device::Cpu)?;
@@ -576,14 +569,14 @@ mod candle {
                 let batches: Vec<(Vec<i64>, Vec<f32>)> = parts.iter().map(|p| (p.used.clone(), p.grads.clone())).collect();
                 reference.step(&batches, lr);
 
-                let mut got = vec![0f32; rows * dim];
-                emb.gather(&all, &mut got)?;
+                let mut held = vec![0f32; rows * dim];
+                emb.gather(&all, &mut held)?;
                 let read: std::collections::HashSet<i64> = parts.iter().flat_map(|p| p.used.iter().copied()).collect();
                 for row in 0..rows {
                     let span = row * dim..(row + 1) * dim;
                     if read.contains(&(row as i64)) {
                         for c in span {
-                            let (g, w) = (got[c], reference.w[c]);
+                            let (g, w) = (held[c], reference.w[c]);
                             ensure!(
                                 close(DType::F32, g, w),
                                 "rank {me}: {ty} step {step}: row {row} col {} = {g}, AdamW reference {w}",
@@ -593,14 +586,14 @@ mod candle {
                     } else {
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
                         ensure!(
-                            bits(&got[span.clone()]) == bits(&before[span.clone()]),
+                            bits(&held[span.clone()]) == bits(&before[span.clone()]),
                             "rank {me}: {ty} step {step}: row {row} was read by no loss but moved from {:?} to {:?}",
                             &before[span.clone()],
-                            &got[span]
+                            &held[span]
                         );
                     }
                 }
-                before = got;
+                before = held;
             }
             let mut powers = vec![0f32; rows * 2];
             emb.gather_state("beta12t", &all, &mut powers)?;

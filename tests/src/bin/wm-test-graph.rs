@@ -24,36 +24,29 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let loc = match args.iter().skip(1).find(|a| *a == "device") {
+    wm_tests::rank_main(|world, scenario, rest| {
+        let loc = match rest.iter().find(|a| *a == "device") {
             Some(_) => Location::Device,
             None => Location::Host,
         };
-        match scenario.as_str() {
+        match scenario {
             "build" => {
-                let dir = PathBuf::from(args.get(1).context("usage: wm-test-graph build DIR [device]")?);
-                build_and_files(&world, &dir, loc)
+                let dir = PathBuf::from(rest.first().context("usage: wm-test-graph build DIR [device]")?);
+                build_and_files(world, &dir, loc)
             }
-            "uniform" => uniform(&world, loc),
-            "weighted" => weighted(&world, loc),
-            "digest" => digest(&world, loc),
-            "blocks" => blocks(&world, loc),
-            "bad-input" => bad_input(&world),
-            "fanout-property" => fanout_property(&world, loc),
+            "uniform" => uniform(world, loc),
+            "weighted" => weighted(world, loc),
+            "digest" => digest(world, loc),
+            "blocks" => blocks(world, loc),
+            "bad-input" => bad_input(world),
+            "fanout-property" => fanout_property(world, loc),
             "load-partition" => {
-                let dir = PathBuf::from(args.get(1).context("usage: wm-test-graph load-partition DIR")?);
-                load_partition(&world, &dir)
+                let dir = PathBuf::from(rest.first().context("usage: wm-test-graph load-partition DIR")?);
+                load_partition(world, &dir)
             }
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 /// The memory types `world` can hold at `loc`, printing why for the others.
@@ -135,6 +128,19 @@ impl Edges {
     }
 }
 
+/// The private CSR of an adjacency list: row pointers, neighbours and
+/// weights, for `sample_in_memory`.
+fn csr_of(adjacency: &[Vec<(i64, f32)>]) -> (Vec<i64>, Vec<i64>, Vec<f32>) {
+    let mut row_ptr = vec![0i64];
+    let (mut col, mut weights) = (Vec::new(), Vec::new());
+    for list in adjacency {
+        col.extend(list.iter().map(|p| p.0));
+        weights.extend(list.iter().map(|p| p.1));
+        row_ptr.push(col.len() as i64);
+    }
+    (row_ptr, col, weights)
+}
+
 /// Every node's neighbours (and weights) through a collective full sample,
 /// compared with the reference; owners also check through `neighbors`.
 fn check_graph(g: &CsrGraph, reference: &[Vec<(i64, f32)>], case: &str) -> Result<()> {
@@ -143,9 +149,9 @@ fn check_graph(g: &CsrGraph, reference: &[Vec<(i64, f32)>], case: &str) -> Resul
     let total: usize = reference.iter().map(Vec::len).sum();
     ensure!(g.edges() == total, "{case}: {} edges, the reference has {total}", g.edges());
     for (v, want) in reference.iter().enumerate() {
-        let got = s.of(v);
+        let drawn = s.of(v);
         let want_ids: Vec<i64> = want.iter().map(|p| p.0).collect();
-        ensure!(got == want_ids.as_slice(), "{case}: node {v} has neighbours {got:?}, the reference {want_ids:?}");
+        ensure!(drawn == want_ids.as_slice(), "{case}: node {v} has neighbours {drawn:?}, the reference {want_ids:?}");
         let eids = &s.edge_ids[s.offsets[v]..s.offsets[v + 1]];
         ensure!(eids.windows(2).all(|w| w[1] == w[0] + 1), "{case}: node {v}'s edge ids {eids:?} are not consecutive");
     }
@@ -258,13 +264,13 @@ fn draw(g: &CsrGraph, world: &Comm, node: i64, k: usize, seeds: u64, weighted: b
             ensure!(s.neighbors.is_empty(), "samples for no centers");
             continue;
         }
-        let got = s.of(0).to_vec();
-        ensure!(got.len() == k, "seed {seed}: {} samples, fanout {k}", got.len());
-        ensure!(got.windows(2).all(|w| w[0] < w[1]), "seed {seed}: repeats or out of order: {got:?}");
+        let drawn = s.of(0).to_vec();
+        ensure!(drawn.len() == k, "seed {seed}: {} samples, fanout {k}", drawn.len());
+        ensure!(drawn.windows(2).all(|w| w[0] < w[1]), "seed {seed}: repeats or out of order: {drawn:?}");
         if let Some(n) = &neighbours {
-            ensure!(got.iter().all(|x| n.contains(x)), "seed {seed}: {got:?} are not all neighbours of {node} ({n:?})");
+            ensure!(drawn.iter().all(|x| n.contains(x)), "seed {seed}: {drawn:?} are not all neighbours of {node} ({n:?})");
         }
-        *counts.entry(got).or_insert(0) += 1;
+        *counts.entry(drawn).or_insert(0) += 1;
     }
     Ok(counts)
 }
@@ -378,13 +384,7 @@ fn digest(world: &Comm, loc: Location) -> Result<()> {
     let mine = all.share(world);
     let centers: Vec<i64> = (0..nodes as i64).step_by(3).collect();
     let reference = all.reference(nodes, true, true, false);
-    let mut row_ptr = vec![0i64];
-    let (mut col, mut weights) = (Vec::new(), Vec::new());
-    for list in &reference {
-        col.extend(list.iter().map(|p| p.0));
-        weights.extend(list.iter().map(|p| p.1));
-        row_ptr.push(col.len() as i64);
-    }
+    let (row_ptr, col, weights) = csr_of(&reference);
     for ty in types_at(world, loc) {
         let opts = BuildOptions::new(nodes, ty, loc).undirected(true).dedup(true);
         let g = build(world, &opts, mine.list(true))?;
@@ -552,13 +552,7 @@ fn fanout_property(world: &Comm, loc: Location) -> Result<()> {
     let all = Edges::random(23, nodes, 400);
     let mine = all.share(world);
     let reference = all.reference(nodes, false, false, false);
-    let mut row_ptr = vec![0i64];
-    let (mut col, mut weights) = (Vec::new(), Vec::new());
-    for list in &reference {
-        col.extend(list.iter().map(|p| p.0));
-        weights.extend(list.iter().map(|p| p.1));
-        row_ptr.push(col.len() as i64);
-    }
+    let (row_ptr, col, weights) = csr_of(&reference);
     let most = reference.iter().map(Vec::len).max().unwrap_or(0);
     let mut graphs = Vec::new();
     for ty in types_at(world, loc) {
@@ -586,8 +580,11 @@ fn fanout_property(world: &Comm, loc: Location) -> Result<()> {
             ensure!(eids.iter().all(|e| (start..end).contains(e)), "sample_in_memory: edges {eids:?} are not {v}'s {start}..{end}");
         }
         for (name, g) in &graphs {
-            let got = sample(g, &centers, &req).with_context(|| format!("{name}: fanout {fanout}, weighted {weighted}"))?;
-            ensure!(got == want, "{name}: fanout {fanout}, weighted {weighted}, centers {centers:?}: {got:?}, sample_in_memory {want:?}");
+            let drawn = sample(g, &centers, &req).with_context(|| format!("{name}: fanout {fanout}, weighted {weighted}"))?;
+            ensure!(
+                drawn == want,
+                "{name}: fanout {fanout}, weighted {weighted}, centers {centers:?}: {drawn:?}, sample_in_memory {want:?}"
+            );
         }
         Ok(())
     };

@@ -20,27 +20,20 @@ use wm_comm::Communicator;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let dir = PathBuf::from(args.get(1).context("usage: wm-test-load SCENARIO DIR")?);
+    wm_tests::rank_main(|world, scenario, rest| {
+        let dir = PathBuf::from(rest.first().context("usage: wm-test-load SCENARIO DIR")?);
         ensure!(dir.is_dir(), "{} is not a directory", dir.display());
-        match scenario.as_str() {
-            "layouts" => layouts(&world, &dir),
-            "round-trip" => match args.get(2).map(String::as_str) {
-                None | Some("host") => round_trip(&world, &dir, Location::Host),
-                Some("device") => round_trip(&world, &dir, Location::Device),
+        match scenario {
+            "layouts" => layouts(world, &dir),
+            "round-trip" => match rest.get(1).map(String::as_str) {
+                None | Some("host") => round_trip(world, &dir, Location::Host),
+                Some("device") => round_trip(world, &dir, Location::Device),
                 Some(other) => bail!("unknown location {other:?}; expected host or device"),
             },
-            "malformed" => malformed(&world, &dir),
+            "malformed" => malformed(world, &dir),
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 // ------------------------------------------------------------- test values
@@ -391,8 +384,8 @@ fn round_trip(world: &Comm, dir: &Path, loc: Location) -> Result<()> {
 
         // Back into tables of other partitions.
         let reversed: Vec<usize> = store_part.iter().rev().copied().collect();
-        for (pname, part) in [("even", None), ("reversed", Some(reversed))] {
-            let mut back = WholeTensor::<f32>::matrix(world, ty, loc, rows, 5, part.as_deref())?;
+        for (pname, partition) in [("even", None), ("reversed", Some(reversed))] {
+            let mut back = WholeTensor::<f32>::matrix(world, ty, loc, rows, 5, partition.as_deref())?;
             back.load(&ShardSet::npy_dir(&npy_dir)).context(format!("{what}: npy into {pname}"))?;
             check_local(&back, &format!("{what}: npy into {pname}"), me)?;
             let zeros = vec![0u8; back.local_rows().len() * back.memory().granularity()];
@@ -478,6 +471,14 @@ struct Bad {
     needles: Vec<String>,
 }
 
+impl Bad {
+    /// A case that loads the NPY shards of its directory, whose error must
+    /// name `needle`.
+    fn in_dir(name: &'static str, setup: impl Fn(&Path) -> Result<()> + 'static, needle: impl Into<String>) -> Self {
+        Self { name, setup: Box::new(setup), set: Box::new(|d, _| ShardSet::npy_dir(d)), needles: vec![needle.into()] }
+    }
+}
+
 /// Writes shard `i` of `counts` (f32 rows of `cols`, or f64 for `<f8`),
 /// with `descr` and `fortran` in its header and `extra` bytes after the data.
 fn shard_file(d: &Path, counts: &[usize], i: usize, descr: &str, fortran: bool, cols: usize, extra: &[u8]) -> Result<()> {
@@ -496,114 +497,104 @@ fn shards_but(d: &Path, counts: &[usize], bad: usize, f: impl Fn(&Path, usize) -
     Ok(())
 }
 
-fn malformed(world: &Comm, dir: &Path) -> Result<()> {
-    let (me, n) = (world.rank(), world.size());
-    let rows = 40 * n + 11;
-    // Shared by the case closures below; a test program may leak it.
-    let counts: &'static [usize] = Box::leak(uneven(rows, 3, 0).into_boxed_slice());
+/// Good f32 shards of `counts` but shard `bad`, written as [`shard_file`]
+/// writes it with `descr`, `fortran`, `cols` and `extra`.
+fn odd_shard(
+    counts: &'static [usize],
+    bad: usize,
+    descr: &'static str,
+    fortran: bool,
+    cols: usize,
+    extra: &'static [u8],
+) -> impl Fn(&Path) -> Result<()> {
+    move |d| shards_but(d, counts, bad, |d, i| shard_file(d, counts, i, descr, fortran, cols, extra))
+}
+
+/// The cases of a directory as a whole: missing, empty, numbered wrong.
+fn directory_cases(counts: &'static [usize]) -> Vec<Bad> {
     let all_good = move |d: &Path| shards_but(d, counts, usize::MAX, |_, _| Ok(()));
-    let dir_set = |d: &Path, _: usize| ShardSet::npy_dir(d);
-    let mut cases: Vec<Bad> = vec![
+    vec![
         Bad {
             name: "missing directory",
             setup: Box::new(|_| Ok(())),
             set: Box::new(|d, _| ShardSet::npy_dir(d.join("nope"))),
             needles: vec!["nope: the shard directory does not exist".into()],
         },
-        Bad {
-            name: "no shards",
-            setup: Box::new(|d| {
+        Bad::in_dir(
+            "no shards",
+            |d| {
                 std::fs::create_dir_all(d)?;
                 write_file(&d.join("readme.txt"), &[b"no shards here"])
-            }),
-            set: Box::new(dir_set),
-            needles: vec!["no shard files".into()],
-        },
-        Bad {
-            name: "gap",
-            setup: Box::new(move |d| {
+            },
+            "no shard files",
+        ),
+        Bad::in_dir(
+            "gap",
+            move |d| {
                 all_good(d)?;
                 std::fs::rename(d.join("shard_0002.npy"), d.join("shard_0003.npy"))?;
                 Ok(())
-            }),
-            set: Box::new(dir_set),
-            needles: vec!["gap: shard_0002.npy is missing (the next file is shard_0003.npy)".into()],
-        },
-        Bad {
-            name: "duplicate number",
-            setup: Box::new(move |d| {
+            },
+            "gap: shard_0002.npy is missing (the next file is shard_0003.npy)",
+        ),
+        Bad::in_dir(
+            "duplicate number",
+            move |d| {
                 all_good(d)?;
                 std::fs::copy(d.join("shard_0001.npy"), d.join("shard_1.npy"))?;
                 Ok(())
-            }),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0001.npy and shard_1.npy both have shard number 1".into()],
-        },
-        Bad {
-            name: "element types differ between files",
-            setup: Box::new(move |d| shards_but(d, counts, 1, |d, i| shard_file(d, counts, i, "<f8", false, 7, &[]))),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0001.npy: element type f64 differs from f32 in shard_0000.npy".into()],
-        },
-        Bad {
-            name: "row shapes differ between files",
-            setup: Box::new(move |d| shards_but(d, counts, 2, |d, i| shard_file(d, counts, i, "<f4", false, 6, &[]))),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0002.npy: row shape [6] differs from [7] in shard_0000.npy".into()],
-        },
-        Bad {
-            name: "fortran order",
-            setup: Box::new(move |d| shards_but(d, counts, 1, |d, i| shard_file(d, counts, i, "<f4", true, 7, &[]))),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0001.npy: the array is in Fortran".into()],
-        },
-        Bad {
-            name: "element type not the table's",
-            setup: Box::new(move |d| write_shards::<f64>(d, counts, &[7], false).map(|_| ())),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0000.npy: the file holds f64 elements but the table holds f32".into()],
-        },
-        Bad {
-            name: "row shape not the table's",
-            setup: Box::new(move |d| write_shards::<f32>(d, &[rows], &[8], false).map(|_| ())),
-            set: Box::new(dir_set),
-            needles: vec!["rows of shape [8] in the file, [7] in the table".into()],
-        },
-        Bad {
-            name: "total rows",
-            setup: Box::new(move |d| write_shards::<f32>(d, &[5, rows - 6], &[7], false).map(|_| ())),
-            set: Box::new(dir_set),
-            needles: vec![format!("the files hold {} rows in all, the table has {rows}", rows - 1)],
-        },
-        Bad {
-            name: "big-endian",
-            setup: Box::new(move |d| shards_but(d, counts, 0, |d, i| shard_file(d, counts, i, ">f4", false, 7, &[]))),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0000.npy: big-endian data ('>f4')".into()],
-        },
-        Bad {
-            name: "unsupported element type",
-            setup: Box::new(move |d| shards_but(d, counts, 2, |d, i| shard_file(d, counts, i, "<u4", false, 7, &[]))),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0002.npy: element type '<u4' is not one a table holds".into()],
-        },
-        Bad {
-            name: "file longer than its header says",
-            setup: Box::new(move |d| shards_but(d, counts, 1, |d, i| shard_file(d, counts, i, "<f4", false, 7, &[1, 2, 3]))),
-            set: Box::new(dir_set),
-            needles: vec![format!(
-                "shard_0001.npy: the header describes {} bytes",
-                npy_header("<f4", false, &[counts[1], 7]).len() + counts[1] * 28
-            )],
-        },
-        Bad {
-            name: "not NPY",
-            setup: Box::new(move |d| {
-                shards_but(d, counts, 0, |d, i| write_file(&d.join(format!("shard_{i:04}.npy")), &[b"PK\x03\x04 not an array"]))
-            }),
-            set: Box::new(dir_set),
-            needles: vec!["shard_0000.npy: not a valid NPY file: it does not start with the NPY magic".into()],
-        },
+            },
+            "shard_0001.npy and shard_1.npy both have shard number 1",
+        ),
+    ]
+}
+
+/// The cases of files that do not agree with each other or with the table,
+/// or are not what they claim to be.
+fn file_cases(rows: usize, counts: &'static [usize]) -> Vec<Bad> {
+    vec![
+        Bad::in_dir(
+            "element types differ between files",
+            odd_shard(counts, 1, "<f8", false, 7, &[]),
+            "shard_0001.npy: element type f64 differs from f32 in shard_0000.npy",
+        ),
+        Bad::in_dir(
+            "row shapes differ between files",
+            odd_shard(counts, 2, "<f4", false, 6, &[]),
+            "shard_0002.npy: row shape [6] differs from [7] in shard_0000.npy",
+        ),
+        Bad::in_dir("fortran order", odd_shard(counts, 1, "<f4", true, 7, &[]), "shard_0001.npy: the array is in Fortran"),
+        Bad::in_dir(
+            "element type not the table's",
+            move |d| write_shards::<f64>(d, counts, &[7], false).map(|_| ()),
+            "shard_0000.npy: the file holds f64 elements but the table holds f32",
+        ),
+        Bad::in_dir(
+            "row shape not the table's",
+            move |d| write_shards::<f32>(d, &[rows], &[8], false).map(|_| ()),
+            "rows of shape [8] in the file, [7] in the table",
+        ),
+        Bad::in_dir(
+            "total rows",
+            move |d| write_shards::<f32>(d, &[5, rows - 6], &[7], false).map(|_| ()),
+            format!("the files hold {} rows in all, the table has {rows}", rows - 1),
+        ),
+        Bad::in_dir("big-endian", odd_shard(counts, 0, ">f4", false, 7, &[]), "shard_0000.npy: big-endian data ('>f4')"),
+        Bad::in_dir(
+            "unsupported element type",
+            odd_shard(counts, 2, "<u4", false, 7, &[]),
+            "shard_0002.npy: element type '<u4' is not one a table holds",
+        ),
+        Bad::in_dir(
+            "file longer than its header says",
+            odd_shard(counts, 1, "<f4", false, 7, &[1, 2, 3]),
+            format!("shard_0001.npy: the header describes {} bytes", npy_header("<f4", false, &[counts[1], 7]).len() + counts[1] * 28),
+        ),
+        Bad::in_dir(
+            "not NPY",
+            move |d| shards_but(d, counts, 0, |d, i| write_file(&d.join(format!("shard_{i:04}.npy")), &[b"PK\x03\x04 not an array"])),
+            "shard_0000.npy: not a valid NPY file: it does not start with the NPY magic",
+        ),
         Bad {
             name: "raw size",
             setup: Box::new(move |d| {
@@ -614,10 +605,15 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
             set: Box::new(|d, _| ShardSet::raw_files([d.join("a.bin"), d.join("b.bin")])),
             needles: vec![format!("b.bin: its size, {} bytes, is not a multiple of the row size, 28 bytes", (rows - 10) * 28 + 5)],
         },
-    ];
-    if n > 1 {
+    ]
+}
+
+/// The cases where the last of `n` ranks (more than one) sees other files
+/// than the rest.
+fn rank_cases(rows: usize, counts: &'static [usize], n: usize) -> Vec<Bad> {
+    vec![
         // The last rank alone passes another directory: same rows, split differently.
-        cases.push(Bad {
+        Bad {
             name: "ranks see different layouts",
             setup: Box::new(move |d| {
                 write_shards::<f32>(&d.join("a"), counts, &[7], false)?;
@@ -630,16 +626,27 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
                 rows - 1,
                 counts[0]
             )],
-        });
+        },
         // The last rank alone cannot discover: every rank fails, naming it.
-        cases.push(Bad {
+        Bad {
             name: "one rank's directory is missing",
             setup: Box::new(move |d| write_shards::<f32>(d, counts, &[7], false).map(|_| ())),
             set: Box::new(move |d, r| ShardSet::npy_dir(if r == n - 1 { d.join("gone") } else { d.to_path_buf() })),
             needles: vec!["gone: the shard directory does not exist".into()],
-        });
-    }
+        },
+    ]
+}
 
+fn malformed(world: &Comm, dir: &Path) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    let rows = 40 * n + 11;
+    // Shared by the case closures; a test program may leak it.
+    let counts: &'static [usize] = Box::leak(uneven(rows, 3, 0).into_boxed_slice());
+    let mut cases = directory_cases(counts);
+    cases.extend(file_cases(rows, counts));
+    if n > 1 {
+        cases.extend(rank_cases(rows, counts, n));
+    }
     let mut good = PathBuf::new();
     on_rank0(world, || {
         good = good_dir(dir, rows)?;
@@ -653,21 +660,7 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
         }
         let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, 7, None)?;
         for (k, case) in cases.iter().enumerate() {
-            let sub = dir.join(format!("{ty}-bad-{k}"));
-            on_rank0(world, || (case.setup)(&sub).with_context(|| format!("setting up {:?}", case.name)))?;
-            t.write_local(&vec![-1.0; t.local_rows().len() * t.row_stride()])?;
-            let err =
-                t.load(&(case.set)(&sub, me)).err().with_context(|| format!("{ty} {:?}: the load must fail on rank {me}", case.name))?;
-            let s = err.to_string();
-            for needle in &case.needles {
-                ensure!(s.contains(needle.as_str()), "{ty} {:?}: rank {me}'s error {s:?} does not contain {needle:?}", case.name);
-            }
-            if me == 0 && ty == MemoryType::Distributed {
-                println!("{}: {s}", case.name);
-            }
-            // The same processes load a good directory next.
-            t.load(&ShardSet::npy_dir(&good)).with_context(|| format!("{ty}: the load after {:?}", case.name))?;
-            check_local(&t, &format!("{ty}: the load after {:?}", case.name), me)?;
+            run_case(world, &mut t, ty, case, &dir.join(format!("{ty}-bad-{k}")), &good)?;
         }
         // The error variants carry the values.
         let err = t.load(&ShardSet::npy_dir(dir.join("absent"))).expect_err("missing");
@@ -685,4 +678,24 @@ fn malformed(world: &Comm, dir: &Path) -> Result<()> {
     ensure!(err.to_string().contains("rows are 8 elements apart"), "{err}");
     padded.free()?;
     Ok(())
+}
+
+/// One malformed case on a `ty` table: rank 0 writes `sub`, every rank's
+/// load must fail naming the case's needles, and the same table then loads
+/// the `good` directory.
+fn run_case(world: &Comm, t: &mut WholeTensor<f32>, ty: MemoryType, case: &Bad, sub: &Path, good: &Path) -> Result<()> {
+    let me = world.rank();
+    on_rank0(world, || (case.setup)(sub).with_context(|| format!("setting up {:?}", case.name)))?;
+    t.write_local(&vec![-1.0; t.local_rows().len() * t.row_stride()])?;
+    let err = t.load(&(case.set)(sub, me)).err().with_context(|| format!("{ty} {:?}: the load must fail on rank {me}", case.name))?;
+    let s = err.to_string();
+    for needle in &case.needles {
+        ensure!(s.contains(needle.as_str()), "{ty} {:?}: rank {me}'s error {s:?} does not contain {needle:?}", case.name);
+    }
+    if me == 0 && ty == MemoryType::Distributed {
+        println!("{}: {s}", case.name);
+    }
+    // The same processes load a good directory next.
+    t.load(&ShardSet::npy_dir(good)).with_context(|| format!("{ty}: the load after {:?}", case.name))?;
+    check_local(t, &format!("{ty}: the load after {:?}", case.name), me)
 }

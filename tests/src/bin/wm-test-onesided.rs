@@ -82,11 +82,7 @@ fn main() {
         "relay-reader" => relay_reader(rest),
         other => Err(anyhow::anyhow!("unknown scenario {other:?}")),
     };
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
+    wm_tests::exit_with(result);
 }
 
 fn rank(f: impl FnOnce(&Comm) -> Result<()>) -> Result<()> {
@@ -141,10 +137,10 @@ fn get(d: DType, b: &[u8]) -> f64 {
 /// converted to `out` (the half crate rounds, ints cast).
 fn expected(row: usize, cols: usize, epoch: u64, table: DType, out: DType) -> Vec<u8> {
     let mut b = vec![0u8; cols * out.size()];
-    let mut tmp = [0u8; 8];
+    let mut stored = [0u8; 8];
     for c in 0..cols {
-        put(table, &mut tmp[..table.size()], value(row, c, epoch));
-        put(out, &mut b[c * out.size()..][..out.size()], get(table, &tmp[..table.size()]));
+        put(table, &mut stored[..table.size()], value(row, c, epoch));
+        put(out, &mut b[c * out.size()..][..out.size()], get(table, &stored[..table.size()]));
     }
     b
 }
@@ -175,8 +171,8 @@ fn verify(out: &[u8], ids: &[usize], cols: usize, epoch: u64, table: DType, out_
     Ok(())
 }
 
-fn allocate(world: &Comm, ty: MemoryType, rows: usize, cols: usize, dtype: DType, part: Option<Vec<usize>>) -> Result<WholeMemory> {
-    allocate_at(world, ty, Location::Host, rows, cols, dtype, part)
+fn allocate(world: &Comm, ty: MemoryType, rows: usize, cols: usize, dtype: DType, partition: Option<Vec<usize>>) -> Result<WholeMemory> {
+    allocate_at(world, ty, Location::Host, rows, cols, dtype, partition)
 }
 
 fn allocate_at(
@@ -186,10 +182,10 @@ fn allocate_at(
     rows: usize,
     cols: usize,
     dtype: DType,
-    part: Option<Vec<usize>>,
+    partition: Option<Vec<usize>>,
 ) -> Result<WholeMemory> {
     let g = cols * dtype.size();
-    let req = AllocRequest { ty, loc, total: rows * g, granularity: g, partition: part };
+    let req = AllocRequest { ty, loc, total: rows * g, granularity: g, partition };
     Ok(WholeMemory::allocate(world, &req)?)
 }
 
@@ -229,7 +225,7 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
             let rows = 300 + rng.below(900) as usize;
             // A partition in which rank 1 (every other case) and sometimes
             // the last rank own nothing.
-            let part: Option<Vec<usize>> = (n > 1).then(|| {
+            let partition: Option<Vec<usize>> = (n > 1).then(|| {
                 let mut p = vec![0usize; n];
                 for _ in 0..rows {
                     let r = rng.below(n as u64) as usize;
@@ -237,8 +233,8 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
                 }
                 p
             });
-            let ctx = format!("{ty} {dtype}x{cols} rows={rows} partition={part:?} method={forced:?}");
-            let mut mem = allocate(world, ty, rows, cols, dtype, part).context(ctx.clone())?;
+            let ctx = format!("{ty} {dtype}x{cols} rows={rows} partition={partition:?} method={forced:?}");
+            let mut mem = allocate(world, ty, rows, cols, dtype, partition).context(ctx.clone())?;
             fill(&mut mem, cols, dtype, 1)?;
             let name = format!("reads-{case}");
             let table = Table::new(&mem, &name, dtype, &opts).context(ctx.clone())?;
@@ -252,77 +248,12 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
             let info = reader.info();
             ensure!((info.rows, info.cols, info.dtype, info.name.as_str()) == (rows, cols, dtype, name.as_str()), "{ctx}: info {info:?}");
 
-            // Random ids with repeats, both id types, every output type.
-            for &out_dt in outs {
-                for wide in [false, true] {
-                    let count = own.below(700) as usize + 1;
-                    let mut ids: Vec<usize> = (0..count).map(|_| own.below(rows as u64) as usize).collect();
-                    ids.extend_from_within(..count / 4);
-                    let mut out = vec![0u8; ids.len() * cols * out_dt.size()];
-                    if wide {
-                        let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-                        reader.get_batch(Ids::I64(&v), &mut out, out_dt)
-                    } else {
-                        let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
-                        reader.get_batch(Ids::I32(&v), &mut out, out_dt)
-                    }
-                    .with_context(|| format!("{ctx}: get_batch -> {out_dt}"))?;
-                    verify(&out, &ids, cols, 1, dtype, out_dt, &format!("{ctx} get_batch -> {out_dt} wide={wide}"))?;
-                }
-            }
-            // A range across owners, and the very last row.
-            let start = own.below(rows as u64 / 2) as usize;
-            let len = rows - start;
-            let mut out = vec![0u8; len * cols * dtype.size()];
-            reader.get(start, len, &mut out, dtype).context(ctx.clone())?;
-            verify(&out, &(start..rows).collect::<Vec<_>>(), cols, 1, dtype, dtype, &format!("{ctx} get({start}, {len})"))?;
-            reader.get(rows - 1, 1, &mut out[..cols * dtype.size()], dtype)?;
-
-            // Bad input: an error naming the value, then a good read.
+            let c = ReadCase { reader: &reader, ctx: &ctx, rows, cols, dtype };
+            c.random_reads(&mut own, outs)?;
+            c.range_reads(&mut own)?;
             let mut one = vec![0u8; cols * dtype.size()];
-            for bad in [-1i64, rows as i64, i64::MAX] {
-                match reader.get_batch(Ids::I64(&[0, bad]), &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
-                    Err(OErr::IndexOutOfRange { index, position: 1, .. }) if index == bad => {}
-                    other => bail!("{ctx}: id {bad} gave {other:?}"),
-                }
-            }
-            match reader.get(rows - 1, 2, &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
-                Err(e @ OErr::IndexOutOfRange { .. }) => ensure!(e.to_string().contains(&rows.to_string()), "{ctx}: {e}"),
-                other => bail!("{ctx}: a range past the end gave {other:?}"),
-            }
-            let e = reader.get_batch(Ids::I64(&[0, 1]), &mut one, dtype).expect_err("a short buffer");
-            ensure!(e.to_string().contains(&format!("the output has {} bytes", one.len())), "{ctx}: {e}");
-            let wrong_kind = if dtype.is_float() { DType::I32 } else { DType::F32 };
-            let e = reader.get_batch(Ids::I64(&[0]), &mut vec![0u8; cols * wrong_kind.size()], wrong_kind).expect_err("float <-> int");
-            ensure!(e.to_string().contains("float") || e.to_string().contains("integer"), "{ctx}: {e}");
-            let last = rows - 1;
-            reader.get_batch(Ids::I64(&[last as i64]), &mut one, dtype)?;
-            verify(&one, &[last], cols, 1, dtype, dtype, &format!("{ctx} after bad input"))?;
-
-            // One reader, several threads at once (clones share it).
-            std::thread::scope(|s| -> Result<()> {
-                let hs: Vec<_> = (0..3u64)
-                    .map(|t| {
-                        let r = reader.clone();
-                        let ctx = ctx.clone();
-                        s.spawn(move || -> Result<()> {
-                            let mut g = Rng::new(&[t, me as u64, 77]);
-                            for _ in 0..5 {
-                                let ids: Vec<usize> = (0..200).map(|_| g.below(rows as u64) as usize).collect();
-                                let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
-                                let mut out = vec![0u8; ids.len() * cols * dtype.size()];
-                                r.get_batch(Ids::I64(&v), &mut out, dtype)?;
-                                verify(&out, &ids, cols, 1, dtype, dtype, &format!("{ctx} thread {t}"))?;
-                            }
-                            Ok(())
-                        })
-                    })
-                    .collect();
-                for h in hs {
-                    h.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
-                }
-                Ok(())
-            })?;
+            c.bad_reads(&mut one)?;
+            c.threaded_reads(me)?;
             if me == 0 {
                 println!("{ctx}: verified, read by {}", reader.method_names());
             }
@@ -337,6 +268,106 @@ fn reads(world: &Comm, forced: Option<Method>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One table of the `reads` scenario, read through `reader`; `ctx` names
+/// the case in errors.
+struct ReadCase<'a> {
+    reader: &'a Reader,
+    ctx: &'a str,
+    rows: usize,
+    cols: usize,
+    dtype: DType,
+}
+
+impl ReadCase<'_> {
+    /// Random ids with repeats, both id types, every output type in `outs`.
+    fn random_reads(&self, own: &mut Rng, outs: &[DType]) -> Result<()> {
+        let (reader, ctx, rows, cols, dtype) = (self.reader, self.ctx, self.rows, self.cols, self.dtype);
+        for &out_dt in outs {
+            for wide in [false, true] {
+                let count = own.below(700) as usize + 1;
+                let mut ids: Vec<usize> = (0..count).map(|_| own.below(rows as u64) as usize).collect();
+                ids.extend_from_within(..count / 4);
+                let mut out = vec![0u8; ids.len() * cols * out_dt.size()];
+                if wide {
+                    let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+                    reader.get_batch(Ids::I64(&v), &mut out, out_dt)
+                } else {
+                    let v: Vec<i32> = ids.iter().map(|&x| x as i32).collect();
+                    reader.get_batch(Ids::I32(&v), &mut out, out_dt)
+                }
+                .with_context(|| format!("{ctx}: get_batch -> {out_dt}"))?;
+                verify(&out, &ids, cols, 1, dtype, out_dt, &format!("{ctx} get_batch -> {out_dt} wide={wide}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// A range across owners, and the very last row.
+    fn range_reads(&self, own: &mut Rng) -> Result<()> {
+        let (reader, ctx, rows, cols, dtype) = (self.reader, self.ctx, self.rows, self.cols, self.dtype);
+        let start = own.below(rows as u64 / 2) as usize;
+        let len = rows - start;
+        let mut out = vec![0u8; len * cols * dtype.size()];
+        reader.get(start, len, &mut out, dtype).context(ctx.to_owned())?;
+        verify(&out, &(start..rows).collect::<Vec<_>>(), cols, 1, dtype, dtype, &format!("{ctx} get({start}, {len})"))?;
+        reader.get(rows - 1, 1, &mut out[..cols * dtype.size()], dtype)?;
+        Ok(())
+    }
+
+    /// Bad input: an error naming the value, then a good read into `one`
+    /// (a row's bytes).
+    fn bad_reads(&self, one: &mut [u8]) -> Result<()> {
+        let (reader, ctx, rows, cols, dtype) = (self.reader, self.ctx, self.rows, self.cols, self.dtype);
+        for bad in [-1i64, rows as i64, i64::MAX] {
+            match reader.get_batch(Ids::I64(&[0, bad]), &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
+                Err(OErr::IndexOutOfRange { index, position: 1, .. }) if index == bad => {}
+                other => bail!("{ctx}: id {bad} gave {other:?}"),
+            }
+        }
+        match reader.get(rows - 1, 2, &mut vec![0u8; 2 * cols * dtype.size()], dtype) {
+            Err(e @ OErr::IndexOutOfRange { .. }) => ensure!(e.to_string().contains(&rows.to_string()), "{ctx}: {e}"),
+            other => bail!("{ctx}: a range past the end gave {other:?}"),
+        }
+        let e = reader.get_batch(Ids::I64(&[0, 1]), one, dtype).expect_err("a short buffer");
+        ensure!(e.to_string().contains(&format!("the output has {} bytes", one.len())), "{ctx}: {e}");
+        let wrong_kind = if dtype.is_float() { DType::I32 } else { DType::F32 };
+        let e = reader.get_batch(Ids::I64(&[0]), &mut vec![0u8; cols * wrong_kind.size()], wrong_kind).expect_err("float <-> int");
+        ensure!(e.to_string().contains("float") || e.to_string().contains("integer"), "{ctx}: {e}");
+        let last = rows - 1;
+        reader.get_batch(Ids::I64(&[last as i64]), one, dtype)?;
+        verify(one, &[last], cols, 1, dtype, dtype, &format!("{ctx} after bad input"))
+    }
+
+    /// One reader, several threads at once (clones share it); `me` seeds
+    /// their ids.
+    fn threaded_reads(&self, me: usize) -> Result<()> {
+        let (reader, rows, cols, dtype) = (self.reader, self.rows, self.cols, self.dtype);
+        std::thread::scope(|s| -> Result<()> {
+            let hs: Vec<_> = (0..3u64)
+                .map(|t| {
+                    let r = reader.clone();
+                    let ctx = self.ctx.to_owned();
+                    s.spawn(move || -> Result<()> {
+                        let mut g = Rng::new(&[t, me as u64, 77]);
+                        for _ in 0..5 {
+                            let ids: Vec<usize> = (0..200).map(|_| g.below(rows as u64) as usize).collect();
+                            let v: Vec<i64> = ids.iter().map(|&x| x as i64).collect();
+                            let mut out = vec![0u8; ids.len() * cols * dtype.size()];
+                            r.get_batch(Ids::I64(&v), &mut out, dtype)?;
+                            verify(&out, &ids, cols, 1, dtype, dtype, &format!("{ctx} thread {t}"))?;
+                        }
+                        Ok(())
+                    })
+                })
+                .collect();
+            for h in hs {
+                h.join().map_err(|_| anyhow::anyhow!("a reader thread panicked"))??;
+            }
+            Ok(())
+        })
+    }
 }
 
 // ------------------------------------------------------------------ mirror
@@ -377,14 +408,14 @@ fn mirror(world: &Comm, loc: Option<&str>, forced: Option<Method>) -> Result<()>
         }
         let rows = 200 + rng.below(400) as usize;
         // Rank 1 owns nothing.
-        let part: Option<Vec<usize>> = (n > 1).then(|| {
+        let partition: Option<Vec<usize>> = (n > 1).then(|| {
             let mut p = vec![rows / (n - 1); n];
             p[1] = 0;
             p[0] += rows - rows / (n - 1) * (n - 1);
             p
         });
-        let ctx = format!("mirror of {what} rows={rows} partition={part:?} method={forced:?}");
-        let mut mem = allocate_at(world, ty, loc, rows, cols, DType::F32, part.clone()).context(ctx.clone())?;
+        let ctx = format!("mirror of {what} rows={rows} partition={partition:?} method={forced:?}");
+        let mut mem = allocate_at(world, ty, loc, rows, cols, DType::F32, partition.clone()).context(ctx.clone())?;
         fill(&mut mem, cols, DType::F32, 1)?;
         let name = format!("mirror-{ty}");
         let table = Table::new(&mem, &name, DType::F32, &opts).context(ctx.clone())?;
@@ -857,11 +888,11 @@ fn impostor(rest: &[String]) -> Result<()> {
         r#"{{"version":2,"name":"{IMPOSTOR}","id":7,"rows":{IMPOSTOR_ROWS},"row_bytes":{row_bytes},"dtype":"f32","cols":{IMPOSTOR_COLS},"memory_type":"distributed","location":"host","counts":[{IMPOSTOR_ROWS}],"epoch":1,"owners":[{{"rank":0,"node_id":"impostor-node","hostname":"impostor","node_overridden":true,"unix_name":"wholemem.onesided.impostor","tcp_addr":"127.0.0.1:{port}","nonce":{nonce},"pieces":[{}],"offset":0,"fabric":null}}]}}"#,
         IMPOSTOR_ROWS * row_bytes
     );
-    let tmp = Path::new(dir).join(".impostor.tmp");
+    let stored = Path::new(dir).join(".impostor.stored");
     // Signed with the job's key: this impostor holds it (the tests are
     // about what a key holder's server can do to a reader).
-    std::fs::write(&tmp, key.sign_record(wm_comm::trust::RecordKind::Table, record.as_bytes()))?;
-    std::fs::rename(&tmp, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
+    std::fs::write(&stored, key.sign_record(wm_comm::trust::RecordKind::Table, record.as_bytes()))?;
+    std::fs::rename(&stored, Path::new(dir).join(format!("onesided-{IMPOSTOR}.json")))?;
     listener.set_nonblocking(true)?;
     let accept = || -> Result<Sealed<TcpStream>> {
         let start = Instant::now();
@@ -1052,9 +1083,9 @@ fn relay(rest: &[String]) -> Result<()> {
     record["owners"][0]["tcp_addr"] = listener.local_addr()?.to_string().into();
     record["owners"][0]["node_id"] = "the-relay's-node".into();
     record["owners"][0]["unix_name"] = "wholemem.onesided.relay-none".into();
-    let tmp = rdv.join(".relayed.tmp");
-    std::fs::write(&tmp, record_key.sign_record(wm_comm::trust::RecordKind::Table, &serde_json::to_vec(&record)?))?;
-    std::fs::rename(&tmp, rdv.join(format!("onesided-{relayed}.json")))?;
+    let stored = rdv.join(".relayed.stored");
+    std::fs::write(&stored, record_key.sign_record(wm_comm::trust::RecordKind::Table, &serde_json::to_vec(&record)?))?;
+    std::fs::rename(&stored, rdv.join(format!("onesided-{relayed}.json")))?;
     listener.set_nonblocking(true)?;
     // What one answer of RELAY_ROWS rows is on the wire: a record of its
     // header and rows.

@@ -38,27 +38,19 @@ use wm_graph::{BuildOptions, CsrGraph, EdgeList};
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let rest = &args[1.min(args.len())..];
+    wm_tests::rank_main(|world, scenario, rest| {
         let arg = |i: usize| rest.get(i).with_context(|| format!("argument {} of {scenario}", i + 1));
-        match scenario.as_str() {
-            "malformed" => malformed(&world, arg(0)?.parse()?),
-            "malformed-hierarchy" => malformed_hierarchy(&world, arg(0)?.parse()?),
-            "malformed-gradients" => malformed_gradients(&world, arg(0)?.parse()?),
-            "malformed-sample" => malformed_sample(&world, arg(0)?.parse()?),
-            "lock-holder" => lock_holder(&world, arg(0)?, arg(1)?),
+        match scenario {
+            "malformed" => malformed(world, arg(0)?.parse()?),
+            "malformed-hierarchy" => malformed_hierarchy(world, arg(0)?.parse()?),
+            "malformed-gradients" => malformed_gradients(world, arg(0)?.parse()?),
+            "malformed-sample" => malformed_sample(world, arg(0)?.parse()?),
+            "lock-holder" => lock_holder(world, arg(0)?, arg(1)?),
             #[cfg(feature = "mpi")]
-            "mpi-rounds" => mpi_rounds(&world),
+            "mpi-rounds" => mpi_rounds(world),
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 fn value(row: usize, col: usize) -> f32 {

@@ -18,32 +18,22 @@ use wm_tests::Rng;
 type Comm = Arc<dyn Communicator>;
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let scenario = args.first().cloned().unwrap_or_default();
-    let result = wm_comm::init().context("bootstrap").and_then(|world| {
-        let rest = &args[1.min(args.len())..];
-        match scenario.as_str() {
-            "collectives" => collectives(&world),
-            "landing" => landing(&world),
-            "fill-read" => location(rest).and_then(|loc| fill_read(&world, loc)),
-            "two-nodes" => two_nodes(&world),
-            "bad-input" => bad_input(&world),
-            "lose-peer" => lose_peer(&world, rest),
-            "gather" => location(rest).and_then(|loc| gather_scatter(&world, loc)),
-            "device-calls" => device_calls(&world),
-            "concurrent-scatter" => concurrent_scatter(&world),
-            "scatter-rank-order" => scatter_rank_order(&world),
-            "column" => columns(&world),
-            "huge-pages" => huge_pages(&world, rest),
-            "tcp-congestion" => tcp_congestion(&world, rest),
-            other => bail!("unknown scenario {other:?}"),
-        }
+    wm_tests::rank_main(|world, scenario, rest| match scenario {
+        "collectives" => collectives(world),
+        "landing" => landing(world),
+        "fill-read" => location(rest).and_then(|loc| fill_read(world, loc)),
+        "two-nodes" => two_nodes(world),
+        "bad-input" => bad_input(world),
+        "lose-peer" => lose_peer(world, rest),
+        "gather" => location(rest).and_then(|loc| gather_scatter(world, loc)),
+        "device-calls" => device_calls(world),
+        "concurrent-scatter" => concurrent_scatter(world),
+        "scatter-rank-order" => scatter_rank_order(world),
+        "column" => columns(world),
+        "huge-pages" => huge_pages(world, rest),
+        "tcp-congestion" => tcp_congestion(world, rest),
+        other => bail!("unknown scenario {other:?}"),
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
 }
 
 /// The location a scenario runs on: its first argument, `host` by default.
@@ -536,11 +526,7 @@ fn two_nodes(world: &Comm) -> Result<()> {
         ensure!(query(world.as_ref(), ty, Location::Host).is_supported(), "{ty} must be supported across nodes");
         let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 1001, 7, None)?;
         let first = t.local_rows().start;
-        let mut own = vec![0u32; t.local_rows().len() * 7];
-        for (i, row) in own.chunks_mut(7).enumerate() {
-            row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
-        }
-        t.write_local(&own)?;
+        let mut own = write_own_values(&mut t, 7)?;
         world.barrier()?;
         own.fill(0);
         t.read_local(&mut own)?;
@@ -567,6 +553,18 @@ fn two_nodes(world: &Comm) -> Result<()> {
 
 // ------------------------------------------------------------------ bad-input
 
+/// Writes this rank's rows of `t` (`cols` wide) with [`value`] of row and
+/// column, and returns them.
+fn write_own_values(t: &mut WholeTensor<u32>, cols: usize) -> Result<Vec<u32>> {
+    let first = t.local_rows().start;
+    let mut own = vec![0u32; t.local_rows().len() * cols];
+    for (i, row) in own.chunks_mut(cols).enumerate() {
+        row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
+    }
+    t.write_local(&own)?;
+    Ok(own)
+}
+
 fn expect_err<T>(what: &str, r: wholemem::Result<T>, needle: &str) -> Result<()> {
     match r {
         Ok(_) => bail!("{what}: allocation succeeded but must fail"),
@@ -581,12 +579,7 @@ fn expect_err<T>(what: &str, r: wholemem::Result<T>, needle: &str) -> Result<()>
 
 fn allocate_and_check(world: &Comm, ty: MemoryType) -> Result<()> {
     let mut t = WholeTensor::<u32>::matrix(world, ty, Location::Host, 333, 3, None)?;
-    let first = t.local_rows().start;
-    let mut own = vec![0u32; t.local_rows().len() * 3];
-    for (i, row) in own.chunks_mut(3).enumerate() {
-        row.iter_mut().enumerate().for_each(|(c, v)| *v = value(first + i, c));
-    }
-    t.write_local(&own)?;
+    write_own_values(&mut t, 3)?;
     world.barrier()?;
     let mut buf = [0u32; 3];
     t.read_row(332, &mut buf).or_else(|e| if ty.is_mapped() { Err(e) } else { Ok(()) })?;
@@ -855,10 +848,7 @@ fn gather_scatter(world: &Comm, loc: Location) -> Result<()> {
 /// check (on every rank of a collective call) with nothing written, and the
 /// next call working; and the device phases recorded for `--profile`.
 fn device_calls(world: &Comm) -> Result<()> {
-    use wholemem::device::DeviceBuffer;
-    use wm_gather::device::{DeviceIds, gather_device, scatter_device};
-    use wm_gather::{DType, Error as GErr, Ids, RowLayout};
-    let (me, n) = (world.rank(), world.size());
+    let me = world.rank();
     let loc = Location::Device;
     let mut own = Rng(0xd1ce_0000 + me as u64);
     for ty in MemoryType::ALL {
@@ -871,47 +861,92 @@ fn device_calls(world: &Comm) -> Result<()> {
         let mut t = WholeTensor::<f32>::matrix(world, ty, loc, rows, cols, None).context(ctx.clone())?;
         fill_rows(&mut t, cols, fvalue)?;
         world.barrier()?;
-        let layout = RowLayout::of(&t)?;
-        let gather = |t: &WholeTensor<f32>, ids: &[i64]| -> std::result::Result<Vec<f32>, GErr> {
-            let dev_ids = DeviceIds::upload(t.memory(), Ids::I64(ids))?;
-            let mut out = DeviceBuffer::new(t.memory(), ids.len() * cols * 4)?;
-            gather_device(t.memory(), &layout, &dev_ids, &mut out, DType::F32)?;
-            let mut bytes = vec![0u8; ids.len() * cols * 4];
-            out.download(&mut bytes)?;
-            Ok(bytemuck::pod_collect_to_vec(&bytes))
-        };
-        // Gathers: batches that grow and shrink; rank 1 asks for nothing once.
+        let c = DeviceCase { world, ty, ctx: &ctx, rows, cols, layout: wm_gather::RowLayout::of(&t)? };
+        c.gathers(&t, &mut own)?;
+        world.barrier()?;
+        let (written, back) = c.scatters(&mut t)?;
+        world.barrier()?;
+        c.bad_id(&mut t, &written)?;
+        world.barrier()?;
+        let again = c.gather(&t, &written).context(ctx.clone())?;
+        ensure!(again == back, "{ctx}: rank {me}: the rows changed after the failed scatter, or the next call differs");
+        t.free().context(ctx)?;
+    }
+    Ok(())
+}
+
+/// One table of the `device-calls` scenario.
+struct DeviceCase<'a> {
+    world: &'a Comm,
+    ty: MemoryType,
+    ctx: &'a str,
+    rows: usize,
+    cols: usize,
+    layout: wm_gather::RowLayout,
+}
+
+impl DeviceCase<'_> {
+    /// `gather_device` of `ids` into device memory, brought back.
+    fn gather(&self, t: &WholeTensor<f32>, ids: &[i64]) -> std::result::Result<Vec<f32>, wm_gather::Error> {
+        use wholemem::device::DeviceBuffer;
+        use wm_gather::device::{DeviceIds, gather_device};
+        let cols = self.cols;
+        let dev_ids = DeviceIds::upload(t.memory(), wm_gather::Ids::I64(ids))?;
+        let mut out = DeviceBuffer::new(t.memory(), ids.len() * cols * 4)?;
+        gather_device(t.memory(), &self.layout, &dev_ids, &mut out, wm_gather::DType::F32)?;
+        let mut bytes = vec![0u8; ids.len() * cols * 4];
+        out.download(&mut bytes)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+
+    /// Gathers: batches that grow and shrink; rank 1 asks for nothing once.
+    /// The fourth batch is profiled.
+    fn gathers(&self, t: &WholeTensor<f32>, own: &mut Rng) -> Result<()> {
+        let (me, ctx, cols) = (self.world.rank(), self.ctx, self.cols);
         for (k, count) in [10usize, 2000, 7, 6000, 0, 300].into_iter().enumerate() {
             let count = if me == 1 && k == 1 { 0 } else { count };
-            let ids: Vec<i64> = (0..count).map(|_| own.below(rows as u64) as i64).collect();
+            let ids: Vec<i64> = (0..count).map(|_| own.below(self.rows as u64) as i64).collect();
             if k == 3 {
                 wm_gather::profile::record();
             }
-            let got = gather(&t, &ids).with_context(|| format!("{ctx}: batch {k} of {count} ids"))?;
+            let rows_out = self.gather(t, &ids).with_context(|| format!("{ctx}: batch {k} of {count} ids"))?;
             if k == 3 {
-                let p = wm_gather::profile::take();
-                let names: Vec<&str> = p.phases.iter().map(|(n, _)| *n).collect();
-                ensure!(p.calls == 1 && names.contains(&"checks"), "{ctx}: rank {me} recorded {p:?}");
-                // The device phases, timed with CUDA events: the row kernel of a mapped
-                // table, the owners' kernel of the peer exchange (when it runs).
-                let gpu =
-                    if ty.is_mapped() { Some("gpu rows") } else { names.iter().any(|n| n.starts_with("gpu")).then_some("gpu owner rows") };
-                if let Some(phase) = gpu {
-                    ensure!(names.contains(&phase), "{ctx}: rank {me}'s profile lacks {phase:?}: {names:?}");
-                }
+                self.check_profile(&wm_gather::profile::take())?;
             }
             for (i, &id) in ids.iter().enumerate() {
                 for c in 0..cols {
-                    let (g, w) = (got[i * cols + c], fvalue(id as usize, c));
+                    let (g, w) = (rows_out[i * cols + c], fvalue(id as usize, c));
                     ensure!(g.to_bits() == w.to_bits(), "{ctx}: batch {k}: rank {me} out[{i}][{c}] for id {id} = {g}, want {w}");
                 }
             }
         }
-        world.barrier()?;
+        Ok(())
+    }
 
-        // Scatters with repeats. Mapped memory is written by each rank alone
-        // (its rows r % n == me); collective memory by every rank, over the
-        // same rows, from seeds every rank knows.
+    /// The phases one profiled call recorded.
+    fn check_profile(&self, p: &wm_gather::profile::Profile) -> Result<()> {
+        let (me, ctx) = (self.world.rank(), self.ctx);
+        let names: Vec<&str> = p.phases.iter().map(|(n, _)| *n).collect();
+        ensure!(p.calls == 1 && names.contains(&"checks"), "{ctx}: rank {me} recorded {p:?}");
+        // The device phases, timed with CUDA events: the row kernel of a mapped
+        // table, the owners' kernel of the peer exchange (when it runs).
+        let gpu =
+            if self.ty.is_mapped() { Some("gpu rows") } else { names.iter().any(|n| n.starts_with("gpu")).then_some("gpu owner rows") };
+        if let Some(phase) = gpu {
+            ensure!(names.contains(&phase), "{ctx}: rank {me}'s profile lacks {phase:?}: {names:?}");
+        }
+        Ok(())
+    }
+
+    /// Scatters with repeats. Mapped memory is written by each rank alone
+    /// (its rows r % n == me); collective memory by every rank, over the
+    /// same rows, from seeds every rank knows. The rows written and what
+    /// they hold afterwards.
+    fn scatters(&self, t: &mut WholeTensor<f32>) -> Result<(Vec<i64>, Vec<f32>)> {
+        use wholemem::device::DeviceBuffer;
+        use wm_gather::device::{DeviceIds, scatter_device};
+        let (me, n) = (self.world.rank(), self.world.size());
+        let (ty, ctx, rows, cols) = (self.ty, self.ctx, self.rows, self.cols);
         let ids_of = |r: usize| -> Vec<i64> {
             let mut g = Rng(0x5ca7_0000 + r as u64);
             if ty.is_mapped() {
@@ -924,11 +959,11 @@ fn device_calls(world: &Comm) -> Result<()> {
         let value = |r: usize, k: usize, c: usize| (r * 1_000_000 + k * 100 + c) as f32;
         let ids = ids_of(me);
         let src: Vec<f32> = (0..ids.len()).flat_map(|k| (0..cols).map(move |c| value(me, k, c))).collect();
-        let dev_ids = DeviceIds::upload(t.memory(), Ids::I64(&ids))?;
+        let dev_ids = DeviceIds::upload(t.memory(), wm_gather::Ids::I64(&ids))?;
         let mut dev_src = DeviceBuffer::new(t.memory(), src.len() * 4)?;
         dev_src.upload(bytemuck::cast_slice(&src))?;
-        scatter_device(t.memory_mut(), &layout, &dev_ids, &dev_src, DType::F32).context(ctx.clone())?;
-        world.barrier()?;
+        scatter_device(t.memory_mut(), &self.layout, &dev_ids, &dev_src, wm_gather::DType::F32).context(ctx.to_owned())?;
+        self.world.barrier()?;
         let writers: Vec<usize> = if ty.is_mapped() { vec![me] } else { (0..n).collect() };
         let mut winner: Vec<Option<(usize, usize)>> = vec![None; rows];
         for &r in &writers {
@@ -937,7 +972,7 @@ fn device_calls(world: &Comm) -> Result<()> {
             }
         }
         let written: Vec<i64> = (0..rows as i64).filter(|&id| winner[id as usize].is_some()).collect();
-        let back = gather(&t, &written).context(ctx.clone())?;
+        let back = self.gather(t, &written).context(ctx.to_owned())?;
         for (i, &id) in written.iter().enumerate() {
             let (r, k) = winner[id as usize].expect("written");
             ensure!(
@@ -948,35 +983,36 @@ fn device_calls(world: &Comm) -> Result<()> {
                 back[i * cols] as usize % 1_000_000 / 100
             );
         }
-        world.barrier()?;
+        Ok((written, back))
+    }
 
-        // A bad id on rank 0, at position 1: named by the device check, nothing
-        // written (the rows keep the scattered values), and the next call works.
-        // (The other ranks scatter nothing: on mapped memory their calls
-        // would succeed and write.)
-        let bad: Vec<i64> = if me == 0 { vec![written[0], -3, rows as i64] } else { vec![written[0]] };
+    /// A bad id on rank 0, at position 1: named by the device check, nothing
+    /// written (the rows keep the scattered values). (The other ranks
+    /// scatter nothing: on mapped memory their calls would succeed and
+    /// write.)
+    fn bad_id(&self, t: &mut WholeTensor<f32>, written: &[i64]) -> Result<()> {
+        use wholemem::device::DeviceBuffer;
+        use wm_gather::device::{DeviceIds, scatter_device};
+        let (me, ctx, cols) = (self.world.rank(), self.ctx, self.cols);
+        let bad: Vec<i64> = if me == 0 { vec![written[0], -3, self.rows as i64] } else { vec![written[0]] };
         let bad_scatter: &[i64] = if me == 0 { &bad } else { &[] };
-        let dev_bad = DeviceIds::upload(t.memory(), Ids::I64(bad_scatter))?;
+        let dev_bad = DeviceIds::upload(t.memory(), wm_gather::Ids::I64(bad_scatter))?;
         let junk = DeviceBuffer::new(t.memory(), bad.len() * cols * 4)?;
-        let r = scatter_device(t.memory_mut(), &layout, &dev_bad, &junk, DType::F32);
-        let r2 = gather(&t, &bad);
+        let r = scatter_device(t.memory_mut(), &self.layout, &dev_bad, &junk, wm_gather::DType::F32);
+        let r2 = self.gather(t, &bad);
         for r in [r.map(drop), r2.map(drop)] {
-            if ty.is_mapped() && me != 0 {
-                r.context(ctx.clone())?;
+            if self.ty.is_mapped() && me != 0 {
+                r.context(ctx.to_owned())?;
             } else {
                 let e = r.err().with_context(|| format!("{ctx}: the bad id must fail on rank {me}"))?;
                 ensure!(
-                    matches!(e, GErr::IndexOutOfRange { .. }) && e.to_string().contains("id -3 at position 1 on rank 0"),
+                    matches!(e, wm_gather::Error::IndexOutOfRange { .. }) && e.to_string().contains("id -3 at position 1 on rank 0"),
                     "{ctx}: rank {me}: {e}"
                 );
             }
         }
-        world.barrier()?;
-        let again = gather(&t, &written).context(ctx.clone())?;
-        ensure!(again == back, "{ctx}: rank {me}: the rows changed after the failed scatter, or the next call differs");
-        t.free().context(ctx)?;
+        Ok(())
     }
-    Ok(())
 }
 
 /// Every rank scatters whole rows of its own constant into the same rows of

@@ -25,11 +25,7 @@ fn main() {
             other => bail!("unknown scenario {other:?}"),
         }
     });
-    if let Err(e) = result {
-        eprintln!("FAILED: {e:#}");
-        std::process::exit(1);
-    }
-    println!("ok");
+    wm_tests::exit_with(result);
 }
 
 /// A few collectives with checked results: what a job that was attacked
@@ -40,8 +36,8 @@ fn collectives(world: &SocketComm) -> Result<()> {
     ensure!(all == (0..world.size() as u64).map(|r| r * 7 + 1).collect::<Vec<_>>(), "allgather returned {all:?}");
     let parts: Vec<Vec<u8>> = (0..world.size()).map(|to| vec![(me * 16 + to) as u8; 1000 + to]).collect();
     let refs: Vec<&[u8]> = parts.iter().map(Vec::as_slice).collect();
-    let got = world.alltoallv(&refs)?;
-    for (from, g) in got.iter().enumerate() {
+    let received = world.alltoallv(&refs)?;
+    for (from, g) in received.iter().enumerate() {
         ensure!(*g == vec![(from * 16 + me) as u8; 1000 + me], "alltoallv part from rank {from} is wrong");
     }
     world.barrier()?;
