@@ -1,7 +1,5 @@
-//! The one error type of the embedding layer, and how a collective call
-//! makes every rank fail with the same one.
-
-use wm_comm::Communicator;
+//! The one error type of the embedding layer, and how its errors travel to
+//! the other ranks of a collective call.
 
 /// What can go wrong creating, reading or training an embedding.
 #[derive(Debug, thiserror::Error)]
@@ -136,14 +134,6 @@ impl wholemem::agree::PeerError for Error {
         }
         decode_words::<0>(m, NO_OPTIMIZER).map(|[]| Self::NoOptimizer)
     }
-}
-
-/// Fails on every rank if any rank's checks failed, with the error of the
-/// lowest failing rank (its own on that rank), so every rank returns before
-/// any data moves and the communicator stays in step. `extra` travels with
-/// the outcome (a value that must agree); every rank's is returned.
-pub(crate) fn agree(comm: &dyn Communicator, mine: Result<()>, extra: &[u8]) -> Result<Vec<Vec<u8>>> {
-    wholemem::agree::agree_sharing(comm, mine, wholemem::agree::Rule::Lowest, extra).map(|((), all)| all)
 }
 
 #[cfg(test)]

@@ -4,13 +4,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use wholemem::agree::{Rule, agree, agree_sharing};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;
 use wm_gather::cache::WriteMark;
 use wm_gather::profile::timed;
 use wm_gather::{DType, Element, Ids, Index, RowLayout};
 
-use crate::error::agree;
 use crate::{Error, Init, Optimizer, Result, StateSlot};
 
 mod sealed {
@@ -246,7 +246,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         let mine = layout.as_ref().map(|_| ()).map_err(|e| Error::InvalidArgument(e.to_string()));
         let mine = mine.and_then(|()| optimizer.as_ref().map_or(Ok(()), Optimizer::validate));
         let name = optimizer.map_or_else(|| "no optimizer".to_owned(), |o| o.to_string());
-        let all = agree(comm.as_ref(), mine, name.as_bytes())?;
+        let ((), all) = agree_sharing(comm.as_ref(), mine, Rule::Lowest, name.as_bytes())?;
         let ranks = comm.world_ranks();
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
             return Err(Error::InvalidArgument(format!(
@@ -375,7 +375,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     pub fn init(&mut self, init: Init, seed: u64) -> Result<()> {
         let comm = self.comm().clone();
         let mine = init.check().map_err(Error::InvalidArgument);
-        let all = agree(comm.as_ref(), mine, format!("{init:?} seed {seed}").as_bytes())?;
+        let ((), all) = agree_sharing(comm.as_ref(), mine, Rule::Lowest, format!("{init:?} seed {seed}").as_bytes())?;
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
             let ranks = comm.world_ranks();
             return Err(Error::InvalidArgument(format!(
@@ -543,7 +543,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    learns whether all was well before any row changes.
         let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
         let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
-        let opt = wholemem::agree::decide(comm.as_ref(), checked, wholemem::agree::Rule::Lowest, &parts)?;
+        let opt = wholemem::agree::decide(comm.as_ref(), checked, Rule::Lowest, &parts)?;
         rates[comm.rank()] = Some(lr);
         let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
         if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
@@ -556,7 +556,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 show(rate)
             )));
         }
-        wholemem::agree::agree(comm.as_ref(), problem.map_or(Ok(()), Err), wholemem::agree::Rule::Lowest)?;
+        agree(comm.as_ref(), problem.map_or(Ok(()), Err), Rule::Lowest)?;
         clock.lap("agree");
         let first = p.offset(comm.rank()) as i64;
         let (lo, hi) = (bounds[comm.rank()], bounds[comm.rank() + 1]);

@@ -16,13 +16,14 @@
 use std::sync::Arc;
 
 use wholemem::WholeMemory;
+use wholemem::agree::{Rule, agree};
 use wm_comm::{Arrival, Communicator, Landing};
 
 use std::time::Duration;
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::profile::{Clock, timed};
-use crate::{Error, Ids, Result, RowLayout, RowSpan, agree, threads};
+use crate::{Error, Ids, Result, RowLayout, RowSpan, threads};
 
 /// This rank's own rows (host memory).
 struct LocalRows {
@@ -638,7 +639,7 @@ pub(crate) fn gather_distributed(
     // that would otherwise return wrong rows. A device copy can fail on one
     // rank, so device tables agree on the outcome once more.
     let local = decided.and(failed.or(own_failed).or(misfit).map_or(Ok(()), Err));
-    let done = if mem.location() == wholemem::Location::Host { local } else { agree(comm.as_ref(), local) };
+    let done = if mem.location() == wholemem::Location::Host { local } else { agree(comm.as_ref(), local, Rule::Lowest) };
     clock.lap("agree");
     done
 }
@@ -1089,7 +1090,7 @@ pub(crate) fn gather_hierarchy(
         Some(e) => Err(e),
         None => Ok(()),
     };
-    let done = if mem.location() == wholemem::Location::Host { local_outcome } else { agree(comm.as_ref(), local_outcome) };
+    let done = if mem.location() == wholemem::Location::Host { local_outcome } else { agree(comm.as_ref(), local_outcome, Rule::Lowest) };
     clock.lap("agree");
     done
 }
@@ -1264,7 +1265,7 @@ pub(crate) fn scatter_distributed(
         crate::device::scatter_local(mem, layout, same, &device_rows, &device_data)
     });
     let _ = (device_rows, device_data);
-    let done = agree(comm.as_ref(), outcome);
+    let done = agree(comm.as_ref(), outcome, Rule::Lowest);
     clock.lap("agree");
     done
 }

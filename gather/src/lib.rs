@@ -124,13 +124,6 @@ impl wholemem::agree::PeerError for Error {
     }
 }
 
-/// Fails on every rank if any rank's checks (or its part of an exchange)
-/// failed: the lowest failing rank's error, an out-of-range id and a
-/// malformed peer kept as such. Collective.
-pub(crate) fn agree<T>(comm: &dyn wm_comm::Communicator, mine: Result<T>) -> Result<T> {
-    wholemem::agree::agree(comm, mine, wholemem::agree::Rule::Lowest)
-}
-
 /// Global row ids, 32- or 64-bit.
 #[derive(Debug, Clone, Copy)]
 pub enum Ids<'a> {

@@ -2,10 +2,11 @@
 
 use std::sync::Arc;
 
+use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, Partition};
 use wm_comm::{CommExt, Communicator};
 
-use crate::collective::{agree, agree_with};
+use crate::collective::agree_with;
 use crate::csr::{ColIndex, CsrGraph, IdType, vector};
 use crate::{Error, Result};
 
@@ -243,7 +244,7 @@ pub fn build(comm: &Arc<dyn Communicator>, opts: &BuildOptions, edges: EdgeList<
     let mine = nodes.range(comm.rank());
     let local = receive(comm.as_ref(), &got, stride, &mine, opts.nodes).map(|e| adjacency(e, &mine, opts, weighted));
     drop(got);
-    let (offsets, cols, weights) = agree(comm.as_ref(), local)?;
+    let (offsets, cols, weights) = agree(comm.as_ref(), local, Rule::Lowest)?;
 
     // 3. Edge partition, global offsets, tables.
     let edges_p = edge_partition(&comm.allgather_value(cols.len() as u64)?, comm.world_ranks())?;

@@ -160,9 +160,3 @@ impl wholemem::agree::PeerError for Error {
 
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Fails on every rank if any rank failed (the lowest failing rank's error).
-/// Collective.
-pub(crate) fn agree<T>(comm: &dyn wm_comm::Communicator, mine: Result<T>) -> Result<T> {
-    wholemem::agree::agree(comm, mine, wholemem::agree::Rule::Lowest)
-}

@@ -19,12 +19,12 @@ use std::ffi::c_int;
 use std::sync::Arc;
 
 use mpi::ffi;
+use wholemem::agree::{Rule, agree};
 use wm_comm::Communicator;
 use wm_comm::mpi_backend::MpiComm;
 use wm_gather::RowLayout;
 use wm_gather::rows::{RowSource, gather_from};
 
-use crate::error::agree;
 use crate::profile::{Counters, Span, timed};
 use crate::shm::OwnerRows;
 use crate::transport::{ReadRequest, Transport};
@@ -99,7 +99,7 @@ impl Window {
         if method != Some(Method::Mpi) {
             return Ok(None);
         }
-        let mpi = agree(comm.as_ref(), mpi_of(comm).map(|_| ()));
+        let mpi = agree(comm.as_ref(), mpi_of(comm).map(|_| ()), Rule::Lowest);
         mpi?;
         let m = mpi_of(comm)?;
         let size = ffi::MPI_Aint::try_from(rows.bytes())
@@ -120,7 +120,7 @@ impl Window {
             }
             Ok(RawWin(win))
         });
-        let win = agree(comm.as_ref(), opened)?;
+        let win = agree(comm.as_ref(), opened, Rule::Lowest)?;
         let mut first = Vec::with_capacity(counts.len());
         let mut at = 0;
         for &c in counts {
@@ -160,7 +160,7 @@ impl Window {
                 check("MPI_Win_free", ffi::MPI_Win_free(&mut win))
             }
         });
-        agree(comm, r)
+        agree(comm, r, Rule::Lowest)
     }
 }
 

@@ -5,13 +5,13 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use wholemem::agree::{Rule, agree};
 use wholemem::{Element, Location, MappedPortion, WholeMemory, WholeTensor};
 use wm_comm::auth::ReaderId;
 use wm_comm::{CommExt, Communicator, JobKey, Rendezvous};
 use wm_gather::DType;
 
 use crate::client::Identity;
-use crate::error::agree;
 use crate::reader::{Origin, Reader, copy_threads};
 use crate::record::{self, Checked, OwnerRecord, TableRecord, check_name};
 use crate::server::{Serve, Server};
@@ -92,7 +92,7 @@ fn job_key(comm: &dyn Communicator, given: Option<&JobKey>, at: Option<&Rendezvo
             Err(e) => Err(Error::from(e)),
         },
     };
-    let mine = agree(comm, mine)?;
+    let mine = agree(comm, mine, Rule::Lowest)?;
     let print = mine.as_ref().map_or([0u8; 32], JobKey::fingerprint);
     let all = comm.allgather(&print)?;
     let prints: Vec<&[u8]> = all.chunks(32).collect();
@@ -157,7 +157,7 @@ impl Table {
             }
             Ok((cols, method, publish_at?))
         })();
-        let (cols, method, publish_at) = agree(comm.as_ref(), args)?;
+        let (cols, method, publish_at) = agree(comm.as_ref(), args, Rule::Lowest)?;
         // Every rank must ask for the same table.
         let mirrored = mem.location() == Location::Device || opts.force_mirror;
         let mine = format!("{name}|{dtype}|{}|{}", method.map_or("auto", Method::name), if mirrored { "mirror" } else { "in place" });
@@ -180,13 +180,13 @@ impl Table {
         let mirror = match mirrored {
             true => {
                 let mut m = mirror::allocate(mem)?;
-                agree(comm.as_ref(), mirror::copy_local(mem, &mut m))?;
+                agree(comm.as_ref(), mirror::copy_local(mem, &mut m), Rule::Lowest)?;
                 Some(m)
             }
             false => None,
         };
         let served = mirror.as_ref().unwrap_or(mem);
-        let started = (|| {
+        let started = (|| -> Result<Started> {
             let portion = served
                 .portion()
                 .ok_or_else(|| Error::Unsupported { what: "one-sided reads".into(), reason: "the table has no host portion".into() })?;
@@ -253,7 +253,7 @@ impl Table {
             own,
             #[cfg(feature = "fabric")]
             fabric,
-        } = agree(comm.as_ref(), started)?;
+        } = agree(comm.as_ref(), started, Rule::Lowest)?;
         let all = comm.allgatherv(&bytes)?;
         let ids = comm.allgather_value(u64::from_le_bytes(*JobKey::generate()?.fingerprint().first_chunk::<8>().unwrap_or(&[0; 8])))?;
         let owners: Result<Vec<OwnerRecord>> = all
@@ -284,7 +284,7 @@ impl Table {
             let checked = record.check("this job's ranks")?;
             Ok((record, checked))
         });
-        let (record, checked) = agree(comm.as_ref(), assembled)?;
+        let (record, checked) = agree(comm.as_ref(), assembled, Rule::Lowest)?;
         #[cfg(feature = "mpi")]
         let mpi = crate::mpi_rma::Window::for_table(method, &comm, &own, name, &p.counts(), g)?;
         #[cfg(not(feature = "mpi"))]
@@ -366,7 +366,7 @@ impl Table {
             Some(m) => mirror::copy_local(mem, &mut m.lock().unwrap_or_else(|p| p.into_inner())),
             None => Ok(()),
         });
-        agree(self.comm.as_ref(), copied)?;
+        agree(self.comm.as_ref(), copied, Rule::Lowest)?;
         self.publish_epoch()
     }
 
@@ -397,7 +397,7 @@ impl Table {
                 _ => Ok(()),
             }
         };
-        agree(self.comm.as_ref(), out)?;
+        agree(self.comm.as_ref(), out, Rule::Lowest)?;
         self.published.store(true, Ordering::Release);
         Ok(())
     }

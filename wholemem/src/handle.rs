@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicU64;
 
 use wm_comm::{CommExt, Communicator};
 
+use crate::agree::{Rule, agree};
 use crate::capability::{Support, query};
 use crate::host::locks::RowLocks;
 use crate::host::{self, HostStorage};
@@ -183,13 +184,6 @@ unsafe impl Send for RowPtr {}
 // SAFETY: as above.
 unsafe impl Sync for RowPtr {}
 
-/// Fails on every rank if it failed on any: each rank passes its own
-/// outcome, and all return the lowest failing rank's error
-/// ([`Rule::Lowest`](crate::agree::Rule::Lowest)).
-pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    crate::agree::agree(comm, mine, crate::agree::Rule::Lowest)
-}
-
 impl WholeMemory {
     /// Allocates a table collectively: every rank of `comm` calls this with
     /// the same request.
@@ -244,18 +238,18 @@ impl WholeMemory {
                         .map_err(|e| Error::os("opening a pidfd of this process", e))?;
                     Ok((portion, locks, pidfd))
                 });
-                let (mine, locks, pidfd) = agree(comm.as_ref(), created)?;
+                let (mine, locks, pidfd) = agree(comm.as_ref(), created, Rule::Lowest)?;
                 // Every descriptor that arrives is checked against the size
                 // this rank computes for it from the (agreed) request.
                 let sizes = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).0;
                 let extras = host::HostExtras { pidfd, locks, sizes: &sizes };
                 let exchanged = host::exchange_portions(comm.as_ref(), mine, Some(extras))?;
-                (Some(agree(comm.as_ref(), exchanged)?), None)
+                (Some(agree(comm.as_ref(), exchanged, Rule::Lowest)?), None)
             }
             // This rank's rows only, in a memfd of their own: private to
             // the process until a one-sided reader is handed it.
             MemoryType::Distributed | MemoryType::Hierarchy => {
-                let own = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me))?;
+                let own = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me), Rule::Lowest)?;
                 (None, Some(own))
             }
         };
@@ -274,7 +268,7 @@ impl WholeMemory {
             };
             Ok((storage, locks))
         });
-        let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
+        let (storage, row_locks) = agree(comm.as_ref(), mapped, Rule::Lowest)?;
         // Keep the memfds that hold this rank's rows (for one-sided
         // readers); the mappings hold what they need of the others.
         let portion_fds: Vec<OwnedFd> = match req.ty {
@@ -344,7 +338,7 @@ impl WholeMemory {
     ) -> Result<Self> {
         let bound = crate::device::bind(Self::local_rank(comm.as_ref()))
             .map_err(|reason| Error::Unsupported { what: format!("{} {} memory", req.loc, req.ty), reason });
-        let gpu = agree(comm.as_ref(), bound)?;
+        let gpu = agree(comm.as_ref(), bound, Rule::Lowest)?;
         let me = comm.rank();
         let storage = crate::device::storage::allocate(comm.as_ref(), &gpu, req.ty, &partition, req.granularity, req.total)?;
         let device_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, req.granularity)).collect();
@@ -353,7 +347,7 @@ impl WholeMemory {
         } else if comm.size() == 1 {
             Err("one rank: nothing to exchange".into())
         } else {
-            agree(comm.as_ref(), gpu.bind().map_err(Error::from))?;
+            agree(comm.as_ref(), gpu.bind().map_err(Error::from), Rule::Lowest)?;
             match wm_comm::nccl::NcclComm::new(comm.as_ref(), &gpu.bus_id) {
                 Ok(c) => Ok(Arc::new(c)),
                 Err(wm_comm::Error::Unsupported { reason, .. }) => Err(reason),

@@ -19,6 +19,7 @@
 
 use std::ops::Range;
 
+use wholemem::agree::{Rule, agree};
 use wholemem::device::DeviceBuffer;
 use wholemem::{Location, WholeMemory};
 
@@ -26,7 +27,7 @@ use super::policy::{Placement, Tags};
 use super::{CacheStats, check_ratio, ratio_slots};
 use crate::device::{SlotRows, read_slots, write_slots};
 use crate::kernel::{self, RowConv};
-use crate::{DType, Error, Result, RowLayout, agree, mapped};
+use crate::{DType, Error, Result, RowLayout, mapped};
 
 /// One table the cache holds rows of: its layout and the slots' rows.
 #[derive(Debug)]
@@ -185,7 +186,7 @@ impl DeviceCache {
             };
             Ok((main, side))
         });
-        let (main, side) = agree(mem.comm().as_ref(), made)?;
+        let (main, side) = agree(mem.comm().as_ref(), made, Rule::Lowest)?;
         Ok(Self {
             own,
             tags: Tags::new(placement, mem.local_rows().len(), true),

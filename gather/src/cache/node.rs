@@ -39,7 +39,7 @@
 
 use std::sync::Arc;
 
-use wholemem::agree::Rule;
+use wholemem::agree::{Rule, agree};
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};
 
@@ -47,7 +47,7 @@ use super::bypass::{Bypass, Chooser, Path};
 use super::policy::{Fill, Placement, Tags};
 use super::{CacheStats, RowSpace, check_ratio, ratio_slots};
 use crate::kernel::{self, RowConv};
-use crate::{DType, Error, Ids, Result, RowLayout, agree, mapped};
+use crate::{DType, Error, Ids, Result, RowLayout, mapped};
 
 /// A node cache of remote rows for one distributed or hierarchy table that
 /// spans several nodes: up to `ratio` of the table's rows, of those other
@@ -284,7 +284,7 @@ impl NodeCache {
             }
         };
         // Each node allocated its own; every rank learns whether all did.
-        let data = agree(comm.as_ref(), data)?;
+        let data = agree(comm.as_ref(), data, Rule::Lowest)?;
         let shared = placement.local.iter().any(|&l| l > 0);
         Ok(Self {
             layout: *layout,
@@ -645,7 +645,7 @@ impl NodeCache {
     ) -> Result<()> {
         let report = tally(accesses);
         let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
-        agree(self.comm.as_ref(), outcome)
+        agree(self.comm.as_ref(), outcome, Rule::Lowest)
     }
 
     /// The layout of the cache's own rows: the cached elements, from 0.
@@ -808,7 +808,7 @@ impl NodeCache {
     /// As [`wm_gather::scatter`](crate::scatter); [`Error::InvalidArgument`]
     /// for another table than the cache's (on every rank).
     pub fn scatter(&mut self, mem: &mut WholeMemory, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
-        agree(self.comm.as_ref(), self.check_table(mem))?;
+        agree(self.comm.as_ref(), self.check_table(mem), Rule::Lowest)?;
         let since = WriteMark::of(mem);
         crate::scatter(mem, &self.layout, ids, src, src_dtype)?;
         self.drop_rows(ids, Ok(Some((since, mem.write_generation()))))
@@ -909,7 +909,7 @@ impl NodeCache {
     /// [`Error::Comm`] when a peer is lost.
     pub fn clear(&mut self) -> Result<()> {
         self.tags.clear();
-        agree(self.comm.as_ref(), Ok(()))
+        agree(self.comm.as_ref(), Ok(()), Rule::Lowest)
     }
 
     /// Frees the shared rows, collectively.

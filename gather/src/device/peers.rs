@@ -37,7 +37,7 @@
 //! step 8.
 
 use wholemem::WholeMemory;
-use wholemem::agree::Rule;
+use wholemem::agree::{Rule, agree};
 use wholemem::device::DeviceBuffer;
 use wm_comm::nccl::DeviceCommunicator;
 
@@ -269,7 +269,7 @@ pub(crate) fn gather(
     marks.mark("gpu owner rows", &l.stream);
     clock.lap("owner rows");
     // 7.
-    crate::agree(comm.as_ref(), owned)?;
+    agree(comm.as_ref(), owned, Rule::Lowest)?;
     clock.lap("agree");
     // 8.
     debug_assert_eq!(plan.sent(me), mine.ids.n, "the plan holds this rank's counts");
@@ -383,7 +383,7 @@ pub(crate) fn scatter(
     clock.lap("owner rows");
     drop(bufs);
     // 7.
-    crate::agree(comm.as_ref(), written)?;
+    agree(comm.as_ref(), written, Rule::Lowest)?;
     clock.lap("agree");
     marks.finish(clock);
     Ok(())
@@ -435,7 +435,7 @@ pub(crate) fn gather_nccl(
         let word = wait_for_status(l, status, 1)?[0];
         verdict(l, mem, &plan, received, word)
     })();
-    crate::agree(comm.as_ref(), owned)?;
+    agree(comm.as_ref(), owned, Rule::Lowest)?;
     // The rows travel back, into bucket order.
     let staged = l.dev(Dev::Staged, mine.ids.n.max(1) * rb)?;
     let send: Vec<(u64, usize)> = (0..n).map(|r| (replies + (plan.part_start(me, r) * rb) as u64, plan.count(r, me) * rb)).collect();

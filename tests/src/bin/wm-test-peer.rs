@@ -329,9 +329,10 @@ fn malformed_hierarchy(world: &Comm, impostor: usize) -> Result<()> {
 fn fake_sample(g: &CsrGraph, node: u64) -> Result<()> {
     let comm = g.comm().as_ref();
     let (n, me) = (comm.size(), comm.rank());
-    // 1. The agreement: the request as words (fanout, seed, weighted, edge
-    //    ids), then the status byte 0, "passed".
-    let mut msg: Vec<u8> = [FANOUT as u64, SEED, 0, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
+    // 1. The agreement: the length of the request (32 bytes), the request as
+    //    words (fanout, seed, weighted, edge ids), then the status byte 0,
+    //    "passed".
+    let mut msg: Vec<u8> = [32, FANOUT as u64, SEED, 0, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
     msg.push(0);
     comm.allgatherv(&msg)?;
     // 2. The centers to their owners: `node`, one 8-byte word, to each.

@@ -13,7 +13,7 @@ use wm_comm::Communicator;
 
 use super::memory::{IPC_ALIGN, IpcMapping, SharedAlloc};
 use super::storage;
-use crate::handle::agree;
+use crate::agree::{Rule, agree};
 use crate::{Error, Result, WholeMemory};
 
 /// One table's peer buffers, behind [`WholeMemory::peer_buffers`].
@@ -111,7 +111,7 @@ impl PeerBuffers {
         // 1. The growing ranks allocate; every rank learns whether all did.
         let mut fresh: Option<(SharedAlloc, [u8; 64])> = None;
         let made = if grow[me] { SharedAlloc::new(gpu, lens[me]).map(|a| fresh = Some(a)).map_err(Error::from) } else { Ok(()) };
-        if let Err(e) = agree(comm.as_ref(), made) {
+        if let Err(e) = agree(comm.as_ref(), made, Rule::Lowest) {
             // Nobody has opened the new buffer: it can go.
             fresh.into_iter().for_each(|(a, _)| a.free());
             return Err(e);
@@ -136,7 +136,7 @@ impl PeerBuffers {
                 _ => Ok(None),
             })
             .collect();
-        let opened = match agree(comm.as_ref(), opened.map_err(Error::from)) {
+        let opened = match agree(comm.as_ref(), opened.map_err(Error::from), Rule::Lowest) {
             Ok(o) => o,
             Err(e) => {
                 // Every rank closed what it opened (dropped with the error);

@@ -36,6 +36,7 @@ use wm_comm::Communicator;
 
 pub use layout::{Layout, Piece, ShardFile};
 
+use crate::agree::{Rule, agree};
 use crate::error::ShardProblem;
 use crate::handle::WholeMemory;
 use crate::tensor::WholeTensor;
@@ -218,11 +219,11 @@ pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result
         layout.check_table(row, mem.rows(), shards.place())?;
         Ok(layout)
     });
-    let layout = agree(comm.as_ref(), discovered)?;
+    let layout = agree(comm.as_ref(), discovered, Rule::OwnFirst)?;
     same_layout(comm.as_ref(), &layout, shards.place())?;
     let n = threads(mem);
     let read = read_local(mem, &layout, n);
-    agree(comm.as_ref(), read)
+    agree(comm.as_ref(), read, Rule::OwnFirst)
 }
 
 /// Writes `mem` to `target`. Collective: every rank calls it with the same
@@ -247,11 +248,11 @@ pub fn store(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget) -> Result
         }
         Ok(())
     });
-    agree(comm.as_ref(), checked)?;
+    agree(comm.as_ref(), checked, Rule::OwnFirst)?;
     let prepared = if comm.rank() == 0 { prepare(target, comm.size(), mem.total_bytes()) } else { Ok(()) };
-    agree(comm.as_ref(), prepared)?;
+    agree(comm.as_ref(), prepared, Rule::OwnFirst)?;
     let written = write_local(mem, row, target, threads(mem));
-    agree(comm.as_ref(), written)
+    agree(comm.as_ref(), written, Rule::OwnFirst)
 }
 
 /// Threads one rank reads or writes files with: the table's
@@ -309,13 +310,6 @@ impl<T: Element> WholeTensor<T> {
         let row = self.row_format()?;
         store(self.memory(), &row, target)
     }
-}
-
-/// Fails on every rank if it failed on any. A failing rank returns its own
-/// error (the file it could not read, say); the others learn the first
-/// failing rank's ([`Rule::OwnFirst`](crate::agree::Rule::OwnFirst)).
-fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    crate::agree::agree(comm, mine, crate::agree::Rule::OwnFirst)
 }
 
 /// Every rank compares every rank's layout with rank 0's; a difference is
