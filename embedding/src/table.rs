@@ -60,7 +60,7 @@ pub struct Embedding<T: EmbeddingElement> {
     /// partition, memory type and location. `None` for SGD or no optimizer.
     pub(crate) state: Option<WholeTensor<f32>>,
     /// The node cache of remote rows, if enabled (`cache.rs`).
-    pub(crate) cache: crate::cache::Caches,
+    pub(crate) cache: crate::cache::state::Caches,
 }
 
 /// The ids as row numbers (after the range check).
@@ -266,7 +266,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         } else {
             None
         };
-        let mut emb = Self { table, layout, optimizer, state, cache: crate::cache::Caches::default() };
+        let mut emb = Self { table, layout, optimizer, state, cache: crate::cache::state::Caches::default() };
         emb.reset_state()?;
         Ok(emb)
     }

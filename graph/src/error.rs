@@ -53,7 +53,8 @@ pub enum Error {
     /// Gathering or scattering rows failed.
     #[error(transparent)]
     Gather(#[from] wm_gather::Error),
-    /// The embedding layer refused.
+    /// The embedding layer refused (the `candle` feature).
+    #[cfg(feature = "candle")]
     #[error(transparent)]
     Embedding(#[from] wm_embedding::Error),
     /// Talking to the other ranks failed.

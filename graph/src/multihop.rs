@@ -4,8 +4,9 @@ use wholemem::agree::{Rule, agree};
 
 use crate::Result;
 use crate::csr::CsrGraph;
+use crate::neighbors::sample;
 use crate::rng::hop_seed;
-use crate::sample::{SampleRequest, sample};
+use crate::sample::SampleRequest;
 use crate::unique::append_unique;
 
 /// One layer's bipartite block: its outputs are the first `targets` of its
