@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 use std::time::Duration;
+use wholemem::CommonError;
 
 use wholemem::agree::{Rule, agree, agree_sharing};
 use wholemem::{Location, MemoryType, WholeTensor};
@@ -224,7 +225,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         if dim == 0 {
             // Every rank passes the same shape or the allocation below fails
             // on every rank; refusing here is the same decision everywhere.
-            return Err(Error::InvalidArgument("an embedding dimension of 0".into()));
+            return Err(Error::Common(CommonError::InvalidArgument("an embedding dimension of 0".into())));
         }
         let table = WholeTensor::<T>::matrix(comm, ty, loc, rows, dim, partition)?;
         Self::from_tensor(table, optimizer)
@@ -237,25 +238,25 @@ impl<T: EmbeddingElement> Embedding<T> {
     ///
     /// # Errors
     /// - [`Error::InvalidParameter`] for an optimizer parameter out of range;
-    ///   [`Error::InvalidArgument`] for a table shape gather cannot read, or
+    ///   [`wholemem::CommonError::InvalidArgument`] for a table shape gather cannot read, or
     ///   when ranks pass different optimizers (naming both) — on every rank.
     /// - [`Error::Memory`] when the state cannot be allocated.
     pub fn from_tensor(table: WholeTensor<T>, optimizer: Option<Optimizer>) -> Result<Self> {
         let comm = table.memory().comm().clone();
         let layout = RowLayout::of(&table).map_err(Error::from);
-        let mine = layout.as_ref().map(|_| ()).map_err(|e| Error::InvalidArgument(e.to_string()));
+        let mine = layout.as_ref().map(|_| ()).map_err(|e| Error::Common(CommonError::InvalidArgument(e.to_string())));
         let mine = mine.and_then(|()| optimizer.as_ref().map_or(Ok(()), Optimizer::validate));
         let name = optimizer.map_or_else(|| "no optimizer".to_owned(), |o| o.to_string());
         let ((), all) = agree_sharing(comm.as_ref(), mine, Rule::Lowest, name.as_bytes())?;
         let ranks = comm.world_ranks();
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different optimizers: rank {} {} and rank {} {}",
                 ranks[0],
                 String::from_utf8_lossy(&all[0]),
                 ranks[r],
                 String::from_utf8_lossy(other)
-            )));
+            ))));
         }
         let layout = layout?;
         let width = optimizer.map_or(0, |o| o.state_width(layout.cols()));
@@ -370,21 +371,21 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// [`reset_state`](Self::reset_state)).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for bad parameters, or when ranks pass
+    /// [`wholemem::CommonError::InvalidArgument`] for bad parameters, or when ranks pass
     /// different ones (on every rank); [`Error::Gather`], [`Error::Comm`].
     pub fn init(&mut self, init: Init, seed: u64) -> Result<()> {
         let comm = self.comm().clone();
-        let mine = init.check().map_err(Error::InvalidArgument);
+        let mine = init.check().map_err(|m| Error::Common(CommonError::InvalidArgument(m)));
         let ((), all) = agree_sharing(comm.as_ref(), mine, Rule::Lowest, format!("{init:?} seed {seed}").as_bytes())?;
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
             let ranks = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different initialisations: rank {} {} and rank {} {}",
                 ranks[0],
                 String::from_utf8_lossy(&all[0]),
                 ranks[r],
                 String::from_utf8_lossy(other)
-            )));
+            ))));
         }
         let layout = self.layout;
         fill_own(&mut self.table, &layout, |row, out| {
@@ -435,7 +436,7 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// next call works): [`Error::NoOptimizer`]; [`Error::IndexOutOfRange`]
     /// naming the first bad id, its position and rank;
     /// [`Error::GradientLength`] when `grads` is not `ids.len() × dim`
-    /// values; [`Error::InvalidArgument`] for a learning rate that is not
+    /// values; [`wholemem::CommonError::InvalidArgument`] for a learning rate that is not
     /// finite and at least 0, or differs between ranks (naming both). Later:
     /// [`Error::Gather`], [`Error::Comm`].
     pub fn apply_gradients<I: Index>(&mut self, ids: &[I], grads: &[f32], lr: f32) -> Result<()> {
@@ -448,7 +449,9 @@ impl<T: EmbeddingElement> Embedding<T> {
         let check = || -> Result<Optimizer> {
             let opt = self.optimizer.ok_or(Error::NoOptimizer)?;
             if !(lr.is_finite() && lr >= 0.0) {
-                return Err(Error::InvalidArgument(format!("learning rate {lr} on rank {me}: it must be finite and at least 0")));
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "learning rate {lr} on rank {me}: it must be finite and at least 0"
+                ))));
             }
             if let Some((position, index)) = ids.first_out_of_range(rows) {
                 return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
@@ -529,9 +532,8 @@ impl<T: EmbeddingElement> Embedding<T> {
                 }
                 PartRead::Malformed { rate, detail } => {
                     rates[r] = rate;
-                    problem.get_or_insert_with(|| Error::Malformed {
-                        rank: comm.world_ranks()[r],
-                        detail: format!("{detail} (to rank {me})"),
+                    problem.get_or_insert_with(|| {
+                        Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {me})") })
                     });
                 }
             },
@@ -548,13 +550,13 @@ impl<T: EmbeddingElement> Embedding<T> {
         let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
         if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
             let ranks = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different learning rates: rank {} {} and rank {} {}",
                 ranks[0],
                 show(rates[0]),
                 ranks[r],
                 show(rate)
-            )));
+            ))));
         }
         agree(comm.as_ref(), problem.map_or(Ok(()), Err), Rule::Lowest)?;
         clock.lap("agree");

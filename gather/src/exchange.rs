@@ -4,7 +4,7 @@
 //! What a peer sends is input: every part is checked before it is used — a
 //! length that is not what the exchange implies, a row id the receiver does
 //! not own (or, in the hierarchy, was not routed to it) — and a bad part is
-//! dropped and recorded as [`Error::Malformed`] naming its sender. The
+//! dropped and recorded as [`wholemem::CommonError::Malformed`] naming its sender. The
 //! exchange still runs to its end on every rank, so the ranks stay in step
 //! and the next call works. What an owner finds wrong with the requests it
 //! got travels with the rows it sends back, so every rank fails with it; a
@@ -14,6 +14,7 @@
 //! error every rank's.
 
 use std::sync::Arc;
+use wholemem::CommonError;
 
 use wholemem::WholeMemory;
 use wholemem::agree::{Rule, agree};
@@ -34,9 +35,9 @@ struct LocalRows {
 impl LocalRows {
     fn new(mem: &WholeMemory, layout: &RowLayout) -> Result<Self> {
         let me = mem.comm().rank();
-        let base = mem
-            .rank_ptr(me)
-            .ok_or_else(|| Error::InvalidArgument(format!("rank {} does not map its own rows of this table", mem.comm().world_rank())))?;
+        let base = mem.rank_ptr(me).ok_or_else(|| {
+            Error::Common(CommonError::InvalidArgument(format!("rank {} does not map its own rows of this table", mem.comm().world_rank())))
+        })?;
         Ok(Self { base: SendPtr(base), span: RowSpan::new(mem, layout) })
     }
 }
@@ -60,7 +61,7 @@ impl RowAddr for BufferRows {
 
 /// The error for a part that member `r` of `comm` sent malformed.
 fn malformed(comm: &dyn Communicator, r: usize, detail: String) -> Error {
-    Error::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {})", comm.world_rank()) }
+    Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {})", comm.world_rank()) })
 }
 
 /// Row ids as a peer sent them (8 bytes each, little-endian), each checked
@@ -142,7 +143,7 @@ fn read_local(
     if let Some(bad) = rows.iter().find(|&&r| r >= n) {
         // Every caller checked the rows it got from peers; this stays a
         // check because the copy below trusts it.
-        return Err(Error::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank()))));
     }
     #[cfg(feature = "cuda")]
     if mem.location() == wholemem::Location::Device {
@@ -190,7 +191,7 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
     }
     let n = mem.local_rows().len();
     if let Some(bad) = rows.iter().find(|&&r| r >= n) {
-        return Err(Error::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank()))));
     }
     debug_assert_eq!(src.len(), rows.len() * conv.src_bytes());
     let table = LocalRows::new(mem, layout)?;
@@ -409,9 +410,10 @@ fn read_reply<'a>(comm: &dyn Communicator, from: usize, bytes: &'a [u8], rows: u
     match bytes.split_first() {
         Some((&ROWS, body)) if Some(body.len()) == rows_bytes(rows, db) => Reply::Rows(body),
         Some((&FAILED, v)) => Reply::Verdict(v),
-        Some((&COPY_FAILED, _)) => {
-            Reply::Failed(Error::PeerFailed { rank: comm.world_ranks()[from], detail: "it could not copy the rows asked of it".into() })
-        }
+        Some((&COPY_FAILED, _)) => Reply::Failed(Error::Common(CommonError::PeerFailed {
+            rank: comm.world_ranks()[from],
+            detail: "it could not copy the rows asked of it".into(),
+        })),
         _ => Reply::Failed(malformed(comm, from, format!("{} bytes for {rows} rows of {db} bytes and a kind byte", bytes.len()))),
     }
 }
@@ -651,7 +653,9 @@ type Comm = Arc<dyn Communicator>;
 fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Comm, &Comm)> {
     match (mem.local_comm(), mem.cross_comm()) {
         (Some(l), Some(c)) => Ok((l, c)),
-        _ => Err(Error::InvalidArgument(format!("a {} table has no local and cross communicators", mem.memory_type()))),
+        _ => {
+            Err(Error::Common(CommonError::InvalidArgument(format!("a {} table has no local and cross communicators", mem.memory_type()))))
+        }
     }
 }
 

@@ -2,6 +2,7 @@
 //! outcome, so a problem anywhere is one error everywhere and the ranks stay
 //! in step.
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree_sharing};
 use wm_comm::Communicator;
 
@@ -20,13 +21,13 @@ pub(crate) fn agree_with<T>(comm: &dyn Communicator, mine: Result<T>, header: &[
     for (r, m) in all.iter().enumerate().skip(1) {
         let other = words(m);
         if other != first {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different arguments to a collective call: rank {} {} but rank {} {}",
                 ranks[0],
                 describe(&first),
                 ranks[r],
                 describe(&other)
-            )));
+            ))));
         }
     }
     Ok(value)

@@ -1,13 +1,16 @@
 //! The one error type of the graph layer, and how its errors travel to the
 //! other ranks of a collective call.
 
+use wholemem::CommonError;
+
 /// What can go wrong building, loading or sampling a graph.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A caller passed something unusable; the message names the value.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// An unusable argument, a peer that failed or sent malformed data, a
+    /// wait that timed out: the kinds every layer shares.
+    #[error(transparent)]
+    Common(#[from] wholemem::CommonError),
     /// An edge of an edge list that cannot be in the graph: a node id out of
     /// range, or a weight that is negative or not finite.
     #[error("edge {position} ({src} -> {dst}) on rank {rank}: {problem}")]
@@ -39,14 +42,6 @@ pub enum Error {
     /// set and the first problem.
     #[error("{0}")]
     BadGraph(String),
-    /// Another rank of a collective call failed; its error, quoted.
-    #[error("rank {rank} failed: {detail}")]
-    PeerFailed {
-        /// The world rank.
-        rank: usize,
-        /// Its error.
-        detail: String,
-    },
     /// The memory layer refused.
     #[error(transparent)]
     Memory(#[from] wholemem::Error),
@@ -73,11 +68,11 @@ const EDGE: u8 = 2;
 /// peer's malformed message is reported as that peer's failure.
 impl wholemem::agree::PeerError for Error {
     fn peer_failed(rank: usize, detail: String) -> Self {
-        Self::PeerFailed { rank, detail }
+        Self::Common(CommonError::PeerFailed { rank, detail })
     }
 
     fn malformed(rank: usize, detail: String) -> Self {
-        Self::PeerFailed { rank, detail }
+        Self::Common(CommonError::PeerFailed { rank, detail })
     }
 
     fn as_malformed(&self) -> Option<(usize, &str)> {

@@ -2,6 +2,7 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use wholemem::CommonError;
 
 use wholemem::agree::{Rule, agree};
 use wholemem::files::{RowFormat, ShardSet, StoreTarget};
@@ -95,7 +96,7 @@ fn discover(dir: &Path) -> Result<[u64; 4]> {
 /// # Errors
 /// On every rank: [`Error::BadGraph`] naming the directory and the first
 /// problem; [`Error::Memory`] for files `wholemem::files::load` refuses
-/// (missing, malformed, of other element types); [`Error::InvalidArgument`]
+/// (missing, malformed, of other element types); [`wholemem::CommonError::InvalidArgument`]
 /// for a partition that does not fit or arguments that differ between
 /// ranks.
 pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Location, partition: Option<&[usize]>) -> Result<CsrGraph> {
@@ -108,7 +109,9 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
     let nodes = match partition {
         None => Ok(Partition::even(n, world)),
         Some(p) if p.len() == world && p.iter().try_fold(0usize, |a, &c| a.checked_add(c)) == Some(n) => Ok(Partition::from_counts(p)),
-        Some(p) => Err(Error::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {n} nodes"))),
+        Some(p) => {
+            Err(Error::Common(CommonError::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {n} nodes"))))
+        }
     };
     let nodes = agree(comm.as_ref(), nodes, Rule::Lowest)?;
     let me = comm.rank();

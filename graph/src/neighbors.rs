@@ -2,6 +2,7 @@
 //! sample here (continuous and chunked graphs) or route each center to the
 //! rank that owns it (distributed and hierarchy graphs).
 
+use wholemem::CommonError;
 use wholemem::MemoryType;
 
 use crate::collective::agree_with;
@@ -27,7 +28,7 @@ pub fn sample_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usize, seed: 
 /// weight 0 are taken only when the degree is at most `fanout`.
 ///
 /// # Errors
-/// As [`sample`]; [`Error::InvalidArgument`] for a graph without weights.
+/// As [`sample`]; [`wholemem::CommonError::InvalidArgument`] for a graph without weights.
 pub fn sample_weighted_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usize, seed: u64) -> Result<Sample> {
     sample(graph, centers, &SampleRequest::new(fanout, seed).weighted(true))
 }
@@ -50,13 +51,13 @@ pub fn sample_weighted_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usiz
 /// - [`Error::NodeOutOfRange`] naming the first bad center, before anything
 ///   is read — on every rank of a collective call, after which the next call
 ///   works;
-/// - [`Error::InvalidArgument`] for a weighted request on a graph without
+/// - [`wholemem::CommonError::InvalidArgument`] for a weighted request on a graph without
 ///   weights, or requests that differ between ranks (collective calls);
 /// - [`Error::Memory`], [`Error::Comm`] when reading or talking fails.
 pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
     let checked = graph.check_nodes(centers).and_then(|()| {
         if req.weighted && !graph.is_weighted() {
-            return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into()));
+            return Err(Error::Common(CommonError::InvalidArgument("weighted sampling of a graph without edge weights".into())));
         }
         Ok(())
     });

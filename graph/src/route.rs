@@ -7,6 +7,7 @@
 //! edge ids. What a peer sends is input: every answer is checked (lengths,
 //! counts against the fanout, ids against the graph) before it is used.
 
+use wholemem::CommonError;
 use wm_comm::{CommExt, Communicator};
 
 use crate::collective::bucket;
@@ -71,7 +72,7 @@ fn decode_ids(bytes: &[u8]) -> Option<Vec<u64>> {
 
 /// Checks and decodes the answer of world rank `from` for `asked` centers.
 fn decode_reply(bytes: &[u8], asked: usize, req: &SampleRequest, graph: &CsrGraph, from: usize) -> Result<Answer> {
-    let bad = |detail: String| Error::PeerFailed { rank: from, detail };
+    let bad = |detail: String| Error::Common(CommonError::PeerFailed { rank: from, detail });
     if bytes.len() % 8 != 0 {
         return Err(bad(format!("it answered {} bytes, not whole 8-byte words", bytes.len())));
     }
@@ -153,7 +154,7 @@ fn serve(graph: &CsrGraph, asked: &[Vec<u64>], askers: &[usize], first: usize, r
             // (up to 2^64 - 1) is named, never added to `first`.
             Some(&bad) => {
                 let detail = format!("it asked rank {me} for its local node {bad}, of {count}");
-                problem.get_or_insert(Error::PeerFailed { rank: asker, detail });
+                problem.get_or_insert(Error::Common(CommonError::PeerFailed { rank: asker, detail }));
             }
             // Each below `count`: `first + x` is one of this rank's nodes.
             None => all.extend(a.iter().map(|&x| x + first as u64)),
@@ -262,7 +263,7 @@ pub(crate) fn distributed(
             Some(ids) => asked[r] = ids,
             None => {
                 let detail = format!("it asked for {} bytes of centers, not whole 8-byte ids", bytes.len());
-                problem.get_or_insert(Error::PeerFailed { rank: ranks[r], detail });
+                problem.get_or_insert(Error::Common(CommonError::PeerFailed { rank: ranks[r], detail }));
             }
         },
     )?;
@@ -292,7 +293,7 @@ pub(crate) fn distributed(
         got.push(match a {
             _ if r == me => Answer::default(),
             Some(a) => a?,
-            None => return Err(Error::PeerFailed { rank: ranks[r], detail: "its answer never came".into() }),
+            None => return Err(Error::Common(CommonError::PeerFailed { rank: ranks[r], detail: "its answer never came".into() })),
         });
     }
     let parts: Vec<Part<'_>> = (0..n).map(|r| if r == me { served.part(me) } else { got[r].part() }).collect();
@@ -422,7 +423,7 @@ mod tests {
                 let asked = vec![before, [vec![bad], after].concat()];
                 let e = serve(&g, &asked, &[asker, asker + 1], first, &req, 1).err().expect("a node past this rank's");
                 let text = e.to_string();
-                prop_assert!(matches!(e, Error::PeerFailed { rank, .. } if rank == asker + 1), "{}", text);
+                prop_assert!(matches!(e, Error::Common(CommonError::PeerFailed { rank, .. }) if rank == asker + 1), "{}", text);
                 prop_assert!(text.contains(&format!("local node {bad}, of 8")), "{}", text);
                 Ok(())
             })

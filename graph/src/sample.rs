@@ -1,6 +1,7 @@
 //! Neighbour sampling without replacement, unweighted and weighted.
 
 use std::collections::HashSet;
+use wholemem::CommonError;
 
 use wholemem::{Element, Location};
 use wm_gather::Column;
@@ -161,15 +162,19 @@ fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
     let row_ptr = Column::new(&graph.row_ptr)?;
     let weights = match (&graph.weights, req.weighted) {
         (Some(w), true) => Some(Column::new(w)?),
-        (None, true) => return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into())),
+        (None, true) => {
+            return Err(Error::Common(CommonError::InvalidArgument("weighted sampling of a graph without edge weights".into())));
+        }
         (_, false) => None,
     };
     let edges = graph.edges();
     let me = graph.comm().world_rank();
     // Node `v`'s edges, checked to fit the table and to be mapped here.
     let bounds = |v: u64| -> Result<(usize, usize)> {
-        let v = usize::try_from(v).map_err(|_| Error::InvalidArgument(format!("node {v} does not fit an index")))?;
-        let start = row_ptr.get(v).ok_or_else(|| Error::InvalidArgument(format!("node {v}'s offsets are not on rank {me}")))?;
+        let v = usize::try_from(v).map_err(|_| Error::Common(CommonError::InvalidArgument(format!("node {v} does not fit an index"))))?;
+        let start = row_ptr
+            .get(v)
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument(format!("node {v}'s offsets are not on rank {me}"))))?;
         // The next node's offset, or for an owner's last node (the next one
         // is another rank's) the end of the owner's edges.
         let end = match row_ptr.get(v + 1) {
@@ -300,8 +305,10 @@ fn sample_gathered(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threa
             }
             weight_at[i + 1] = pos.len();
         }
-        let table =
-            graph.weights.as_ref().ok_or_else(|| Error::InvalidArgument("weighted sampling of a graph without edge weights".into()))?;
+        let table = graph
+            .weights
+            .as_ref()
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument("weighted sampling of a graph without edge weights".into())))?;
         weights = vec![0f32; pos.len()];
         wm_gather::gather_into(table, &pos, &mut weights)?;
     }
@@ -404,7 +411,7 @@ pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, key
 /// from wholemem tables. For references and baselines (`wm-bench sample`).
 ///
 /// # Errors
-/// [`Error::NodeOutOfRange`] for a bad center; [`Error::InvalidArgument`]
+/// [`Error::NodeOutOfRange`] for a bad center; [`wholemem::CommonError::InvalidArgument`]
 /// for a weighted request without weights or offsets that do not fit the
 /// slices.
 pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]>, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
@@ -413,7 +420,7 @@ pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]
         return Err(Error::NodeOutOfRange { node: centers[position], position, rank: 0, nodes });
     }
     if req.weighted && weights.is_none_or(|w| w.len() != col_ind.len()) {
-        return Err(Error::InvalidArgument("weighted sampling needs one weight per edge".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("weighted sampling needs one weight per edge".into())));
     }
     let mut s = Scratch::default();
     let mut counts = Vec::with_capacity(centers.len());
@@ -421,7 +428,10 @@ pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]
     for &v in centers {
         let (start, end) = (row_ptr[v as usize], row_ptr[v as usize + 1]);
         if start < 0 || end < start || end as usize > col_ind.len() {
-            return Err(Error::InvalidArgument(format!("node {v}'s offsets {start}..{end} do not fit {} edges", col_ind.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "node {v}'s offsets {start}..{end} do not fit {} edges",
+                col_ind.len()
+            ))));
         }
         let (start, end) = (start as usize, end as usize);
         let d = end - start;

@@ -17,6 +17,7 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
+use wholemem::CommonError;
 
 use mpi::ffi;
 use wholemem::agree::{Rule, agree};
@@ -103,7 +104,7 @@ impl Window {
         mpi?;
         let m = mpi_of(comm)?;
         let size = ffi::MPI_Aint::try_from(rows.bytes())
-            .map_err(|_| Error::InvalidArgument(format!("{} bytes of rows for one window", rows.bytes())))?;
+            .map_err(|_| Error::Common(CommonError::InvalidArgument(format!("{} bytes of rows for one window", rows.bytes()))))?;
         let opened = m.with_raw(|raw| -> Result<RawWin> {
             let mut win = ffi::MPI_Win(std::ptr::null_mut());
             // SAFETY: every rank calls this together (the method is agreed);
@@ -177,7 +178,7 @@ fn get_indexed(
     target: c_int,
     win: ffi::MPI_Win,
 ) -> Result<()> {
-    let n = c_int::try_from(here.len()).map_err(|_| Error::InvalidArgument("too many rows for one MPI get".into()))?;
+    let n = c_int::try_from(here.len()).map_err(|_| Error::Common(CommonError::InvalidArgument("too many rows for one MPI get".into())))?;
     // SAFETY: the displacement arrays hold `n` entries each and outlive the
     // calls (MPI copies them into the types); every `dest + here[i]` is
     // `count` writable bytes the caller keeps alive until the flush, every
@@ -211,7 +212,8 @@ impl Transport for Window {
     fn read(&self, req: &mut ReadRequest<'_>, profile: Option<&Counters>) -> Result<()> {
         let n = req.rows.len();
         let (skip, len) = (req.layout.skip_bytes(), req.layout.bytes());
-        let count = c_int::try_from(len).map_err(|_| Error::InvalidArgument(format!("rows of {len} bytes for MPI")))?;
+        let count =
+            c_int::try_from(len).map_err(|_| Error::Common(CommonError::InvalidArgument(format!("rows of {len} bytes for MPI"))))?;
         let direct = req.out_dtype == req.layout.dtype();
         let mut staging = if direct { Vec::new() } else { vec![0u8; n * len] };
         let dest: *mut u8 = if direct { req.out.as_mut_ptr() } else { staging.as_mut_ptr() };

@@ -4,6 +4,7 @@
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use wholemem::CommonError;
 
 use wholemem::agree::{Rule, agree};
 use wholemem::{Element, Location, MappedPortion, WholeMemory, WholeTensor};
@@ -73,7 +74,7 @@ struct Started {
 /// Rows of `granularity` bytes as elements of `dtype`.
 fn columns(granularity: usize, dtype: DType) -> Result<usize> {
     if granularity % dtype.size() != 0 {
-        return Err(Error::InvalidArgument(format!("rows of {granularity} bytes are not whole {dtype} elements")));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("rows of {granularity} bytes are not whole {dtype} elements"))));
     }
     Ok(granularity / dtype.size())
 }
@@ -98,20 +99,20 @@ fn job_key(comm: &dyn Communicator, given: Option<&JobKey>, at: Option<&Rendezvo
     let prints: Vec<&[u8]> = all.chunks(32).collect();
     if let Some(r) = prints.iter().position(|p| *p != prints[0]) {
         let w = comm.world_ranks();
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "ranks {} and {} hold different job keys (or one holds none): set WM_JOB_KEY the same on every rank",
             w[0], w[r]
-        )));
+        ))));
     }
     match mine {
         Some(k) => Ok(k),
         None if comm.size() == 1 => Ok(JobKey::generate()?),
-        None => Err(Error::InvalidArgument(format!(
+        None => Err(Error::Common(CommonError::InvalidArgument(format!(
             "a one-sided table of {} ranks needs a job key its ranks already share (a key is never sent in clear text): \
              set WM_JOB_KEY to the same 64 hexadecimal digits on every rank (`export WM_JOB_KEY=$(openssl rand -hex 32)`), \
              or pass Options::key",
             comm.size()
-        ))),
+        )))),
     }
 }
 
@@ -133,7 +134,7 @@ impl Table {
     /// [`publish_from`](Self::publish_from) copies the rows again.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the value (a bad name, rows that
+    /// [`wholemem::CommonError::InvalidArgument`] naming the value (a bad name, rows that
     /// are not whole elements, ranks passing different arguments or holding
     /// different job keys); [`Error::Unsupported`] for a method this build
     /// lacks, or host memory of the table's type refused here (for a
@@ -164,16 +165,16 @@ impl Table {
         let all = comm.allgatherv(mine.as_bytes())?;
         if let Some(r) = all.iter().position(|a| a != &all[0]) {
             let w = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different tables: rank {} {:?} and rank {} {:?} (name|type|method|served)",
                 w[0],
                 String::from_utf8_lossy(&all[0]),
                 w[r],
                 String::from_utf8_lossy(&all[r])
-            )));
+            ))));
         }
         let key = job_key(comm.as_ref(), opts.key.as_ref(), publish_at.as_ref())?;
-        let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+        let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         let p = mem.partition().clone();
         let g = mem.granularity();
         // A device table's rows, copied to the host (collective).
@@ -238,7 +239,7 @@ impl Table {
                 #[cfg(not(feature = "fabric"))]
                 fabric: None,
             };
-            let bytes = serde_json::to_vec(&record).map_err(|e| Error::InvalidArgument(e.to_string()))?;
+            let bytes = serde_json::to_vec(&record).map_err(|e| Error::Common(CommonError::InvalidArgument(e.to_string())))?;
             Ok(Started {
                 server,
                 bytes,
@@ -356,7 +357,7 @@ impl Table {
     /// (or, for a row being copied at that moment, a mix of the two).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `mem` has other rows, row size or
+    /// [`wholemem::CommonError::InvalidArgument`] when `mem` has other rows, row size or
     /// rows per rank than the table; a failed copy; as
     /// [`publish`](Self::publish) — each on every rank.
     pub fn publish_from(&self, mem: &WholeMemory) -> Result<()> {
@@ -392,7 +393,7 @@ impl Table {
             r.epoch = e;
             match (&self.publish_at, self.comm.rank()) {
                 (Some(at), 0) => serde_json::to_vec(&*r)
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))
+                    .map_err(|e| Error::Common(CommonError::InvalidArgument(e.to_string())))
                     .and_then(|bytes| catalog::publish(at, &self.name, &bytes, &self.key)),
                 _ => Ok(()),
             }
@@ -430,7 +431,7 @@ impl Table {
         if let Some(r) = slot.as_ref() {
             return Ok(r.clone());
         }
-        let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+        let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         let comm = &self.comm;
         let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
         let origin = Origin {

@@ -1,6 +1,7 @@
 //! The WholeMemory handle: one collective allocation of a row-partitioned
 //! table.
 
+use crate::CommonError;
 use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -192,11 +193,11 @@ impl WholeMemory {
     /// gives the same error on every rank and leaves the communicator usable.
     ///
     /// # Errors
-    /// - [`Error::InvalidArgument`] naming the value: a granularity of 0 or
+    /// - [`crate::CommonError::InvalidArgument`] naming the value: a granularity of 0 or
     ///   one that does not divide `total`; a partition of the wrong length or
     ///   sum; requests that differ between ranks (naming the ranks and field).
     /// - [`Error::Unsupported`] with the reason from [`query`].
-    /// - [`Error::PeerFailed`] / [`Error::Os`] when memory cannot be had.
+    /// - [`crate::CommonError::PeerFailed`] / [`Error::Os`] when memory cannot be had.
     /// - [`Error::Comm`] when a peer is lost or times out.
     pub fn allocate(comm: &Arc<dyn Communicator>, req: &AllocRequest) -> Result<Self> {
         let enc = req.encode();
@@ -204,10 +205,10 @@ impl WholeMemory {
         let ranks = comm.world_ranks();
         for (r, other) in all.iter().enumerate() {
             if let Some(d) = AllocRequest::difference(&all[0], other) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "ranks passed different allocation requests: rank {} and rank {} differ in {d}",
                     ranks[0], ranks[r]
-                )));
+                ))));
             }
         }
         // Every rank now holds the same request; validate it identically.
@@ -260,7 +261,7 @@ impl WholeMemory {
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
             let locks = match lock_fd {
                 Some(fd) => {
-                    let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+                    let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
                     let locks = RowLocks::open(std::os::fd::AsFd::as_fd(&fd), me, pidfds, timeout);
                     Some(locks.map_err(|e| Error::os("mapping the row-lock table", e))?)
                 }
@@ -648,39 +649,39 @@ impl WholeMemory {
 
 fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
     if req.granularity == 0 {
-        return Err(Error::InvalidArgument("granularity 0: a row must have at least one byte".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("granularity 0: a row must have at least one byte".into())));
     }
     if req.total == 0 {
-        return Err(Error::InvalidArgument("total size 0: a table needs at least one row".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("total size 0: a table needs at least one row".into())));
     }
     // No mapping can be larger, and the layout's page rounding stays far
     // from overflowing below this.
     if req.total > isize::MAX as usize {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "total size {}: larger than any address space (at most isize::MAX = {} bytes)",
             req.total,
             isize::MAX
-        )));
+        ))));
     }
     if req.total % req.granularity != 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "granularity {} does not divide the total size {} (a row is never split)",
             req.granularity, req.total
-        )));
+        ))));
     }
     let rows = req.total / req.granularity;
     match &req.partition {
         None => Ok(Partition::even(rows, world)),
         Some(p) if p.len() != world => {
-            Err(Error::InvalidArgument(format!("the partition has {} entries for {world} ranks: {p:?}", p.len())))
+            Err(Error::Common(CommonError::InvalidArgument(format!("the partition has {} entries for {world} ranks: {p:?}", p.len()))))
         }
         Some(p) => {
             let sum = p.iter().try_fold(0usize, |a, &c| a.checked_add(c));
             if sum != Some(rows) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "the partition {p:?} sums to {} rows, the table has {rows}",
                     sum.map_or("more than usize::MAX".to_owned(), |s| s.to_string())
-                )));
+                ))));
             }
             Ok(Partition::from_counts(p))
         }

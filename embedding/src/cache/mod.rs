@@ -27,6 +27,7 @@
 //! step, and it forgets its rows.
 
 use std::sync::Mutex;
+use wholemem::CommonError;
 
 use wm_gather::cache::{Bypass, CacheStats, NodeCache};
 use wm_gather::{DType, Ids};
@@ -149,7 +150,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             return Ok(());
         }
         let _ = (own, w, s);
-        Err(Error::InvalidArgument("no device cache".into()))
+        Err(Error::Common(CommonError::InvalidArgument("no device cache".into())))
     }
 
     /// Writes own rows `own` and their state through the device cache, then
@@ -165,7 +166,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             return Ok(());
         }
         let _ = (own, w, s);
-        Err(Error::InvalidArgument("no device cache".into()))
+        Err(Error::Common(CommonError::InvalidArgument("no device cache".into())))
     }
 
     /// The gather through the node cache (which first drops what was

@@ -3,6 +3,7 @@
 //! measuring them are methods of the embedding (the parent module).
 
 use std::sync::Mutex;
+use wholemem::CommonError;
 
 use wm_gather::Ids;
 use wm_gather::cache::{NodeCache, WriteMark};
@@ -21,7 +22,7 @@ pub(crate) struct Caches {
 
 /// The error of a node cache whose lock a panicking thread left poisoned.
 pub(super) fn poisoned() -> Error {
-    Error::InvalidArgument("the node cache's lock was poisoned by a panic in another thread".into())
+    Error::Common(CommonError::InvalidArgument("the node cache's lock was poisoned by a panic in another thread".into()))
 }
 
 impl Caches {

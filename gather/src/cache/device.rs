@@ -18,6 +18,7 @@
 //! move it too, and are taken as its own.
 
 use std::ops::Range;
+use wholemem::CommonError;
 
 use wholemem::agree::{Rule, agree};
 use wholemem::device::DeviceBuffer;
@@ -71,12 +72,14 @@ impl Part {
     fn new(mem: &WholeMemory, layout: &RowLayout, slots: usize) -> Result<Self> {
         layout.check_fits(mem.granularity())?;
         if mem.location() != Location::Host {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "a device cache holds rows of host tables; this {} table is in device memory already",
                 mem.memory_type()
-            )));
+            ))));
         }
-        let bytes = slots.checked_mul(layout.bytes()).ok_or_else(|| Error::InvalidArgument(format!("{slots} cached rows overflow")))?;
+        let bytes = slots
+            .checked_mul(layout.bytes())
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument(format!("{slots} cached rows overflow"))))?;
         Ok(Self {
             layout: *layout,
             rows: DeviceBuffer::new(mem, bytes.max(1))?,
@@ -106,13 +109,13 @@ impl Part {
 
     fn check(&self, mem: &WholeMemory, what: &str) -> Result<()> {
         if mem.serial() != self.table || mem.rows() != self.rows_of || mem.granularity() != self.granularity {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "this device cache holds rows of another {what}: table {} of {} rows of {} bytes, not table {} (a table allocated after one was freed is another table)",
                 self.table,
                 self.rows_of,
                 self.granularity,
                 mem.serial()
-            )));
+            ))));
         }
         Ok(())
     }
@@ -164,7 +167,7 @@ impl DeviceCache {
     /// rank's error.
     ///
     /// # Errors
-    /// On every rank: [`Error::InvalidArgument`] naming the ratio when it
+    /// On every rank: [`wholemem::CommonError::InvalidArgument`] naming the ratio when it
     /// is not greater than 0 and at most 1, for a device table, a layout
     /// that does not fit, or a side table partitioned otherwise;
     /// [`Error::Memory`] when a rank has no GPU or its memory runs out.
@@ -179,7 +182,9 @@ impl DeviceCache {
                 None => None,
                 Some((s, l)) => {
                     if s.partition().counts() != mem.partition().counts() {
-                        return Err(Error::InvalidArgument("the side table of a device cache must be partitioned as the table".into()));
+                        return Err(Error::Common(CommonError::InvalidArgument(
+                            "the side table of a device cache must be partitioned as the table".into(),
+                        )));
                     }
                     Some(Part::new(s, l, slots)?)
                 }
@@ -225,10 +230,10 @@ impl DeviceCache {
                 if self.own.contains(&r) {
                     Ok(r - self.own.start)
                 } else {
-                    Err(Error::InvalidArgument(format!(
+                    Err(Error::Common(CommonError::InvalidArgument(format!(
                         "row {r} is not one of this rank's rows {:?}: a device cache holds its owner's rows only",
                         self.own
-                    )))
+                    ))))
                 }
             })
             .collect()
@@ -241,8 +246,10 @@ impl DeviceCache {
         match (&self.side, side) {
             (Some(p), Some(s)) => p.check(s, "side table"),
             (None, None) => Ok(()),
-            (Some(_), None) => Err(Error::InvalidArgument("this device cache holds rows of a side table too: pass it".into())),
-            (None, Some(_)) => Err(Error::InvalidArgument("this device cache holds no side table's rows".into())),
+            (Some(_), None) => {
+                Err(Error::Common(CommonError::InvalidArgument("this device cache holds rows of a side table too: pass it".into())))
+            }
+            (None, Some(_)) => Err(Error::Common(CommonError::InvalidArgument("this device cache holds no side table's rows".into()))),
         }
     }
 
@@ -264,7 +271,7 @@ impl DeviceCache {
     /// the slots were filled.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the generations when the cache
+    /// [`wholemem::CommonError::InvalidArgument`] naming the generations when the cache
     /// holds dirty rows then (nothing changes).
     fn follow_writes(&mut self, mem: &WholeMemory, side: Option<&WholeMemory>) -> Result<()> {
         if !self.written_elsewhere(mem, side) {
@@ -272,12 +279,12 @@ impl DeviceCache {
         }
         let dirty = self.dirty_rows();
         if dirty > 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "rank {}'s rows of the table were written by another path (write generation {}, the device cache's rows reflect {}) while the cache held {dirty} rows written through it: write them back first (writeback), or forget them (clear)",
                 mem.comm().world_rank(),
                 mem.write_generation(),
                 self.main.seen.0
-            )));
+            ))));
         }
         self.clear();
         self.seen_now(mem, side);
@@ -345,7 +352,7 @@ impl DeviceCache {
     /// slot is written back first).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a row of another rank, buffers of the
+    /// [`wholemem::CommonError::InvalidArgument`] for a row of another rank, buffers of the
     /// wrong size, or tables other than the cache's; [`Error::Conversion`];
     /// the driver's errors.
     pub fn read(
@@ -395,7 +402,9 @@ impl DeviceCache {
         match (&mut self.side, side) {
             (Some(p), Some(s)) => read_part(p, s, n, &plan, side_out, buf_dtype)?,
             (None, None) => {}
-            _ => return Err(Error::InvalidArgument("pass the side table exactly when the cache holds its rows".into())),
+            _ => {
+                return Err(Error::Common(CommonError::InvalidArgument("pass the side table exactly when the cache holds its rows".into())));
+            }
         }
         self.stats.lookups += rows.len() as u64;
         self.stats.hits += plan.hit_slots.len() as u64;
@@ -452,7 +461,9 @@ impl DeviceCache {
                 done?;
             }
             (None, None) => {}
-            _ => return Err(Error::InvalidArgument("pass the side table exactly when the cache holds its rows".into())),
+            _ => {
+                return Err(Error::Common(CommonError::InvalidArgument("pass the side table exactly when the cache holds its rows".into())));
+            }
         }
         for &(s, _) in &cached {
             self.dirty[s] = true;
@@ -486,20 +497,24 @@ fn read_part(part: &mut Part, table: &WholeMemory, n: usize, plan: &Plan, buf: &
     let conv = RowConv::new(part.layout.dtype(), buf_dtype, part.layout.cols())?;
     let count = plan.hit_at.len() + plan.miss_at.len();
     if buf.len() != count * conv.dst_bytes() {
-        return Err(Error::InvalidArgument(format!("{} bytes for {count} rows of {} bytes", buf.len(), conv.dst_bytes())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} bytes for {count} rows of {} bytes",
+            buf.len(),
+            conv.dst_bytes()
+        ))));
     }
     let rb = part.layout.bytes();
     // Hits: rows of the table's type from the GPU, converted here.
     let mut dense = vec![0u8; plan.hit_slots.len() * rb];
     read_slots(table, &part.rows, part.shape(n), &part.layout, &plan.hit_slots, &mut dense)?;
     let order: Vec<usize> = (0..plan.hit_slots.len()).collect();
-    kernel::place_rows(&dense, conv, &order, &plan.hit_at, buf, 1).map_err(Error::InvalidArgument)?;
+    kernel::place_rows(&dense, conv, &order, &plan.hit_at, buf, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
     // Misses: from the host rows, then the admitted ones up to the GPU.
     let same = RowConv::new(part.layout.dtype(), part.layout.dtype(), part.layout.cols())?;
     let packed: Vec<usize> = (0..plan.miss.len()).collect();
     let mut host = vec![0u8; plan.miss.len() * rb];
     mapped::gather_own_to(table, &part.layout, same, &plan.miss, &packed, &mut host)?;
-    kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(Error::InvalidArgument)?;
+    kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
     let slots: Vec<usize> = plan.fills.iter().map(|f| f.0).collect();
     let mut up = Vec::with_capacity(slots.len() * rb);
     for &(_, k) in &plan.fills {
@@ -524,13 +539,13 @@ fn write_part(
     let conv = RowConv::new(buf_dtype, part.layout.dtype(), part.layout.cols())?;
     let sb = conv.src_bytes();
     if sb == 0 || src.len() % sb != 0 {
-        return Err(Error::InvalidArgument(format!("{} bytes are not whole rows of {sb} bytes", src.len())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("{} bytes are not whole rows of {sb} bytes", src.len()))));
     }
     let pack = |pairs: &[(usize, usize)]| -> Result<Vec<u8>> {
         let from: Vec<usize> = pairs.iter().map(|p| p.1).collect();
         let to: Vec<usize> = (0..pairs.len()).collect();
         let mut out = vec![0u8; pairs.len() * conv.dst_bytes()];
-        kernel::place_rows(src, conv, &from, &to, &mut out, 1).map_err(Error::InvalidArgument)?;
+        kernel::place_rows(src, conv, &from, &to, &mut out, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         Ok(out)
     };
     let up = pack(cached)?;

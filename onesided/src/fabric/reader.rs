@@ -6,6 +6,7 @@ use std::ptr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use wholemem::CommonError;
 
 use wm_fabric_sys as fi;
 use wm_gather::RowLayout;
@@ -88,7 +89,7 @@ impl FabricTransport {
         let provider = routed
             .iter()
             .find_map(|&r| record.owners[r].fabric.as_ref().map(|f| f.provider.clone()))
-            .ok_or_else(|| Error::InvalidArgument("no owner registered its rows with libfabric".into()))?;
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument("no owner registered its rows with libfabric".into())))?;
         if let Some(&r) = routed.iter().find(|&&r| record.owners[r].fabric.as_ref().is_none_or(|f| f.provider != provider)) {
             return Err(Error::Unsupported {
                 what: format!("libfabric reads of table {:?}", record.name),
@@ -101,7 +102,7 @@ impl FabricTransport {
         let mut owners = vec![None; methods.len()];
         for &r in &routed {
             let o = &record.owners[r];
-            let f = o.fabric.as_ref().ok_or_else(|| Error::InvalidArgument("no libfabric record".into()))?;
+            let f = o.fabric.as_ref().ok_or_else(|| Error::Common(CommonError::InvalidArgument("no libfabric record".into())))?;
             let bytes = unhex(&f.addr)
                 .ok_or_else(|| Error::Malformed { from: format!("rank {}", o.rank), detail: "its libfabric address".into() })?;
             let mut addr: fi::fi_addr_t = 0;
@@ -232,7 +233,7 @@ impl Transport for FabricTransport {
                 }
                 ctx.staging = Some((mr?, b));
             }
-            let (mr, b) = ctx.staging.as_mut().ok_or_else(|| Error::InvalidArgument("no staging buffer".into()))?;
+            let (mr, b) = ctx.staging.as_mut().ok_or_else(|| Error::Common(CommonError::InvalidArgument("no staging buffer".into())))?;
             (b.as_mut_ptr(), mr.desc(), None)
         };
         // Where row k of the request lands.
@@ -259,8 +260,9 @@ impl Transport for FabricTransport {
             if ks.is_empty() {
                 continue;
             }
-            let r = self.owners[o]
-                .ok_or_else(|| Error::InvalidArgument(format!("rows of owner {o} routed to libfabric, which does not reach it")))?;
+            let r = self.owners[o].ok_or_else(|| {
+                Error::Common(CommonError::InvalidArgument(format!("rows of owner {o} routed to libfabric, which does not reach it")))
+            })?;
             for chunk in ks.chunks(per_op) {
                 let at = ops.iov.len();
                 for &k in chunk {
@@ -335,10 +337,10 @@ impl FabricTransport {
                     return (Some(e), true);
                 }
                 if Instant::now() > deadline {
-                    first_err.get_or_insert(Error::Timeout {
+                    first_err.get_or_insert(Error::Common(CommonError::Timeout {
                         what: format!("posting libfabric reads of table {:?}", self.table),
                         secs: self.timeout.as_secs_f64(),
-                    });
+                    }));
                 }
             } else {
                 first_err = Some(Error::Fabric { call: "fi_readmsg", detail: strerror(r) });
@@ -359,10 +361,10 @@ impl FabricTransport {
             }
             if done.finished() == finished {
                 if Instant::now() > deadline {
-                    let e = first_err.unwrap_or(Error::Timeout {
+                    let e = first_err.unwrap_or(Error::Common(CommonError::Timeout {
                         what: format!("libfabric reads of table {:?} ({finished} of {total} done)", self.table),
                         secs: self.timeout.as_secs_f64(),
-                    });
+                    }));
                     return (Some(e), true);
                 }
                 spins += 1;

@@ -48,6 +48,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use wholemem::CommonError;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -421,7 +422,7 @@ fn mirror(world: &Comm, loc: Option<&str>, forced: Option<Method>) -> Result<()>
         // failing rank's, naming the size), the table usable.
         let other = allocate_at(world, MemoryType::Distributed, Location::Host, rows + 1, cols, DType::F32, None)?;
         match table.publish_from(&other) {
-            Err(e @ (OErr::InvalidArgument(_) | OErr::PeerFailed { .. })) => {
+            Err(e @ (OErr::Common(CommonError::InvalidArgument(_)) | OErr::Common(CommonError::PeerFailed { .. }))) => {
                 ensure!(e.to_string().contains(&format!("{} rows", rows + 1)), "{ctx}: {e}")
             }
             other => bail!("{ctx}: publish_from with {} rows gave {other:?}", rows + 1),
@@ -1007,7 +1008,9 @@ fn impostor_reader(rest: &[String]) -> Result<()> {
         }
         "refuse" => {
             match read(&[3]) {
-                Err(e @ OErr::PeerFailed { .. }) if e.to_string().contains("row 3 at position 0") => println!("an error answer: {e}"),
+                Err(e @ OErr::Common(CommonError::PeerFailed { .. })) if e.to_string().contains("row 3 at position 0") => {
+                    println!("an error answer: {e}")
+                }
                 other => bail!("the error answer gave {other:?}"),
             }
             check(&[3, 4], "the read after the error answer")?;

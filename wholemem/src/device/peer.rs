@@ -9,6 +9,7 @@
 //! back in CUDA's order (peers' mappings closed, every rank met, then the
 //! own buffer freed), like chunked device memory.
 
+use crate::CommonError;
 use wm_comm::Communicator;
 
 use super::memory::{IPC_ALIGN, IpcMapping, SharedAlloc};
@@ -85,14 +86,14 @@ impl PeerBuffers {
     /// are as they were.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `need` does not have one entry per
+    /// [`crate::CommonError::InvalidArgument`] when `need` does not have one entry per
     /// rank; the driver's error (allocating, opening a peer's buffer) on
     /// every rank; a lost peer.
     pub fn reserve(&mut self, mem: &WholeMemory, need: &[usize]) -> Result<()> {
         let comm = mem.comm();
         let (n, me) = (comm.size(), comm.rank());
         if need.len() != n {
-            return Err(Error::InvalidArgument(format!("{} buffer sizes for {n} ranks", need.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("{} buffer sizes for {n} ranks", need.len()))));
         }
         if self.lens.len() != n {
             self.lens = vec![0; n];

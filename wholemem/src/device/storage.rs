@@ -255,7 +255,7 @@ mod tests {
     use std::cell::RefCell;
 
     use super::{release_in_order, split};
-    use crate::Error;
+    use crate::{CommonError, Error};
 
     #[test]
     fn shared_chunks_are_freed_only_after_every_rank_closed_its_mappings() {
@@ -274,7 +274,7 @@ mod tests {
             || step("close"),
             || {
                 step("meet");
-                Err(Error::InvalidArgument("rank 3 lost".into()))
+                Err(Error::Common(CommonError::InvalidArgument("rank 3 lost".into())))
             },
             || step("free"),
         )
