@@ -443,25 +443,9 @@ impl<T: EmbeddingElement> Embedding<T> {
         // Its phases, when `wm_gather::profile` records.
         let mut clock = wm_gather::profile::Clock::start();
         let comm = self.comm().clone();
-        let (rows, dim) = (self.rows(), self.dim());
+        let dim = self.dim();
         let ids = I::ids(ids);
-        let me = comm.world_rank();
-        let check = || -> Result<Optimizer> {
-            let opt = self.optimizer.ok_or(Error::NoOptimizer)?;
-            if !(lr.is_finite() && lr >= 0.0) {
-                return Err(Error::Common(CommonError::InvalidArgument(format!(
-                    "learning rate {lr} on rank {me}: it must be finite and at least 0"
-                ))));
-            }
-            if let Some((position, index)) = ids.first_out_of_range(rows) {
-                return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
-            }
-            if ids.len().checked_mul(dim) != Some(grads.len()) {
-                return Err(Error::GradientLength { rank: me, ids: ids.len(), dim, len: grads.len() });
-            }
-            Ok(opt)
-        };
-        let checked = check();
+        let checked = self.check_step(ids, grads, lr);
         clock.lap("checks");
 
         // 1. Group repeats here, then send each owner, in one exchange, its
@@ -473,92 +457,21 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    is only the head), and the peers' parts are kept as they
         //    arrived (or copied once out of a mailbox): the merge reads them.
         let p = self.table.memory().partition().clone();
-        let n = comm.size();
         let repeats = if checked.is_ok() { Repeats::of(&rows_of(ids)) } else { Repeats::default() };
         let uids = &repeats.ids;
         clock.lap("group ids");
-        let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
+        let bounds: Vec<usize> = (0..=comm.size()).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
         let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
-        let sizes: Vec<usize> = (0..n)
-            .map(|r| match &failure {
-                Some(f) => 1 + f.len(),
-                None if r == comm.rank() => GRADS_HEADER,
-                None => GRADS_HEADER + (bounds[r + 1] - bounds[r]) * (8 + 4 * dim),
-            })
-            .collect();
-        let count = p.count(comm.rank());
-        let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
-        let mut rates: Vec<Option<f32>> = vec![None; n];
-        // Per sender: its ids and its gradients.
-        let mut received: Vec<(Vec<u64>, Received)> = (0..n).map(|_| (Vec::new(), Received::Copied(Vec::new()))).collect();
-        let mut problem = None;
-        let mut tmp = Vec::new();
-        let (on, mut packing) = (clock.on(), Duration::ZERO);
-        comm.alltoallv_in_place_keeping(
-            &sizes,
-            &mut |r, buf| match &failure {
-                Some(f) => {
-                    buf[0] = GRADS_FAILED;
-                    buf[1..].copy_from_slice(f);
-                }
-                None => {
-                    let k = if r == comm.rank() { bounds[r] } else { bounds[r + 1] };
-                    let ids = &uids[bounds[r]..k];
-                    buf[0] = GRADS_IDS;
-                    buf[1..5].copy_from_slice(&lr.to_le_bytes());
-                    buf[5..13].copy_from_slice(&(ids.len() as u64).to_le_bytes());
-                    let (id_bytes, grad_bytes) = buf[GRADS_HEADER..].split_at_mut(ids.len() * 8);
-                    for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
-                        slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
-                    }
-                    timed(on, &mut packing, || {
-                        for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
-                            if j + wm_gather::PREFETCH_DISTANCE < ids.len() {
-                                repeats.prefetch(grads, dim, bounds[r] + j + wm_gather::PREFETCH_DISTANCE);
-                            }
-                            repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
-                        }
-                    });
-                }
-            },
-            &mut || false,
-            &mut |r, part| match read_part(part.bytes(), count, dim) {
-                PartRead::Failed(outcome) => outcomes[r] = Some(outcome),
-                PartRead::Gradients { rate, ids, at } => {
-                    rates[r] = Some(rate);
-                    if !ids.is_empty() {
-                        received[r] = (ids, Received::of(part, at));
-                    }
-                }
-                PartRead::Malformed { rate, detail } => {
-                    rates[r] = rate;
-                    problem.get_or_insert_with(|| {
-                        Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {me})") })
-                    });
-                }
-            },
-        )?;
+        let step = Step { lr, dim, grads, repeats: &repeats, bounds: &bounds };
+        let (arrived, packing) = send_gradients(comm.as_ref(), &p, &step, failure.as_deref(), clock.on())?;
         clock.lap_split("exchange", &[("pack", packing)]);
+        let ExchangedGradients { outcomes, mut rates, received, problem } = arrived;
+
         // 2. Every rank holds every rank's outcome and rate: the same
         //    decision everywhere. Then what each rank sent is checked — rows
         //    this rank owns, one row of gradients per id — and every rank
         //    learns whether all was well before any row changes.
-        let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
-        let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
-        let opt = wholemem::agree::decide(comm.as_ref(), checked, Rule::Lowest, &parts)?;
-        rates[comm.rank()] = Some(lr);
-        let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
-        if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
-            let ranks = comm.world_ranks();
-            return Err(Error::Common(CommonError::InvalidArgument(format!(
-                "ranks passed different learning rates: rank {} {} and rank {} {}",
-                ranks[0],
-                show(rates[0]),
-                ranks[r],
-                show(rate)
-            ))));
-        }
-        agree(comm.as_ref(), problem.map_or(Ok(()), Err), Rule::Lowest)?;
+        let opt = agree_on_step(comm.as_ref(), checked, &outcomes, &mut rates, lr, problem)?;
         clock.lap("agree");
         let first = p.offset(comm.rank()) as i64;
         let (lo, hi) = (bounds[comm.rank()], bounds[comm.rank() + 1]);
@@ -579,6 +492,64 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    untold: the next cached gather drops every row of the ranks
         //    that made them.
         let since = WriteMark::of(self.table.memory());
+        let ([reading, updating, writing], buffers) = self.update_own_rows(opt, lr, &parts, first, clock.on())?;
+        drop(parts);
+        let mut frames = Vec::new();
+        for (_, got) in received {
+            match got {
+                Received::Kept(kept, _) => frames.push(kept.into_vec()),
+                Received::Copied(v) => recycle([v]),
+            }
+        }
+        comm.recycle(frames);
+        clock.lap_split("merge", &[("read rows", reading), ("update", updating), ("write rows", writing)]);
+        if self.table.memory().memory_type().is_mapped() {
+            comm.barrier()?;
+        }
+        // Every node's cache drops every rank's updated rows: every row this
+        // step wrote (the owners wrote the union of every rank's ids).
+        let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
+        self.cache.invalidate_node_written(self.table.memory(), Ids::I64(&changed), since)?;
+        recycle(buffers);
+        clock.lap("finish");
+        Ok(())
+    }
+
+    /// `apply_gradients`' own checks on this rank, before anything moves:
+    /// an optimizer, a usable learning rate, ids in range, one row of
+    /// gradients per id.
+    fn check_step(&self, ids: Ids<'_>, grads: &[f32], lr: f32) -> Result<Optimizer> {
+        let (rows, dim) = (self.rows(), self.dim());
+        let me = self.comm().world_rank();
+        let opt = self.optimizer.ok_or(Error::NoOptimizer)?;
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "learning rate {lr} on rank {me}: it must be finite and at least 0"
+            ))));
+        }
+        if let Some((position, index)) = ids.first_out_of_range(rows) {
+            return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
+        }
+        if ids.len().checked_mul(dim) != Some(grads.len()) {
+            return Err(Error::GradientLength { rank: me, ids: ids.len(), dim, len: grads.len() });
+        }
+        Ok(opt)
+    }
+
+    /// `apply_gradients`' third phase: merges the senders' `parts` a run of
+    /// rows at a time, reads those rows' weights and state (this rank's
+    /// own, from row `first` on), updates them and writes them back. The
+    /// time spent reading, updating and writing, when `on`, and the
+    /// buffers it used, for [`recycle`] (after the peers' parts).
+    fn update_own_rows(
+        &mut self,
+        opt: Optimizer,
+        lr: f32,
+        parts: &[(&[u64], Grads<'_>)],
+        first: i64,
+        on: bool,
+    ) -> Result<([Duration; 3], [Vec<f32>; 3])> {
+        let dim = self.dim();
         let width = opt.state_width(dim);
         let device = self.cache.device_enabled();
         let total: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
@@ -586,7 +557,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         let (mut local, mut own) = (Vec::with_capacity(run), Vec::with_capacity(run));
         let (mut sums, mut w, mut s) = (pooled(run * dim), pooled(run * dim), pooled(run * width));
         let (mut reading, mut updating, mut writing) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-        let mut merger = Merger::new(&parts, dim);
+        let mut merger = Merger::new(parts, dim);
         while merger.next(run, &mut local, &mut sums) {
             own.clear();
             own.extend(local.iter().map(|&r| first + r as i64));
@@ -622,26 +593,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 Ok(())
             })?;
         }
-        drop(parts);
-        let mut frames = Vec::new();
-        for (_, got) in received {
-            match got {
-                Received::Kept(kept, _) => frames.push(kept.into_vec()),
-                Received::Copied(v) => recycle([v]),
-            }
-        }
-        comm.recycle(frames);
-        clock.lap_split("merge", &[("read rows", reading), ("update", updating), ("write rows", writing)]);
-        if self.table.memory().memory_type().is_mapped() {
-            comm.barrier()?;
-        }
-        // Every node's cache drops every rank's updated rows: every row this
-        // step wrote (the owners wrote the union of every rank's ids).
-        let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
-        self.cache.invalidate_node_written(self.table.memory(), Ids::I64(&changed), since)?;
-        recycle([sums, w, s]);
-        clock.lap("finish");
-        Ok(())
+        Ok(([reading, updating, writing], [sums, w, s]))
     }
 
     /// Frees the weights and the state, collectively.
@@ -656,6 +608,136 @@ impl<T: EmbeddingElement> Embedding<T> {
         self.table.free()?;
         Ok(())
     }
+}
+
+/// What one `apply_gradients` step sends: the learning rate, the
+/// dimension, the caller's gradients, its ids grouped ([`Repeats`]) and
+/// where each owner's start among them (`bounds[r]..bounds[r + 1]`).
+struct Step<'a> {
+    lr: f32,
+    dim: usize,
+    grads: &'a [f32],
+    repeats: &'a Repeats,
+    bounds: &'a [usize],
+}
+
+/// What `apply_gradients`' exchange brought this rank, per sender: the
+/// outcome of a sender that failed its checks, its learning rate, its ids
+/// and gradients; and the first malformed part, as an error naming its
+/// sender.
+struct ExchangedGradients {
+    outcomes: Vec<Option<Vec<u8>>>,
+    rates: Vec<Option<f32>>,
+    received: Vec<(Vec<u64>, Received)>,
+    problem: Option<Error>,
+}
+
+/// `apply_gradients`' first phase: one exchange that sends each owner its
+/// rows of `step` (as its local row numbers) with their summed gradients
+/// and this rank's learning rate — or, when this rank's checks failed, its
+/// `failure` — and reads what every peer sent. With the time spent packing
+/// gradients, when `on`.
+fn send_gradients(
+    comm: &dyn Communicator,
+    p: &wholemem::Partition,
+    step: &Step<'_>,
+    failure: Option<&[u8]>,
+    on: bool,
+) -> Result<(ExchangedGradients, Duration)> {
+    let Step { lr, dim, grads, repeats, bounds } = *step;
+    let (uids, n, me) = (&repeats.ids, comm.size(), comm.world_rank());
+    let sizes: Vec<usize> = (0..n)
+        .map(|r| match failure {
+            Some(f) => 1 + f.len(),
+            None if r == comm.rank() => GRADS_HEADER,
+            None => GRADS_HEADER + (bounds[r + 1] - bounds[r]) * (8 + 4 * dim),
+        })
+        .collect();
+    let count = p.count(comm.rank());
+    let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
+    let mut rates: Vec<Option<f32>> = vec![None; n];
+    // Per sender: its ids and its gradients.
+    let mut received: Vec<(Vec<u64>, Received)> = (0..n).map(|_| (Vec::new(), Received::Copied(Vec::new()))).collect();
+    let mut problem = None;
+    let mut tmp = Vec::new();
+    let mut packing = Duration::ZERO;
+    comm.alltoallv_in_place_keeping(
+        &sizes,
+        &mut |r, buf| match failure {
+            Some(f) => {
+                buf[0] = GRADS_FAILED;
+                buf[1..].copy_from_slice(f);
+            }
+            None => {
+                let k = if r == comm.rank() { bounds[r] } else { bounds[r + 1] };
+                let ids = &uids[bounds[r]..k];
+                buf[0] = GRADS_IDS;
+                buf[1..5].copy_from_slice(&lr.to_le_bytes());
+                buf[5..13].copy_from_slice(&(ids.len() as u64).to_le_bytes());
+                let (id_bytes, grad_bytes) = buf[GRADS_HEADER..].split_at_mut(ids.len() * 8);
+                for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
+                    slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
+                }
+                timed(on, &mut packing, || {
+                    for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
+                        if j + wm_gather::PREFETCH_DISTANCE < ids.len() {
+                            repeats.prefetch(grads, dim, bounds[r] + j + wm_gather::PREFETCH_DISTANCE);
+                        }
+                        repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
+                    }
+                });
+            }
+        },
+        &mut || false,
+        &mut |r, part| match read_part(part.bytes(), count, dim) {
+            PartRead::Failed(outcome) => outcomes[r] = Some(outcome),
+            PartRead::Gradients { rate, ids, at } => {
+                rates[r] = Some(rate);
+                if !ids.is_empty() {
+                    received[r] = (ids, Received::of(part, at));
+                }
+            }
+            PartRead::Malformed { rate, detail } => {
+                rates[r] = rate;
+                problem.get_or_insert_with(|| {
+                    Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {me})") })
+                });
+            }
+        },
+    )?;
+    Ok((ExchangedGradients { outcomes, rates, received, problem }, packing))
+}
+
+/// `apply_gradients`' second phase: every rank decides the same from every
+/// rank's outcome (`outcomes[r]`, `None` for a rank whose checks passed)
+/// and learning rate, then learns whether any part was malformed
+/// (`problem`) — all before any row changes. The optimizer, when all was
+/// well.
+fn agree_on_step(
+    comm: &dyn Communicator,
+    checked: Result<Optimizer>,
+    outcomes: &[Option<Vec<u8>>],
+    rates: &mut [Option<f32>],
+    lr: f32,
+    problem: Option<Error>,
+) -> Result<Optimizer> {
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
+    let opt = wholemem::agree::decide(comm, checked, Rule::Lowest, &parts)?;
+    rates[comm.rank()] = Some(lr);
+    let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
+    if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
+        let ranks = comm.world_ranks();
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "ranks passed different learning rates: rank {} {} and rank {} {}",
+            ranks[0],
+            show(rates[0]),
+            ranks[r],
+            show(rate)
+        ))));
+    }
+    agree(comm, problem.map_or(Ok(()), Err), Rule::Lowest)?;
+    Ok(opt)
 }
 
 /// What a part of `apply_gradients`' exchange says.
