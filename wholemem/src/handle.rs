@@ -200,23 +200,7 @@ impl WholeMemory {
     /// - [`crate::CommonError::PeerFailed`] / [`Error::Os`] when memory cannot be had.
     /// - [`Error::Comm`] when a peer is lost or times out.
     pub fn allocate(comm: &Arc<dyn Communicator>, req: &AllocRequest) -> Result<Self> {
-        let enc = req.encode();
-        let all = comm.allgatherv_pod(&enc)?;
-        let ranks = comm.world_ranks();
-        for (r, other) in all.iter().enumerate() {
-            if let Some(d) = AllocRequest::difference(&all[0], other) {
-                return Err(Error::Common(CommonError::InvalidArgument(format!(
-                    "ranks passed different allocation requests: rank {} and rank {} differ in {d}",
-                    ranks[0], ranks[r]
-                ))));
-            }
-        }
-        // Every rank now holds the same request; validate it identically.
-        let partition = validate(req, comm.size())?;
-        let what = format!("{} {} memory", req.loc, req.ty);
-        if let Support::Unsupported { reason } = query(comm.as_ref(), req.ty, req.loc) {
-            return Err(Error::Unsupported { what, reason });
-        }
+        let partition = Self::agree_request(comm.as_ref(), req)?;
         let me = comm.rank();
         let (total, granularity) = (req.total, req.granularity);
         let hierarchy = (req.ty == MemoryType::Hierarchy).then(|| (comm.local(), comm.cross()));
@@ -311,6 +295,30 @@ impl WholeMemory {
         #[cfg(feature = "cuda")]
         mem.register_host();
         Ok(mem)
+    }
+
+    /// [`allocate`](Self::allocate)'s first step: every rank learns every
+    /// rank's request, so a request that differs, is invalid or cannot be
+    /// had here is the same error on every rank. The partition.
+    fn agree_request(comm: &dyn Communicator, req: &AllocRequest) -> Result<Partition> {
+        let enc = req.encode();
+        let all = comm.allgatherv_pod(&enc)?;
+        let ranks = comm.world_ranks();
+        for (r, other) in all.iter().enumerate() {
+            if let Some(d) = AllocRequest::difference(&all[0], other) {
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "ranks passed different allocation requests: rank {} and rank {} differ in {d}",
+                    ranks[0], ranks[r]
+                ))));
+            }
+        }
+        // Every rank now holds the same request; validate it identically.
+        let partition = validate(req, comm.size())?;
+        let what = format!("{} {} memory", req.loc, req.ty);
+        if let Support::Unsupported { reason } = query(comm, req.ty, req.loc) {
+            return Err(Error::Unsupported { what, reason });
+        }
+        Ok(partition)
     }
 
     /// This rank's index among the ranks of its node.

@@ -241,6 +241,48 @@ impl Transport for FabricTransport {
         let place = |k: usize| -> *mut u8 {
             if direct { dest.wrapping_add(req.slots.map_or(k, |s| s[k]) * out_row) } else { dest.wrapping_add(k * len) }
         };
+        let ops = self.build_ops(req, &place, desc, len, skip)?;
+        let (failed, in_flight) = self.post_and_wait(&ctx.ep, &ops, profile);
+        match failed {
+            None => {}
+            Some(e) => {
+                if in_flight {
+                    // Closing the endpoint ends its reads: nothing writes
+                    // into the output after this call returns.
+                    drop(ctx);
+                } else {
+                    self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(ctx);
+                }
+                return Err(e);
+            }
+        }
+        if !direct {
+            let staged = ctx.staging.as_ref().map(|(_, b)| &b[..n * len]).unwrap_or_default();
+            let src = RowSource::from_slice(staged, len)?;
+            let order: Vec<usize> = (0..n).collect();
+            let layout = RowLayout::new(req.layout.dtype(), req.layout.cols(), 0)?;
+            let slots: Vec<usize> = (0..n).map(|k| req.slots.map_or(k, |s| s[k])).collect();
+            timed(profile, Span::Copy, || gather_from(&src, &layout, &order, Some(&slots), req.out, req.out_dtype, 1))?;
+        }
+        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(ctx);
+        Ok(())
+    }
+}
+
+impl FabricTransport {
+    /// The operations of one read: each owner's rows of `req` in request
+    /// order, `per_op` rows an operation, row `k` landing at `place(k)`
+    /// (`len` bytes from byte `skip` of the owner's row; `desc` registers
+    /// the destination).
+    fn build_ops(
+        &self,
+        req: &ReadRequest<'_>,
+        place: &dyn Fn(usize) -> *mut u8,
+        desc: *mut c_void,
+        len: usize,
+        skip: usize,
+    ) -> Result<Ops> {
+        let n = req.rows.len();
         // Each owner's rows in request order, in operations of `per_op`.
         let per_op = self.shared.fabric.per_op;
         let mut by_owner: Vec<Vec<usize>> = vec![Vec::new(); self.owners.len()];
@@ -286,34 +328,9 @@ impl Transport for FabricTransport {
                 data: 0,
             });
         }
-        let (failed, in_flight) = self.post_and_wait(&ctx.ep, &ops, profile);
-        match failed {
-            None => {}
-            Some(e) => {
-                if in_flight {
-                    // Closing the endpoint ends its reads: nothing writes
-                    // into the output after this call returns.
-                    drop(ctx);
-                } else {
-                    self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(ctx);
-                }
-                return Err(e);
-            }
-        }
-        if !direct {
-            let staged = ctx.staging.as_ref().map(|(_, b)| &b[..n * len]).unwrap_or_default();
-            let src = RowSource::from_slice(staged, len)?;
-            let order: Vec<usize> = (0..n).collect();
-            let layout = RowLayout::new(req.layout.dtype(), req.layout.cols(), 0)?;
-            let slots: Vec<usize> = (0..n).map(|k| req.slots.map_or(k, |s| s[k])).collect();
-            timed(profile, Span::Copy, || gather_from(&src, &layout, &order, Some(&slots), req.out, req.out_dtype, 1))?;
-        }
-        self.pool.lock().unwrap_or_else(|p| p.into_inner()).push(ctx);
-        Ok(())
+        Ok(ops)
     }
-}
 
-impl FabricTransport {
     /// Posts every operation, reaping completions whenever the queue is
     /// full, then waits for the rest. Returns the first error, and whether
     /// reads may still be in flight (then the endpoint must be closed).
