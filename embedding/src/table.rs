@@ -479,8 +479,12 @@ impl<T: EmbeddingElement> Embedding<T> {
         let parts: Vec<(&[u64], Grads<'_>)> = received
             .iter()
             .enumerate()
-            .map(|(r, (ids, got))| {
-                if r == comm.rank() { (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo }) } else { (&ids[..], got.grads()) }
+            .map(|(r, (ids, from_peer))| {
+                if r == comm.rank() {
+                    (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo })
+                } else {
+                    (&ids[..], from_peer.grads())
+                }
             })
             .collect();
 
@@ -495,9 +499,9 @@ impl<T: EmbeddingElement> Embedding<T> {
         let ([reading, updating, writing], buffers) = self.update_own_rows(opt, lr, &parts, first, clock.on())?;
         drop(parts);
         let mut frames = Vec::new();
-        for (_, got) in received {
-            match got {
-                Received::Kept(kept, _) => frames.push(kept.into_vec()),
+        for (_, from_peer) in received {
+            match from_peer {
+                Received::Frame(kept, _) => frames.push(kept.into_vec()),
                 Received::Copied(v) => recycle([v]),
             }
         }
@@ -817,7 +821,7 @@ fn received_gradients(ids: &[u8], grad_bytes: usize, count: usize, dim: usize) -
 enum Received {
     /// The part itself, where the backend hands it over without a copy (a
     /// frame from another node), with where the gradients start in it.
-    Kept(wm_comm::Kept, usize),
+    Frame(wm_comm::Kept, usize),
     /// The gradients copied out of a part the backend keeps (a node
     /// peer's shared mailbox), into a buffer of [`pooled`]'s.
     Copied(Vec<f32>),
@@ -827,7 +831,7 @@ impl Received {
     /// Keeps `part`'s gradients, which start at byte `at`.
     fn of(part: wm_comm::Part<'_>, at: usize) -> Self {
         if part.keeps_without_copy() {
-            return Received::Kept(part.keep(), at);
+            return Received::Frame(part.keep(), at);
         }
         let bytes = part.bytes().get(at..).unwrap_or_default();
         let mut v = pooled(bytes.len() / 4);
@@ -838,7 +842,7 @@ impl Received {
     /// The gradients, to merge.
     fn grads(&self) -> Grads<'_> {
         match self {
-            Received::Kept(kept, at) => Grads::Wire(kept.get(*at..).unwrap_or_default()),
+            Received::Frame(kept, at) => Grads::Wire(kept.get(*at..).unwrap_or_default()),
             Received::Copied(v) => Grads::Copied(v),
         }
     }
@@ -1220,7 +1224,7 @@ mod tests {
         let mut frame = [vec![0u8; 8], good.clone()].concat();
         let kept = Received::of(wm_comm::Part::owned(&mut frame, 8), at);
         let copied = Received::of(wm_comm::Part::borrowed(&good), at);
-        assert!(matches!(kept, Received::Kept(..)) && matches!(copied, Received::Copied(..)), "{kept:?} {copied:?}");
+        assert!(matches!(kept, Received::Frame(..)) && matches!(copied, Received::Copied(..)), "{kept:?} {copied:?}");
         for got in [&kept, &copied] {
             assert_eq!(merge_sums(&[(&[1, 4], got.grads())], 2), (vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]));
         }
