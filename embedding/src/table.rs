@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree, agree_sharing};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;

@@ -12,8 +12,8 @@
 
 use std::marker::PhantomData;
 use std::ops::Range;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::{Element, Location, MemoryType, WholeTensor};
 
 use crate::kernel;

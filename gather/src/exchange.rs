@@ -14,8 +14,8 @@
 //! error every rank's.
 
 use std::sync::Arc;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::WholeMemory;
 use wholemem::agree::{Rule, agree};
 use wm_comm::{Arrival, Communicator, Landing};

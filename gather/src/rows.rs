@@ -4,6 +4,7 @@
 //! [`gather`](crate::gather): conversion, prefetching, threads.
 
 use std::marker::PhantomData;
+
 use wholemem::CommonError;
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};

@@ -1,8 +1,8 @@
 //! Building a CSR graph collectively from edge lists.
 
 use std::sync::Arc;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, Partition};
 use wm_comm::{CommExt, Communicator};

@@ -1,8 +1,8 @@
 //! The CSR graph: three wholemem tables partitioned by node.
 
 use std::sync::Arc;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::{Location, MemoryType, Partition, TensorDesc, WholeTensor};
 use wm_comm::Communicator;
 

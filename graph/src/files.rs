@@ -2,8 +2,8 @@
 
 use std::path::Path;
 use std::sync::Arc;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::files::{RowFormat, ShardSet, StoreTarget};
 use wholemem::{DType, Location, MemoryType, Partition};

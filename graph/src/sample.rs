@@ -1,8 +1,8 @@
 //! Neighbour sampling without replacement, unweighted and weighted.
 
 use std::collections::HashSet;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::{Element, Location};
 use wm_gather::Column;
 

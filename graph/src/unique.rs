@@ -1,6 +1,7 @@
 //! `append_unique`: the node list of a sampled block.
 
 use std::collections::HashMap;
+
 use wholemem::CommonError;
 
 use crate::{Error, Result};

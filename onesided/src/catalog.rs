@@ -24,8 +24,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wm_comm::auth::{self, ReaderId};
 use wm_comm::gate::{Gate, Shut};
 use wm_comm::session::Sealed;

@@ -7,8 +7,8 @@ use std::os::fd::OwnedFd;
 use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::time::{Duration, Instant};
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wm_comm::JobKey;
 use wm_comm::auth::{self, ReaderId, Timed};
 use wm_comm::session::{PREFIX, SealError, Sealed, TAG};

@@ -8,8 +8,8 @@
 //! and again at every [`Table::publish_from`](crate::Table::publish_from).
 
 use std::ops::Range;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::{AllocRequest, Location, WholeMemory};
 
 use crate::{Error, Result};

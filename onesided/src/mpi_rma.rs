@@ -17,9 +17,9 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
-use wholemem::CommonError;
 
 use mpi::ffi;
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wm_comm::Communicator;
 use wm_comm::mpi_backend::MpiComm;

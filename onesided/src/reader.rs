@@ -5,8 +5,8 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::{Location, MappedPortion, MemoryType};
 use wm_comm::Rendezvous;
 use wm_comm::auth::ReaderId;

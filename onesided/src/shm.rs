@@ -4,8 +4,8 @@
 //! here.
 
 use std::sync::Arc;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::MappedPortion;
 use wm_gather::rows::RowSource;
 use wm_gather::{DType, RowLayout};

@@ -9,8 +9,8 @@
 use std::io::Read;
 use std::sync::Mutex;
 use std::time::Instant;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wm_gather::rows::{RowSource, gather_from};
 use wm_gather::{DType, RowLayout};
 

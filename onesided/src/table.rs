@@ -4,8 +4,8 @@
 use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::{Element, Location, MappedPortion, WholeMemory, WholeTensor};
 use wm_comm::auth::ReaderId;

@@ -10,13 +10,13 @@
 //! | Host | Distributed | nothing |
 //! | Host | Hierarchy | the same number of ranks on every node (the cross communicators pair them up) |
 
-use crate::CommonError;
 use std::fmt;
 
 use wm_comm::Communicator;
 use wm_topology::TopologyRecord;
 use wm_topology::domains::{self, RankPlace};
 
+use crate::CommonError;
 use crate::types::{Location, MemoryType};
 
 /// The answer of [`query`].

@@ -1,7 +1,6 @@
 //! The WholeMemory handle: one collective allocation of a row-partitioned
 //! table.
 
-use crate::CommonError;
 use std::ops::Range;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -9,6 +8,7 @@ use std::sync::atomic::AtomicU64;
 
 use wm_comm::{CommExt, Communicator};
 
+use crate::CommonError;
 use crate::agree::{Rule, agree};
 use crate::capability::{Support, query};
 use crate::host::locks::RowLocks;

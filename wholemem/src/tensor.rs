@@ -1,6 +1,5 @@
 //! Typed tables over a WholeMemory handle.
 
-use crate::CommonError;
 use std::marker::PhantomData;
 use std::ops::Range;
 use std::sync::Arc;
@@ -8,6 +7,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use wm_comm::Communicator;
 
+use crate::CommonError;
 use crate::handle::{AllocRequest, WholeMemory};
 use crate::types::{Location, MemoryType};
 use crate::{Error, Result};

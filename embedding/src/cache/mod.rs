@@ -27,12 +27,12 @@
 //! step, and it forgets its rows.
 
 use std::sync::Mutex;
-use wholemem::CommonError;
 
 use wm_gather::cache::{Bypass, CacheStats, NodeCache};
 use wm_gather::{DType, Ids};
 
 #[cfg(feature = "cuda")]
+use wholemem::CommonError;
 use wholemem::WholeTensor;
 
 use self::state::poisoned;

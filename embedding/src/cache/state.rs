@@ -3,8 +3,8 @@
 //! measuring them are methods of the embedding (the parent module).
 
 use std::sync::Mutex;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wm_gather::Ids;
 use wm_gather::cache::{NodeCache, WriteMark};
 

@@ -18,8 +18,8 @@
 //! move it too, and are taken as its own.
 
 use std::ops::Range;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::device::DeviceBuffer;
 use wholemem::{Location, WholeMemory};

@@ -35,8 +35,9 @@ pub use device::DeviceCache;
 pub use node::{NodeCache, WriteMark};
 pub use policy::{AGEING_PER_SLOT, WAYS};
 
-use crate::{Error, Result};
 use wholemem::CommonError;
+
+use crate::{Error, Result};
 
 /// What a cache did since it was created.
 ///

@@ -38,8 +38,8 @@
 //! every rank of the table learns alike.
 
 use std::sync::Arc;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};

@@ -31,8 +31,8 @@
 
 use std::ffi::{CStr, CString, c_void};
 use std::ptr;
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wm_fabric_sys as fi;
 
 use crate::{Error, Result};

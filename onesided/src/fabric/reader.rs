@@ -6,8 +6,8 @@ use std::ptr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use wholemem::CommonError;
 
+use wholemem::CommonError;
 use wm_fabric_sys as fi;
 use wm_gather::RowLayout;
 use wm_gather::rows::{RowSource, gather_from};

@@ -48,7 +48,6 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use wholemem::CommonError;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -57,6 +56,7 @@ use wm_comm::session::Sealed;
 
 use anyhow::{Context, Result, bail, ensure};
 use half::{bf16, f16};
+use wholemem::CommonError;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory, query};
 use wm_comm::{Communicator, JobKey, Rendezvous};
 use wm_gather::{DType, Ids};

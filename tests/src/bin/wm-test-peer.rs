@@ -27,9 +27,9 @@
 
 use std::sync::Arc;
 use std::time::Duration;
-use wholemem::CommonError;
 
 use anyhow::{Context, Result, bail, ensure};
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::Communicator;

@@ -16,13 +16,13 @@ pub(crate) mod peer;
 pub(crate) mod pinned;
 pub(crate) mod storage;
 
-use crate::CommonError;
 use std::sync::Arc;
 
 use memory::{DeviceAlloc, copy};
 pub use peer::PeerBuffers;
 use pinned::PinnedAlloc;
 
+use crate::CommonError;
 use crate::{Error, Result, WholeMemory};
 
 /// Whether this process can use CUDA: `Ok` with the number of GPUs the

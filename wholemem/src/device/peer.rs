@@ -9,11 +9,11 @@
 //! back in CUDA's order (peers' mappings closed, every rank met, then the
 //! own buffer freed), like chunked device memory.
 
-use crate::CommonError;
 use wm_comm::Communicator;
 
 use super::memory::{IPC_ALIGN, IpcMapping, SharedAlloc};
 use super::storage;
+use crate::CommonError;
 use crate::agree::{Rule, agree};
 use crate::{Error, Result, WholeMemory};
 

@@ -1,12 +1,12 @@
 //! Discovering which rows each file holds, before any data is read.
 
-use crate::CommonError;
 use std::fs::File;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 use super::npy::Header;
 use super::{FileKind, RowFormat, ShardSet, Source};
+use crate::CommonError;
 use crate::DType;
 use crate::error::ShardProblem;
 use crate::{Error, Result};

@@ -27,7 +27,6 @@
 mod layout;
 pub mod npy;
 
-use crate::CommonError;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -37,6 +36,7 @@ use wm_comm::Communicator;
 
 pub use layout::{Layout, Piece, ShardFile};
 
+use crate::CommonError;
 use crate::agree::{Rule, agree};
 use crate::error::ShardProblem;
 use crate::handle::WholeMemory;

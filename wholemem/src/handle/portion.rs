@@ -1,10 +1,10 @@
 //! A rank's rows as files another process can map: what one-sided readers
 //! (`wm-onesided`) receive and map read-only.
 
-use crate::CommonError;
 use std::os::fd::{AsFd, BorrowedFd};
 
 use super::WholeMemory;
+use crate::CommonError;
 use crate::host::{self, map::Region};
 use crate::types::MemoryType;
 use crate::{Error, Result};

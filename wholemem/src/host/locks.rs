@@ -33,13 +33,13 @@
 //! from the kernel, but cost a quarter of a mapped scatter's speed on the
 //! development machine — `docs/memory.md`, "Row locks".)
 
-use crate::CommonError;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::map::{self, Region};
+use crate::CommonError;
 use crate::{Error, Result};
 
 /// Lock words per table: rows map to words by `row % STRIPES`.

@@ -20,12 +20,12 @@
 pub(crate) mod locks;
 pub(crate) mod map;
 
-use crate::CommonError;
 use std::os::fd::{AsFd, OwnedFd};
 
 use map::{Region, page_size};
 use wm_comm::Communicator;
 
+use crate::CommonError;
 use crate::partition::Partition;
 use crate::types::MemoryType;
 use crate::{Error, Result};
