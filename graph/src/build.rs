@@ -7,7 +7,7 @@ use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, Partition};
 use wm_comm::{CommExt, Communicator};
 
-use crate::collective::agree_with;
+use crate::collective::agree_same_header;
 use crate::csr::{ColIndex, CsrGraph, IdType, vector};
 use crate::{Error, Result};
 
@@ -218,7 +218,7 @@ pub fn build(comm: &Arc<dyn Communicator>, opts: &BuildOptions, edges: EdgeList<
     let world = comm.size();
     let weighted = edges.weights.is_some();
     let checked = check_options(opts, world).and_then(|p| edges.check(opts, comm.world_rank()).map(|()| p));
-    let nodes = agree_with(comm.as_ref(), checked, &opts.header(weighted), describe_header)?;
+    let nodes = agree_same_header(comm.as_ref(), checked, &opts.header(weighted), describe_header)?;
 
     // 1. Every edge (and reverse edge) to the owner of its source.
     let stride = if weighted { 3 } else { 2 };

@@ -12,7 +12,12 @@ use crate::{Error, Result};
 /// must be the same on every rank) differ: the lowest failing rank's error
 /// (bad node ids and edges keep their kind), or one naming the ranks whose
 /// headers differ and how (`describe` renders a header).
-pub(crate) fn agree_with<T>(comm: &dyn Communicator, mine: Result<T>, header: &[u64], describe: impl Fn(&[u64]) -> String) -> Result<T> {
+pub(crate) fn agree_same_header<T>(
+    comm: &dyn Communicator,
+    mine: Result<T>,
+    header: &[u64],
+    describe: impl Fn(&[u64]) -> String,
+) -> Result<T> {
     let bytes: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
     let (value, all) = agree_sharing(comm, mine, Rule::Lowest, &bytes)?;
     let ranks = comm.world_ranks();

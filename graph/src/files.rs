@@ -9,7 +9,7 @@ use wholemem::files::{RowFormat, ShardSet, StoreTarget};
 use wholemem::{DType, Location, MemoryType, Partition};
 use wm_comm::{CommExt, Communicator};
 
-use crate::collective::agree_with;
+use crate::collective::agree_same_header;
 use crate::csr::{ColIndex, CsrGraph, IdType, vector};
 use crate::{Error, Result};
 
@@ -103,7 +103,8 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
     let world = comm.size();
     let found = discover(dir);
     let header = found.as_ref().map_or_else(|_| vec![0; 4], |h| h.to_vec());
-    let [n, e, ids, weighted] = agree_with(comm.as_ref(), found, &header, |h| format!("found {h:?} (nodes, edges, id bits, weighted)"))?;
+    let [n, e, ids, weighted] =
+        agree_same_header(comm.as_ref(), found, &header, |h| format!("found {h:?} (nodes, edges, id bits, weighted)"))?;
     let (n, e) = (n as usize, e as usize);
     let ids = if ids == 32 { IdType::I32 } else { IdType::I64 };
     let nodes = match partition {

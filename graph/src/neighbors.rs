@@ -5,7 +5,7 @@
 use wholemem::CommonError;
 use wholemem::MemoryType;
 
-use crate::collective::agree_with;
+use crate::collective::agree_same_header;
 use crate::csr::CsrGraph;
 use crate::sample::{ALL, Sample, SampleRequest, sample_local};
 use crate::{Error, Result, route};
@@ -70,7 +70,7 @@ pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<
             Ok(Sample::from_counts(&counts, neighbors, edge_ids))
         }
         MemoryType::Distributed | MemoryType::Hierarchy => {
-            agree_with(graph.comm().as_ref(), checked, &req.header(), describe_request)?;
+            agree_same_header(graph.comm().as_ref(), checked, &req.header(), describe_request)?;
             let comm = graph.comm().clone();
             if graph.memory_type() == MemoryType::Hierarchy && comm.cross().size() > 1 {
                 route::hierarchy(graph, centers, req, threads)

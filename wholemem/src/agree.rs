@@ -58,8 +58,9 @@ pub trait PeerError: Sized + std::fmt::Display + From<wm_comm::Error> {
 /// holds the [`CommonError`](crate::CommonError)s in a variant `Common`, as
 /// the crates of this workspace do: a failed peer is
 /// [`CommonError::PeerFailed`](crate::CommonError::PeerFailed), malformed
-/// data [`CommonError::Malformed`](crate::CommonError::Malformed). Use it inside the `impl PeerError` block;
-/// `encode` and `decode` stay the type's own.
+/// data [`CommonError::Malformed`](crate::CommonError::Malformed). Use it
+/// inside the `impl PeerError` block; `encode` and `decode` stay the type's
+/// own.
 #[macro_export]
 macro_rules! peer_error_variants {
     () => {
