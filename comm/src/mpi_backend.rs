@@ -51,7 +51,7 @@ struct Inner {
     sock: SocketComm,
     local: OnceLock<Arc<dyn Communicator>>,
     cross: OnceLock<Arc<dyn Communicator>>,
-    /// The send and receive buffers of `alltoallv_in_place`'s remote parts,
+    /// The send and receive buffers of remote parts of an exchange plan,
     /// kept between calls (fresh ones cost a page fault per page).
     buffers: Mutex<[Vec<u8>; 2]>,
     runtime: Arc<Runtime>,
@@ -213,7 +213,7 @@ impl MpiComm {
         f(h.0.as_raw())
     }
 
-    /// The MPI half of [`Communicator::alltoallv_in_place`]: the parts for
+    /// The MPI half of [`Communicator::exchange`]: the parts for
     /// ranks marked `remote`, filled in place into one send buffer laid out
     /// by rank, exchanged in MPI calls within MPI's int counts; returns the
     /// send and receive buffers (to keep for the next call) and where each

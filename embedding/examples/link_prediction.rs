@@ -193,6 +193,52 @@ fn main() {
     }
 }
 
+/// The gradients of one batch's loss into `grads` (cleared first): `b`
+/// edges whose sources are rows `0..b` of `rows`, destinations `b..2b`,
+/// and `negatives` corruptions of each edge after them. Each term of the
+/// loss is added to `loss`, and counted in `terms`.
+fn batch_gradients(rows: &[f32], dim: usize, b: usize, negatives: usize, grads: &mut Vec<f32>, (loss, terms): (&mut f64, &mut u64)) {
+    grads.clear();
+    grads.resize(rows.len(), 0.0);
+    let row = |k: usize| k * dim..(k + 1) * dim;
+    for i in 0..b {
+        // d/ds of softplus(-s) is sigmoid(s) - 1, of softplus(s) sigmoid(s).
+        let mut pair = |other: usize, positive: bool| {
+            let s = dot(&rows[row(i)], &rows[row(other)]);
+            let (l, d) = if positive { (softplus(-s), sigmoid(s) - 1.0) } else { (softplus(s), sigmoid(s)) };
+            *loss += f64::from(l);
+            *terms += 1;
+            for c in 0..dim {
+                grads[i * dim + c] += d * rows[other * dim + c];
+                grads[other * dim + c] += d * rows[i * dim + c];
+            }
+        };
+        pair(b + i, true);
+        for k in 0..negatives {
+            pair(2 * b + i * negatives + k, false);
+        }
+    }
+}
+
+/// The AUC of every rank's held-out edges (u, v) against as many
+/// corruptions (u, random w) drawn from `seed` (collective).
+fn held_out_auc(world: &dyn Communicator, emb: &Embedding<f32>, test: &[(u64, u64)], nodes: u64, seed: &[u64]) -> Result<f64> {
+    let dim = emb.dim();
+    let mut rng = Rng::new(seed);
+    let t = test.len();
+    let mut ids: Vec<i64> = test.iter().map(|e| e.0 as i64).collect();
+    ids.extend(test.iter().map(|e| e.1 as i64));
+    ids.extend((0..t).map(|_| rng.below(nodes) as i64));
+    let mut rows = vec![0f32; ids.len() * dim];
+    emb.gather(&ids, &mut rows)?;
+    let at = |k: usize| &rows[k * dim..(k + 1) * dim];
+    let pos: Vec<f32> = (0..t).map(|i| dot(at(i), at(t + i))).collect();
+    let neg: Vec<f32> = (0..t).map(|i| dot(at(i), at(2 * t + i))).collect();
+    let pos = world.allgatherv_pod(&pos)?.concat();
+    let neg = world.allgatherv_pod(&neg)?.concat();
+    Ok(auc(&pos, &neg))
+}
+
 fn run(args: Args) -> Result<()> {
     ensure!(args.nodes >= 2 && args.blocks >= 1 && args.blocks <= args.nodes, "need at least 2 nodes and 1 to {} blocks", args.nodes);
     ensure!(args.batch > 0 && args.dim > 0, "--batch and --dim must be positive");
@@ -260,27 +306,7 @@ fn run(args: Args) -> Result<()> {
             }
             rows.resize(ids.len() * dim, 0.0);
             emb.gather(&ids, &mut rows)?;
-            grads.clear();
-            grads.resize(rows.len(), 0.0);
-            let b = batch.len();
-            let row = |k: usize| k * dim..(k + 1) * dim;
-            for i in 0..b {
-                // d/ds of softplus(-s) is sigmoid(s) - 1, of softplus(s) sigmoid(s).
-                let mut pair = |other: usize, positive: bool| {
-                    let s = dot(&rows[row(i)], &rows[row(other)]);
-                    let (l, d) = if positive { (softplus(-s), sigmoid(s) - 1.0) } else { (softplus(s), sigmoid(s)) };
-                    loss += f64::from(l);
-                    terms += 1;
-                    for c in 0..dim {
-                        grads[i * dim + c] += d * rows[other * dim + c];
-                        grads[other * dim + c] += d * rows[i * dim + c];
-                    }
-                };
-                pair(b + i, true);
-                for k in 0..args.negatives {
-                    pair(2 * b + i * args.negatives + k, false);
-                }
-            }
+            batch_gradients(&rows, dim, batch.len(), args.negatives, &mut grads, (&mut loss, &mut terms));
             emb.apply_gradients(&ids, &grads, lr)?;
         }
         let sums = world.allgather_value([loss, terms as f64])?;
@@ -288,20 +314,7 @@ fn run(args: Args) -> Result<()> {
         say(format!("epoch {epoch} loss={:.4} ({:.1} s)", loss / terms.max(1.0), start.elapsed().as_secs_f64()));
     }
 
-    // Held-out edges against as many corruptions (u, random w).
-    let mut rng = Rng::new(&[args.seed, 4, me as u64]);
-    let t = test.len();
-    let mut ids: Vec<i64> = test.iter().map(|e| e.0 as i64).collect();
-    ids.extend(test.iter().map(|e| e.1 as i64));
-    ids.extend((0..t).map(|_| rng.below(graph.nodes) as i64));
-    let mut rows = vec![0f32; ids.len() * dim];
-    emb.gather(&ids, &mut rows)?;
-    let at = |k: usize| &rows[k * dim..(k + 1) * dim];
-    let pos: Vec<f32> = (0..t).map(|i| dot(at(i), at(t + i))).collect();
-    let neg: Vec<f32> = (0..t).map(|i| dot(at(i), at(2 * t + i))).collect();
-    let pos = world.allgatherv_pod(&pos)?.concat();
-    let neg = world.allgatherv_pod(&neg)?.concat();
-    let auc = auc(&pos, &neg);
+    let auc = held_out_auc(world.as_ref(), &emb, &test, graph.nodes, &[args.seed, 4, me as u64])?;
     if let Some(s) = emb.node_cache_stats() {
         let all = world.allgather_value([s.lookups, s.hits])?;
         let (lookups, hits) = all.iter().fold((0, 0), |(l, h), x| (l + x[0], h + x[1]));

@@ -1,7 +1,7 @@
-//! The one error type of the embedding layer, and how a collective call
-//! makes every rank fail with the same one.
+//! The one error type of the embedding layer, and how its errors travel to
+//! the other ranks of a collective call.
 
-use wm_comm::Communicator;
+use wholemem::CommonError;
 
 /// What can go wrong creating, reading or training an embedding.
 #[derive(Debug, thiserror::Error)]
@@ -56,28 +56,10 @@ pub enum Error {
         /// The names it keeps.
         known: Vec<&'static str>,
     },
-    /// Anything else a caller passed that cannot work; the message names
-    /// the value (and the ranks, for values that must agree).
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
-    /// Another rank of a collective call failed its checks.
-    #[error("rank {rank} failed: {detail}")]
-    PeerFailed {
-        /// The world rank.
-        rank: usize,
-        /// Its error.
-        detail: String,
-    },
-    /// A peer sent something the exchange cannot have produced (a row it
-    /// does not own, gradients that are not one row per id). Every rank of
-    /// the collective call reports it, naming that peer.
-    #[error("rank {rank} sent malformed data: {detail}")]
-    Malformed {
-        /// The world rank that sent it.
-        rank: usize,
-        /// What was wrong with it.
-        detail: String,
-    },
+    /// An unusable argument, a peer that failed or sent malformed data, a
+    /// wait that timed out: the kinds every layer shares.
+    #[error(transparent)]
+    Common(#[from] wholemem::CommonError),
     /// Moving rows failed.
     #[error(transparent)]
     Gather(wm_gather::Error),
@@ -93,7 +75,7 @@ impl From<wm_gather::Error> for Error {
     fn from(e: wm_gather::Error) -> Self {
         match e {
             wm_gather::Error::IndexOutOfRange { index, position, rank, rows } => Self::IndexOutOfRange { index, position, rank, rows },
-            wm_gather::Error::Malformed { rank, detail } => Self::Malformed { rank, detail },
+            wm_gather::Error::Common(CommonError::Malformed { rank, detail }) => Self::Common(CommonError::Malformed { rank, detail }),
             wm_gather::Error::Memory(m) => Self::Memory(m),
             wm_gather::Error::Comm(c) => Self::Comm(c),
             other => Self::Gather(other),
@@ -138,14 +120,6 @@ impl wholemem::agree::PeerError for Error {
     }
 }
 
-/// Fails on every rank if any rank's checks failed, with the error of the
-/// lowest failing rank (its own on that rank), so every rank returns before
-/// any data moves and the communicator stays in step. `extra` travels with
-/// the outcome (a value that must agree); every rank's is returned.
-pub(crate) fn agree(comm: &dyn Communicator, mine: Result<()>, extra: &[u8]) -> Result<Vec<Vec<u8>>> {
-    wholemem::agree::agree_sharing(comm, mine, wholemem::agree::Rule::Lowest, extra).map(|((), all)| all)
-}
-
 #[cfg(test)]
 mod tests {
     use wholemem::agree::PeerError;
@@ -170,8 +144,8 @@ mod tests {
         let back = trip(2, e);
         assert_eq!(back.to_string(), "rank 2 passed 23 gradient values for 3 ids of dimension 8; expected 24");
         assert!(matches!(trip(1, Error::NoOptimizer), Error::NoOptimizer));
-        let back = trip(1, Error::InvalidArgument("learning rate NaN".into()));
-        assert!(matches!(back, Error::PeerFailed { rank: 1, .. }), "{back:?}");
+        let back = trip(1, Error::Common(CommonError::InvalidArgument("learning rate NaN".into())));
+        assert!(matches!(back, Error::Common(CommonError::PeerFailed { rank: 1, .. })), "{back:?}");
         assert!(back.to_string().contains("rank 1 failed: invalid argument: learning rate NaN"), "{back}");
         // Bytes that are none of these encodings are not taken for one.
         for bad in [&[][..], &[OUT_OF_RANGE, 1, 2], &[NO_OPTIMIZER, 0], &[9; 25]] {

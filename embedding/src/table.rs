@@ -4,13 +4,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree, agree_sharing};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::{Communicator, ExchangePlan};
 use wm_gather::cache::WriteMark;
 use wm_gather::profile::timed;
 use wm_gather::{DType, Element, Ids, Index, RowLayout};
 
-use crate::error::agree;
 use crate::{Error, Init, Optimizer, Result, StateSlot};
 
 mod sealed {
@@ -60,7 +61,7 @@ pub struct Embedding<T: EmbeddingElement> {
     /// partition, memory type and location. `None` for SGD or no optimizer.
     pub(crate) state: Option<WholeTensor<f32>>,
     /// The node cache of remote rows, if enabled (`cache.rs`).
-    pub(crate) cache: crate::cache::Caches,
+    pub(crate) cache: crate::cache::state::Caches,
 }
 
 /// The ids as row numbers (after the range check).
@@ -224,7 +225,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         if dim == 0 {
             // Every rank passes the same shape or the allocation below fails
             // on every rank; refusing here is the same decision everywhere.
-            return Err(Error::InvalidArgument("an embedding dimension of 0".into()));
+            return Err(Error::Common(CommonError::InvalidArgument("an embedding dimension of 0".into())));
         }
         let table = WholeTensor::<T>::matrix(comm, ty, loc, rows, dim, partition)?;
         Self::from_tensor(table, optimizer)
@@ -237,25 +238,25 @@ impl<T: EmbeddingElement> Embedding<T> {
     ///
     /// # Errors
     /// - [`Error::InvalidParameter`] for an optimizer parameter out of range;
-    ///   [`Error::InvalidArgument`] for a table shape gather cannot read, or
+    ///   [`wholemem::CommonError::InvalidArgument`] for a table shape gather cannot read, or
     ///   when ranks pass different optimizers (naming both) — on every rank.
     /// - [`Error::Memory`] when the state cannot be allocated.
     pub fn from_tensor(table: WholeTensor<T>, optimizer: Option<Optimizer>) -> Result<Self> {
         let comm = table.memory().comm().clone();
         let layout = RowLayout::of(&table).map_err(Error::from);
-        let mine = layout.as_ref().map(|_| ()).map_err(|e| Error::InvalidArgument(e.to_string()));
+        let mine = layout.as_ref().map(|_| ()).map_err(|e| Error::Common(CommonError::InvalidArgument(e.to_string())));
         let mine = mine.and_then(|()| optimizer.as_ref().map_or(Ok(()), Optimizer::validate));
         let name = optimizer.map_or_else(|| "no optimizer".to_owned(), |o| o.to_string());
-        let all = agree(comm.as_ref(), mine, name.as_bytes())?;
+        let ((), all) = agree_sharing(comm.as_ref(), mine, Rule::Lowest, name.as_bytes())?;
         let ranks = comm.world_ranks();
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different optimizers: rank {} {} and rank {} {}",
                 ranks[0],
                 String::from_utf8_lossy(&all[0]),
                 ranks[r],
                 String::from_utf8_lossy(other)
-            )));
+            ))));
         }
         let layout = layout?;
         let width = optimizer.map_or(0, |o| o.state_width(layout.cols()));
@@ -266,7 +267,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         } else {
             None
         };
-        let mut emb = Self { table, layout, optimizer, state, cache: crate::cache::Caches::default() };
+        let mut emb = Self { table, layout, optimizer, state, cache: crate::cache::state::Caches::default() };
         emb.reset_state()?;
         Ok(emb)
     }
@@ -370,21 +371,21 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// [`reset_state`](Self::reset_state)).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for bad parameters, or when ranks pass
+    /// [`wholemem::CommonError::InvalidArgument`] for bad parameters, or when ranks pass
     /// different ones (on every rank); [`Error::Gather`], [`Error::Comm`].
     pub fn init(&mut self, init: Init, seed: u64) -> Result<()> {
         let comm = self.comm().clone();
-        let mine = init.check().map_err(Error::InvalidArgument);
-        let all = agree(comm.as_ref(), mine, format!("{init:?} seed {seed}").as_bytes())?;
+        let mine = init.check().map_err(|m| Error::Common(CommonError::InvalidArgument(m)));
+        let ((), all) = agree_sharing(comm.as_ref(), mine, Rule::Lowest, format!("{init:?} seed {seed}").as_bytes())?;
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
             let ranks = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different initialisations: rank {} {} and rank {} {}",
                 ranks[0],
                 String::from_utf8_lossy(&all[0]),
                 ranks[r],
                 String::from_utf8_lossy(other)
-            )));
+            ))));
         }
         let layout = self.layout;
         fill_own(&mut self.table, &layout, |row, out| {
@@ -435,30 +436,16 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// next call works): [`Error::NoOptimizer`]; [`Error::IndexOutOfRange`]
     /// naming the first bad id, its position and rank;
     /// [`Error::GradientLength`] when `grads` is not `ids.len() × dim`
-    /// values; [`Error::InvalidArgument`] for a learning rate that is not
+    /// values; [`wholemem::CommonError::InvalidArgument`] for a learning rate that is not
     /// finite and at least 0, or differs between ranks (naming both). Later:
     /// [`Error::Gather`], [`Error::Comm`].
     pub fn apply_gradients<I: Index>(&mut self, ids: &[I], grads: &[f32], lr: f32) -> Result<()> {
         // Its phases, when `wm_gather::profile` records.
         let mut clock = wm_gather::profile::Clock::start();
         let comm = self.comm().clone();
-        let (rows, dim) = (self.rows(), self.dim());
+        let dim = self.dim();
         let ids = I::ids(ids);
-        let me = comm.world_rank();
-        let check = || -> Result<Optimizer> {
-            let opt = self.optimizer.ok_or(Error::NoOptimizer)?;
-            if !(lr.is_finite() && lr >= 0.0) {
-                return Err(Error::InvalidArgument(format!("learning rate {lr} on rank {me}: it must be finite and at least 0")));
-            }
-            if let Some((position, index)) = ids.first_out_of_range(rows) {
-                return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
-            }
-            if ids.len().checked_mul(dim) != Some(grads.len()) {
-                return Err(Error::GradientLength { rank: me, ids: ids.len(), dim, len: grads.len() });
-            }
-            Ok(opt)
-        };
-        let checked = check();
+        let checked = self.check_step(ids, grads, lr);
         clock.lap("checks");
 
         // 1. Group repeats here, then send each owner, in one exchange, its
@@ -470,91 +457,21 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    is only the head), and the peers' parts are kept as they
         //    arrived (or copied once out of a mailbox): the merge reads them.
         let p = self.table.memory().partition().clone();
-        let n = comm.size();
         let repeats = if checked.is_ok() { Repeats::of(&rows_of(ids)) } else { Repeats::default() };
         let uids = &repeats.ids;
         clock.lap("group ids");
-        let bounds: Vec<usize> = (0..=n).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
+        let bounds: Vec<usize> = (0..=comm.size()).map(|r| uids.partition_point(|&id| (id as usize) < p.offset(r))).collect();
         let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
-        let sizes: Vec<usize> = (0..n)
-            .map(|r| match &failure {
-                Some(f) => 1 + f.len(),
-                None if r == comm.rank() => GRADS_HEADER,
-                None => GRADS_HEADER + (bounds[r + 1] - bounds[r]) * (8 + 4 * dim),
-            })
-            .collect();
-        let count = p.count(comm.rank());
-        let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
-        let mut rates: Vec<Option<f32>> = vec![None; n];
-        // Per sender: its ids and its gradients.
-        let mut received: Vec<(Vec<u64>, Received)> = (0..n).map(|_| (Vec::new(), Received::Copied(Vec::new()))).collect();
-        let mut problem = None;
-        let mut tmp = Vec::new();
-        let (on, mut packing) = (clock.on(), Duration::ZERO);
-        comm.exchange(
-            ExchangePlan::new(&sizes, &mut |r, buf| match &failure {
-                Some(f) => {
-                    buf[0] = GRADS_FAILED;
-                    buf[1..].copy_from_slice(f);
-                }
-                None => {
-                    let k = if r == comm.rank() { bounds[r] } else { bounds[r + 1] };
-                    let ids = &uids[bounds[r]..k];
-                    buf[0] = GRADS_IDS;
-                    buf[1..5].copy_from_slice(&lr.to_le_bytes());
-                    buf[5..13].copy_from_slice(&(ids.len() as u64).to_le_bytes());
-                    let (id_bytes, grad_bytes) = buf[GRADS_HEADER..].split_at_mut(ids.len() * 8);
-                    for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
-                        slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
-                    }
-                    timed(on, &mut packing, || {
-                        for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
-                            if j + wm_gather::PREFETCH_DISTANCE < ids.len() {
-                                repeats.prefetch(grads, dim, bounds[r] + j + wm_gather::PREFETCH_DISTANCE);
-                            }
-                            repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
-                        }
-                    });
-                }
-            })
-            .receive_parts(&mut |r, part| match read_part(part.bytes(), count, dim) {
-                PartRead::Failed(outcome) => outcomes[r] = Some(outcome),
-                PartRead::Gradients { rate, ids, at } => {
-                    rates[r] = Some(rate);
-                    if !ids.is_empty() {
-                        received[r] = (ids, Received::of(part, at));
-                    }
-                }
-                PartRead::Malformed { rate, detail } => {
-                    rates[r] = rate;
-                    problem.get_or_insert_with(|| Error::Malformed {
-                        rank: comm.world_ranks()[r],
-                        detail: format!("{detail} (to rank {me})"),
-                    });
-                }
-            }),
-        )?;
+        let step = Step { lr, dim, grads, repeats: &repeats, bounds: &bounds };
+        let (arrived, packing) = send_gradients(comm.as_ref(), &p, &step, failure.as_deref(), clock.on())?;
         clock.lap_split("exchange", &[("pack", packing)]);
+        let ExchangedGradients { outcomes, mut rates, received, problem } = arrived;
+
         // 2. Every rank holds every rank's outcome and rate: the same
         //    decision everywhere. Then what each rank sent is checked — rows
         //    this rank owns, one row of gradients per id — and every rank
         //    learns whether all was well before any row changes.
-        let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
-        let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
-        let opt = wholemem::agree::decide(comm.as_ref(), checked, wholemem::agree::Rule::Lowest, &parts)?;
-        rates[comm.rank()] = Some(lr);
-        let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
-        if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
-            let ranks = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
-                "ranks passed different learning rates: rank {} {} and rank {} {}",
-                ranks[0],
-                show(rates[0]),
-                ranks[r],
-                show(rate)
-            )));
-        }
-        wholemem::agree::agree(comm.as_ref(), problem.map_or(Ok(()), Err), wholemem::agree::Rule::Lowest)?;
+        let opt = agree_on_step(comm.as_ref(), checked, &outcomes, &mut rates, lr, problem)?;
         clock.lap("agree");
         let first = p.offset(comm.rank()) as i64;
         let (lo, hi) = (bounds[comm.rank()], bounds[comm.rank() + 1]);
@@ -562,8 +479,12 @@ impl<T: EmbeddingElement> Embedding<T> {
         let parts: Vec<(&[u64], Grads<'_>)> = received
             .iter()
             .enumerate()
-            .map(|(r, (ids, got))| {
-                if r == comm.rank() { (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo }) } else { (&ids[..], got.grads()) }
+            .map(|(r, (ids, from_peer))| {
+                if r == comm.rank() {
+                    (&own_rows[..], Grads::Own { grads, repeats: &repeats, first: lo })
+                } else {
+                    (&ids[..], from_peer.grads())
+                }
             })
             .collect();
 
@@ -575,6 +496,64 @@ impl<T: EmbeddingElement> Embedding<T> {
         //    untold: the next cached gather drops every row of the ranks
         //    that made them.
         let since = WriteMark::of(self.table.memory());
+        let ([reading, updating, writing], buffers) = self.update_own_rows(opt, lr, &parts, first, clock.on())?;
+        drop(parts);
+        let mut frames = Vec::new();
+        for (_, from_peer) in received {
+            match from_peer {
+                Received::Frame(kept, _) => frames.push(kept.into_vec()),
+                Received::Copied(v) => recycle([v]),
+            }
+        }
+        comm.recycle(frames);
+        clock.lap_split("merge", &[("read rows", reading), ("update", updating), ("write rows", writing)]);
+        if self.table.memory().memory_type().is_mapped() {
+            comm.barrier()?;
+        }
+        // Every node's cache drops every rank's updated rows: every row this
+        // step wrote (the owners wrote the union of every rank's ids).
+        let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
+        self.cache.invalidate_node_written(self.table.memory(), Ids::I64(&changed), since)?;
+        recycle(buffers);
+        clock.lap("finish");
+        Ok(())
+    }
+
+    /// `apply_gradients`' own checks on this rank, before anything moves:
+    /// an optimizer, a usable learning rate, ids in range, one row of
+    /// gradients per id.
+    fn check_step(&self, ids: Ids<'_>, grads: &[f32], lr: f32) -> Result<Optimizer> {
+        let (rows, dim) = (self.rows(), self.dim());
+        let me = self.comm().world_rank();
+        let opt = self.optimizer.ok_or(Error::NoOptimizer)?;
+        if !(lr.is_finite() && lr >= 0.0) {
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "learning rate {lr} on rank {me}: it must be finite and at least 0"
+            ))));
+        }
+        if let Some((position, index)) = ids.first_out_of_range(rows) {
+            return Err(Error::IndexOutOfRange { index, position, rank: me, rows });
+        }
+        if ids.len().checked_mul(dim) != Some(grads.len()) {
+            return Err(Error::GradientLength { rank: me, ids: ids.len(), dim, len: grads.len() });
+        }
+        Ok(opt)
+    }
+
+    /// `apply_gradients`' third phase: merges the senders' `parts` a run of
+    /// rows at a time, reads those rows' weights and state (this rank's
+    /// own, from row `first` on), updates them and writes them back. The
+    /// time spent reading, updating and writing, when `on`, and the
+    /// buffers it used, for [`recycle`] (after the peers' parts).
+    fn update_own_rows(
+        &mut self,
+        opt: Optimizer,
+        lr: f32,
+        parts: &[(&[u64], Grads<'_>)],
+        first: i64,
+        on: bool,
+    ) -> Result<([Duration; 3], [Vec<f32>; 3])> {
+        let dim = self.dim();
         let width = opt.state_width(dim);
         let device = self.cache.device_enabled();
         let total: usize = parts.iter().map(|(ids, _)| ids.len()).sum();
@@ -582,7 +561,7 @@ impl<T: EmbeddingElement> Embedding<T> {
         let (mut local, mut own) = (Vec::with_capacity(run), Vec::with_capacity(run));
         let (mut sums, mut w, mut s) = (pooled(run * dim), pooled(run * dim), pooled(run * width));
         let (mut reading, mut updating, mut writing) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
-        let mut merger = Merger::new(&parts, dim);
+        let mut merger = Merger::new(parts, dim);
         while merger.next(run, &mut local, &mut sums) {
             own.clear();
             own.extend(local.iter().map(|&r| first + r as i64));
@@ -618,26 +597,7 @@ impl<T: EmbeddingElement> Embedding<T> {
                 Ok(())
             })?;
         }
-        drop(parts);
-        let mut frames = Vec::new();
-        for (_, got) in received {
-            match got {
-                Received::Kept(kept, _) => frames.push(kept.into_vec()),
-                Received::Copied(v) => recycle([v]),
-            }
-        }
-        comm.recycle(frames);
-        clock.lap_split("merge", &[("read rows", reading), ("update", updating), ("write rows", writing)]);
-        if self.table.memory().memory_type().is_mapped() {
-            comm.barrier()?;
-        }
-        // Every node's cache drops every rank's updated rows: every row this
-        // step wrote (the owners wrote the union of every rank's ids).
-        let changed: Vec<i64> = uids.iter().map(|&id| id as i64).collect();
-        self.cache.invalidate_node_written(self.table.memory(), Ids::I64(&changed), since)?;
-        recycle([sums, w, s]);
-        clock.lap("finish");
-        Ok(())
+        Ok(([reading, updating, writing], [sums, w, s]))
     }
 
     /// Frees the weights and the state, collectively.
@@ -652,6 +612,134 @@ impl<T: EmbeddingElement> Embedding<T> {
         self.table.free()?;
         Ok(())
     }
+}
+
+/// What one `apply_gradients` step sends: the learning rate, the
+/// dimension, the caller's gradients, its ids grouped ([`Repeats`]) and
+/// where each owner's start among them (`bounds[r]..bounds[r + 1]`).
+struct Step<'a> {
+    lr: f32,
+    dim: usize,
+    grads: &'a [f32],
+    repeats: &'a Repeats,
+    bounds: &'a [usize],
+}
+
+/// What `apply_gradients`' exchange brought this rank, per sender: the
+/// outcome of a sender that failed its checks, its learning rate, its ids
+/// and gradients; and the first malformed part, as an error naming its
+/// sender.
+struct ExchangedGradients {
+    outcomes: Vec<Option<Vec<u8>>>,
+    rates: Vec<Option<f32>>,
+    received: Vec<(Vec<u64>, Received)>,
+    problem: Option<Error>,
+}
+
+/// `apply_gradients`' first phase: one exchange that sends each owner its
+/// rows of `step` (as its local row numbers) with their summed gradients
+/// and this rank's learning rate — or, when this rank's checks failed, its
+/// `failure` — and reads what every peer sent. With the time spent packing
+/// gradients, when `on`.
+fn send_gradients(
+    comm: &dyn Communicator,
+    p: &wholemem::Partition,
+    step: &Step<'_>,
+    failure: Option<&[u8]>,
+    on: bool,
+) -> Result<(ExchangedGradients, Duration)> {
+    let Step { lr, dim, grads, repeats, bounds } = *step;
+    let (uids, n, me) = (&repeats.ids, comm.size(), comm.world_rank());
+    let sizes: Vec<usize> = (0..n)
+        .map(|r| match failure {
+            Some(f) => 1 + f.len(),
+            None if r == comm.rank() => GRADS_HEADER,
+            None => GRADS_HEADER + (bounds[r + 1] - bounds[r]) * (8 + 4 * dim),
+        })
+        .collect();
+    let count = p.count(comm.rank());
+    let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
+    let mut rates: Vec<Option<f32>> = vec![None; n];
+    // Per sender: its ids and its gradients.
+    let mut received: Vec<(Vec<u64>, Received)> = (0..n).map(|_| (Vec::new(), Received::Copied(Vec::new()))).collect();
+    let mut problem = None;
+    let mut tmp = Vec::new();
+    let mut packing = Duration::ZERO;
+    comm.exchange(
+        ExchangePlan::new(&sizes, &mut |r, buf| match failure {
+            Some(f) => {
+                buf[0] = GRADS_FAILED;
+                buf[1..].copy_from_slice(f);
+            }
+            None => {
+                let k = if r == comm.rank() { bounds[r] } else { bounds[r + 1] };
+                let ids = &uids[bounds[r]..k];
+                buf[0] = GRADS_IDS;
+                buf[1..5].copy_from_slice(&lr.to_le_bytes());
+                buf[5..13].copy_from_slice(&(ids.len() as u64).to_le_bytes());
+                let (id_bytes, grad_bytes) = buf[GRADS_HEADER..].split_at_mut(ids.len() * 8);
+                for (slot, &id) in id_bytes.chunks_exact_mut(8).zip(ids) {
+                    slot.copy_from_slice(&(id - p.offset(r) as u64).to_le_bytes());
+                }
+                timed(on, &mut packing, || {
+                    for (j, slot) in grad_bytes.chunks_exact_mut(4 * dim).enumerate() {
+                        if j + wm_gather::PREFETCH_DISTANCE < ids.len() {
+                            repeats.prefetch(grads, dim, bounds[r] + j + wm_gather::PREFETCH_DISTANCE);
+                        }
+                        repeats.put_sum(grads, dim, bounds[r] + j, &mut tmp, slot);
+                    }
+                });
+            }
+        })
+        .receive_parts(&mut |r, part| match read_part(part.bytes(), count, dim) {
+            PartRead::Failed(outcome) => outcomes[r] = Some(outcome),
+            PartRead::Gradients { rate, ids, at } => {
+                rates[r] = Some(rate);
+                if !ids.is_empty() {
+                    received[r] = (ids, Received::of(part, at));
+                }
+            }
+            PartRead::Malformed { rate, detail } => {
+                rates[r] = rate;
+                problem.get_or_insert_with(|| {
+                    Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {me})") })
+                });
+            }
+        }),
+    )?;
+    Ok((ExchangedGradients { outcomes, rates, received, problem }, packing))
+}
+
+/// `apply_gradients`' second phase: every rank decides the same from every
+/// rank's outcome (`outcomes[r]`, `None` for a rank whose checks passed)
+/// and learning rate, then learns whether any part was malformed
+/// (`problem`) — all before any row changes. The optimizer, when all was
+/// well.
+fn agree_on_step(
+    comm: &dyn Communicator,
+    checked: Result<Optimizer>,
+    outcomes: &[Option<Vec<u8>>],
+    rates: &mut [Option<f32>],
+    lr: f32,
+    problem: Option<Error>,
+) -> Result<Optimizer> {
+    let ok = wholemem::agree::outcome_bytes::<(), Error>(&Ok(()));
+    let parts: Vec<&[u8]> = outcomes.iter().map(|o| o.as_deref().unwrap_or(&ok)).collect();
+    let opt = wholemem::agree::decide(comm, checked, Rule::Lowest, &parts)?;
+    rates[comm.rank()] = Some(lr);
+    let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
+    if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
+        let ranks = comm.world_ranks();
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "ranks passed different learning rates: rank {} {} and rank {} {}",
+            ranks[0],
+            show(rates[0]),
+            ranks[r],
+            show(rate)
+        ))));
+    }
+    agree(comm, problem.map_or(Ok(()), Err), Rule::Lowest)?;
+    Ok(opt)
 }
 
 /// What a part of `apply_gradients`' exchange says.
@@ -731,7 +819,7 @@ fn received_gradients(ids: &[u8], grad_bytes: usize, count: usize, dim: usize) -
 enum Received {
     /// The part itself, where the backend hands it over without a copy (a
     /// frame from another node), with where the gradients start in it.
-    Kept(wm_comm::KeptPart, usize),
+    Frame(wm_comm::KeptPart, usize),
     /// The gradients copied out of a part the backend keeps (a node
     /// peer's shared mailbox), into a buffer of [`pooled`]'s.
     Copied(Vec<f32>),
@@ -741,7 +829,7 @@ impl Received {
     /// Keeps `part`'s gradients, which start at byte `at`.
     fn of(part: wm_comm::ReceivedPart<'_>, at: usize) -> Self {
         if part.keeps_without_copy() {
-            return Received::Kept(part.keep(), at);
+            return Received::Frame(part.keep(), at);
         }
         let bytes = part.bytes().get(at..).unwrap_or_default();
         let mut v = pooled(bytes.len() / 4);
@@ -752,7 +840,7 @@ impl Received {
     /// The gradients, to merge.
     fn grads(&self) -> Grads<'_> {
         match self {
-            Received::Kept(kept, at) => Grads::Wire(kept.get(*at..).unwrap_or_default()),
+            Received::Frame(kept, at) => Grads::Wire(kept.get(*at..).unwrap_or_default()),
             Received::Copied(v) => Grads::Copied(v),
         }
     }
@@ -1134,7 +1222,7 @@ mod tests {
         let mut frame = [vec![0u8; 8], good.clone()].concat();
         let kept = Received::of(wm_comm::ReceivedPart::owned(&mut frame, 8), at);
         let copied = Received::of(wm_comm::ReceivedPart::borrowed(&good), at);
-        assert!(matches!(kept, Received::Kept(..)) && matches!(copied, Received::Copied(..)), "{kept:?} {copied:?}");
+        assert!(matches!(kept, Received::Frame(..)) && matches!(copied, Received::Copied(..)), "{kept:?} {copied:?}");
         for got in [&kept, &copied] {
             assert_eq!(merge_sums(&[(&[1, 4], got.grads())], 2), (vec![1, 4], vec![1.0, 2.0, 3.0, 4.0]));
         }

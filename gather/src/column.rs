@@ -13,6 +13,7 @@
 use std::marker::PhantomData;
 use std::ops::Range;
 
+use wholemem::CommonError;
 use wholemem::{Element, Location, MemoryType, WholeTensor};
 
 use crate::kernel;
@@ -65,27 +66,34 @@ impl<'a, T: Element> Column<'a, T> {
     /// (a vector, or a matrix of one column) and live in host memory.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for device memory (read it with
+    /// [`wholemem::CommonError::InvalidArgument`] for device memory (read it with
     /// [`gather`](crate::gather)), rows of more than one element, or rows
     /// whose elements are not aligned for `T`.
     pub fn new(t: &'a WholeTensor<T>) -> Result<Self> {
         let mem = t.memory();
         if mem.location() != Location::Host {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "a column reads host memory through the mapping; this {} table is in device memory (gather it instead)",
                 mem.memory_type()
-            )));
+            ))));
         }
         let layout = RowLayout::of(t)?;
         if layout.cols() != 1 {
-            return Err(Error::InvalidArgument(format!("a column has one element per row; this table has {} per row", layout.cols())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "a column has one element per row; this table has {} per row",
+                layout.cols()
+            ))));
         }
         layout.check_fits(mem.granularity())?;
         let span = RowSpan::new(mem, &layout);
         let align = std::mem::align_of::<T>();
         let misaligned = |p: *const u8| (p as usize) % align != 0;
         if mem.granularity() % align != 0 {
-            return Err(Error::InvalidArgument(format!("rows of {} bytes do not keep {} elements aligned", mem.granularity(), T::DTYPE)));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "rows of {} bytes do not keep {} elements aligned",
+                mem.granularity(),
+                T::DTYPE
+            ))));
         }
         let p = mem.partition();
         let mut portions = Vec::new();
@@ -97,7 +105,10 @@ impl<'a, T: Element> Column<'a, T> {
             let Some(base) = mem.rank_ptr(r) else { continue };
             let first = base.cast_const().wrapping_add(span.at(0));
             if misaligned(first) {
-                return Err(Error::InvalidArgument(format!("rank {r}'s rows are not aligned for {} elements", T::DTYPE)));
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "rank {r}'s rows are not aligned for {} elements",
+                    T::DTYPE
+                ))));
             }
             portions.push(Portion { start: rows.start, end: rows.end, first });
         }
@@ -106,7 +117,7 @@ impl<'a, T: Element> Column<'a, T> {
             _ => None,
         };
         if continuous.is_some_and(misaligned) {
-            return Err(Error::InvalidArgument(format!("the table is not aligned for {} elements", T::DTYPE)));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("the table is not aligned for {} elements", T::DTYPE))));
         }
         Ok(Self { portions, continuous, rows: mem.rows(), stride: mem.granularity(), _table: PhantomData })
     }

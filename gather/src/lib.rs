@@ -21,6 +21,8 @@
 //! scatter (for collective types: the highest rank's last occurrence).
 #![deny(unsafe_code)]
 
+use wholemem::CommonError;
+
 pub mod cache;
 #[allow(unsafe_code)]
 mod column;
@@ -61,31 +63,13 @@ pub enum Error {
         /// Rows in the table.
         rows: usize,
     },
-    /// A buffer or layout that does not fit; the message names the values.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// An unusable argument, a peer that failed or sent malformed data, a
+    /// wait that timed out: the kinds every layer shares.
+    #[error(transparent)]
+    Common(#[from] wholemem::CommonError),
     /// Floating ↔ integer.
     #[error(transparent)]
     Conversion(#[from] ConversionError),
-    /// Another rank of a collective call failed its checks.
-    #[error("rank {rank} failed: {detail}")]
-    PeerFailed {
-        /// The world rank.
-        rank: usize,
-        /// Its error.
-        detail: String,
-    },
-    /// A peer sent something the exchange cannot have produced: a part of
-    /// the wrong length, a row it does not own. Every rank of the
-    /// collective call reports it, naming that peer; the rows the call was
-    /// to write may be partly written.
-    #[error("rank {rank} sent malformed data: {detail}")]
-    Malformed {
-        /// The world rank that sent it.
-        rank: usize,
-        /// What was wrong with it.
-        detail: String,
-    },
     /// The memory layer refused.
     #[error(transparent)]
     Memory(#[from] wholemem::Error),
@@ -122,13 +106,6 @@ impl wholemem::agree::PeerError for Error {
             rows: usize::try_from(rows).ok()?,
         })
     }
-}
-
-/// Fails on every rank if any rank's checks (or its part of an exchange)
-/// failed: the lowest failing rank's error, an out-of-range id and a
-/// malformed peer kept as such. Collective.
-pub(crate) fn agree<T>(comm: &dyn wm_comm::Communicator, mine: Result<T>) -> Result<T> {
-    wholemem::agree::agree(comm, mine, wholemem::agree::Rule::Lowest)
 }
 
 /// Global row ids, 32- or 64-bit.
@@ -217,15 +194,19 @@ impl RowLayout {
     /// `cols` elements of `dtype` from element `offset` of each row.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the values for `cols == 0`, or
+    /// [`wholemem::CommonError::InvalidArgument`] naming the values for `cols == 0`, or
     /// when the end of the elements moved, `(offset + cols) × size` bytes,
     /// is past `usize::MAX`.
     pub fn new(dtype: DType, cols: usize, offset: usize) -> Result<Self> {
         if cols == 0 {
-            return Err(Error::InvalidArgument(format!("a row layout of 0 {dtype} elements (from element {offset}) moves nothing")));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "a row layout of 0 {dtype} elements (from element {offset}) moves nothing"
+            ))));
         }
         if offset.checked_add(cols).and_then(|end| end.checked_mul(dtype.size())).is_none() {
-            return Err(Error::InvalidArgument(format!("{cols} {dtype} elements from element {offset} end past usize::MAX bytes")));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "{cols} {dtype} elements from element {offset} end past usize::MAX bytes"
+            ))));
         }
         Ok(Self { dtype, cols, offset })
     }
@@ -233,7 +214,7 @@ impl RowLayout {
     /// The layout of a whole 1-D or 2-D tensor with contiguous rows.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for more than 2 dimensions or a column
+    /// [`wholemem::CommonError::InvalidArgument`] for more than 2 dimensions or a column
     /// stride other than 1.
     pub fn of<T: Element>(t: &wholemem::WholeTensor<T>) -> Result<Self> {
         let d = t.desc();
@@ -241,11 +222,11 @@ impl RowLayout {
             1 => 1,
             2 if d.strides()[1] == 1 => d.sizes()[1],
             _ => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "gather and scatter take 1-D or 2-D tensors with contiguous rows, not sizes {:?} strides {:?}",
                     d.sizes(),
                     d.strides()
-                )));
+                ))));
             }
         };
         Self::new(T::DTYPE, cols, d.storage_offset())
@@ -280,13 +261,13 @@ impl RowLayout {
     /// Checks that the elements moved lie inside rows of `row_bytes` bytes.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the layout and the row size.
+    /// [`wholemem::CommonError::InvalidArgument`] naming the layout and the row size.
     pub fn check_fits(&self, row_bytes: usize) -> Result<()> {
         if self.skip_bytes() + self.bytes() > row_bytes {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "{} {} elements from element {} do not fit in a row of {row_bytes} bytes",
                 self.cols, self.dtype, self.offset
-            )));
+            ))));
         }
         Ok(())
     }
@@ -328,7 +309,7 @@ pub fn threads(mem: &wholemem::WholeMemory) -> usize {
 ///
 /// # Errors
 /// [`Error::IndexOutOfRange`] naming the first bad id (on every rank of a
-/// collective call); [`Error::InvalidArgument`] for a wrongly sized buffer;
+/// collective call); [`wholemem::CommonError::InvalidArgument`] for a wrongly sized buffer;
 /// [`Error::Conversion`]; [`Error::Comm`] for a lost peer or a timeout.
 pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
     let mut clock = profile::Clock::start();
@@ -424,7 +405,7 @@ pub fn scatter(mem: &mut wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>
 /// reads them this way instead of in a collective gather.
 ///
 /// # Errors
-/// As [`gather`], and [`Error::InvalidArgument`] naming the first id this
+/// As [`gather`], and [`wholemem::CommonError::InvalidArgument`] naming the first id this
 /// rank does not own.
 pub fn gather_owned(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
     let conv = check_call(mem, layout, ids, out.len(), out_dtype, "output")?;
@@ -472,12 +453,12 @@ fn owned_rows(mem: &wholemem::WholeMemory, ids: Ids<'_>) -> Result<Vec<usize>> {
     let own = mem.local_rows();
     let rows = ids.to_rows();
     if let Some((i, r)) = rows.iter().enumerate().find(|(_, r)| !own.contains(*r)) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "id {r} at position {i} is not one of rank {}'s rows ({}..{})",
             mem.comm().world_rank(),
             own.start,
             own.end
-        )));
+        ))));
     }
     Ok(rows.into_iter().map(|r| r - own.start).collect())
 }
@@ -520,7 +501,7 @@ pub(crate) fn gather_collective(
             exchange::gather_hierarchy(mem, layout, checked, ids, out, profile::Clock::start(), while_rows_travel)
         }
         // Not collective: nothing to tell the other ranks.
-        other => checked.and(Err(Error::InvalidArgument(format!("{other} memory has no collective gather")))),
+        other => checked.and(Err(Error::Common(CommonError::InvalidArgument(format!("{other} memory has no collective gather"))))),
     }
 }
 
@@ -573,13 +554,16 @@ fn check_shape(
     // Scatter converts the other way; the rule is symmetric.
     let conv = kernel::RowConv::new(layout.dtype(), buf_dtype, layout.cols())?;
     let Some(want) = layout.cols().checked_mul(buf_dtype.size()).and_then(|row| n.checked_mul(row)) else {
-        return Err(Error::InvalidArgument(format!("{n} ids of {} {buf_dtype} elements are more than usize::MAX bytes", layout.cols())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{n} ids of {} {buf_dtype} elements are more than usize::MAX bytes",
+            layout.cols()
+        ))));
     };
     if buf_len != want {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "the {what} buffer has {buf_len} bytes; {n} ids of {} {buf_dtype} elements need {want}",
             layout.cols()
-        )));
+        ))));
     }
     Ok(conv)
 }
@@ -600,7 +584,10 @@ mod tests {
         ];
         for (dtype, cols, offset, why) in cases {
             let e = RowLayout::new(dtype, cols, offset).unwrap_err();
-            assert!(matches!(&e, Error::InvalidArgument(m) if m.contains(&offset.to_string()) && m.contains("usize::MAX")), "{why}: {e}");
+            assert!(
+                matches!(&e, Error::Common(CommonError::InvalidArgument(m)) if m.contains(&offset.to_string()) && m.contains("usize::MAX")),
+                "{why}: {e}"
+            );
         }
         let e = RowLayout::new(DType::F32, 0, 3).unwrap_err();
         assert!(e.to_string().contains("0 f32 elements"), "{e}");
@@ -630,6 +617,6 @@ mod tests {
         for bad in [&[][..], &[OUT_OF_RANGE], &[OUT_OF_RANGE, 0, 0], &[2; 25]] {
             assert!(Error::decode(1, bad).is_none(), "{bad:?}");
         }
-        assert!(Error::InvalidArgument("x".into()).encode().is_none());
+        assert!(Error::Common(CommonError::InvalidArgument("x".into())).encode().is_none());
     }
 }

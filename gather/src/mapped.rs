@@ -1,6 +1,7 @@
 //! Gather and scatter through the mapping (continuous and chunked memory):
 //! not collective, each rank copies rows itself.
 
+use wholemem::CommonError;
 use wholemem::WholeMemory;
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
@@ -21,11 +22,11 @@ impl MappedRows {
         let bases = (0..world)
             .map(|r| {
                 mem.rank_ptr(r).map(SendPtr).ok_or_else(|| {
-                    Error::InvalidArgument(format!(
+                    Error::Common(CommonError::InvalidArgument(format!(
                         "rank {} does not map rank {}'s rows",
                         mem.comm().world_rank(),
                         mem.comm().world_ranks()[r]
-                    ))
+                    )))
                 })
             })
             .collect::<Result<_>>()?;
@@ -73,7 +74,7 @@ pub(crate) fn gather(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: 
 /// that places rows itself (the node cache's hits).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the values when the table is not
+/// [`wholemem::CommonError::InvalidArgument`] naming the values when the table is not
 /// mapped here, a row is out of range, the layout does not fit the rows,
 /// or the positions are not distinct rows of `out`.
 pub(crate) fn gather_to(
@@ -86,7 +87,7 @@ pub(crate) fn gather_to(
 ) -> Result<()> {
     layout.check_fits(mem.granularity())?;
     if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
-        return Err(Error::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows()))));
     }
     check_placement(layout, conv, rows.len(), positions, out)?;
     let src = MappedRows::new(mem, layout)?;
@@ -103,18 +104,18 @@ pub(crate) fn gather_to(
 fn check_placement(layout: &RowLayout, conv: RowConv, rows: usize, positions: &[usize], out: &[u8]) -> Result<()> {
     let db = conv.dst_bytes();
     if rows != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "{rows} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
             positions.len(),
             out.len()
-        )));
+        ))));
     }
     if conv.src_bytes() != layout.bytes() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "a conversion of {} bytes per row for a layout of {}",
             conv.src_bytes(),
             layout.bytes()
-        )));
+        ))));
     }
     Ok(())
 }
@@ -137,7 +138,7 @@ impl RowAddr for OwnRows {
 /// a rank maps its own host rows.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the values for device memory, a row
+/// [`wholemem::CommonError::InvalidArgument`] naming the values for device memory, a row
 /// this rank does not own, a layout that does not fit, or positions that
 /// are not distinct rows of `out`.
 pub(crate) fn gather_own_to(
@@ -152,16 +153,19 @@ pub(crate) fn gather_own_to(
     let me = mem.comm().rank();
     let count = mem.local_rows().len();
     if let Some(bad) = rows.iter().find(|&&r| r >= count) {
-        return Err(Error::InvalidArgument(format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "own row {bad} of rank {}, which owns {count}",
+            mem.comm().world_rank()
+        ))));
     }
     check_placement(layout, conv, rows.len(), positions, out)?;
     let base = match (mem.location(), mem.rank_ptr(me)) {
         (wholemem::Location::Host, Some(p)) => p,
         _ => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "rank {} does not map its own rows of this table in host memory",
                 mem.comm().world_rank()
-            )));
+            ))));
         }
     };
     let src = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
@@ -187,18 +191,26 @@ pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usi
     let me = mem.comm().rank();
     let count = mem.local_rows().len();
     if let Some(bad) = rows.iter().find(|&&r| r >= count) {
-        return Err(Error::InvalidArgument(format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "own row {bad} of rank {}, which owns {count}",
+            mem.comm().world_rank()
+        ))));
     }
     if rows.len().checked_mul(layout.bytes()) != Some(src.len()) {
-        return Err(Error::InvalidArgument(format!("{} bytes for {} rows of {} bytes", src.len(), rows.len(), layout.bytes())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} bytes for {} rows of {} bytes",
+            src.len(),
+            rows.len(),
+            layout.bytes()
+        ))));
     }
     let base = match (mem.location(), mem.rank_ptr(me)) {
         (wholemem::Location::Host, Some(p)) => p,
         _ => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "rank {} does not map its own rows of this table in host memory",
                 mem.comm().world_rank()
-            )));
+            ))));
         }
     };
     let conv = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;

@@ -5,6 +5,8 @@
 
 use std::marker::PhantomData;
 
+use wholemem::CommonError;
+
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::{DType, Error, Result, RowLayout};
 
@@ -23,11 +25,11 @@ impl<'a> RowSource<'a> {
     /// The rows of a private buffer (`rows.len()` a multiple of `stride`).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero stride or a buffer that is not
+    /// [`wholemem::CommonError::InvalidArgument`] for a zero stride or a buffer that is not
     /// whole rows.
     pub fn from_slice(rows: &'a [u8], stride: usize) -> Result<Self> {
         if stride == 0 || rows.len() % stride != 0 {
-            return Err(Error::InvalidArgument(format!("{} bytes are not whole rows of {stride} bytes", rows.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("{} bytes are not whole rows of {stride} bytes", rows.len()))));
         }
         Ok(Self { bases: vec![SendPtr(rows.as_ptr().cast_mut())], first: vec![0, rows.len() / stride], stride, _rows: PhantomData })
     }
@@ -35,7 +37,7 @@ impl<'a> RowSource<'a> {
     /// Parts given as (first byte, rows) each.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a zero stride, or parts whose bytes
+    /// [`wholemem::CommonError::InvalidArgument`] for a zero stride, or parts whose bytes
     /// add up past `usize::MAX`.
     ///
     /// # Safety
@@ -45,16 +47,15 @@ impl<'a> RowSource<'a> {
     /// during the copy may arrive half-written but nothing unsound happens.
     pub unsafe fn from_parts(parts: &[(*const u8, usize)], stride: usize) -> Result<Self> {
         if stride == 0 {
-            return Err(Error::InvalidArgument("rows of 0 bytes".into()));
+            return Err(Error::Common(CommonError::InvalidArgument("rows of 0 bytes".into())));
         }
         let mut first = Vec::with_capacity(parts.len() + 1);
         let mut at = 0usize;
         first.push(0);
         for &(_, n) in parts {
-            at = at
-                .checked_add(n)
-                .filter(|&a| a.checked_mul(stride).is_some())
-                .ok_or_else(|| Error::InvalidArgument(format!("parts of more than usize::MAX bytes (rows of {stride} bytes)")))?;
+            at = at.checked_add(n).filter(|&a| a.checked_mul(stride).is_some()).ok_or_else(|| {
+                Error::Common(CommonError::InvalidArgument(format!("parts of more than usize::MAX bytes (rows of {stride} bytes)")))
+            })?;
             first.push(at);
         }
         Ok(Self { bases: parts.iter().map(|&(p, _)| SendPtr(p.cast_mut())).collect(), first, stride, _rows: PhantomData })
@@ -92,7 +93,7 @@ impl RowAddr for Skipped<'_, '_> {
 /// slot repeats, one of its rows wins.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the value: a layout that does not fit
+/// [`wholemem::CommonError::InvalidArgument`] naming the value: a layout that does not fit
 /// the stride, a row past the source, an output of the wrong size, a slot
 /// past it, or (when the copy is split over threads: `threads > 1` and
 /// at least twice [`MIN_ROWS_PER_THREAD`](crate::MIN_ROWS_PER_THREAD) rows)
@@ -110,30 +111,35 @@ pub fn gather_from(
     let conv = RowConv::new(layout.dtype(), out_dtype, layout.cols())?;
     let db = conv.dst_bytes();
     if let Some((i, &r)) = rows.iter().enumerate().find(|&(_, &r)| r >= src.rows()) {
-        return Err(Error::InvalidArgument(format!("row {r} at position {i} is past the {} rows of the source", src.rows())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "row {r} at position {i} is past the {} rows of the source",
+            src.rows()
+        ))));
     }
     match slots {
         None if out.len() != rows.len() * db => {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "the output has {} bytes; {} rows of {db} bytes need {}",
                 out.len(),
                 rows.len(),
                 rows.len() * db
-            )));
+            ))));
         }
         None => {}
         Some(slots) => {
             if slots.len() != rows.len() || out.len() % db != 0 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "{} slots for {} rows, into an output of {} bytes (rows of {db})",
                     slots.len(),
                     rows.len(),
                     out.len()
-                )));
+                ))));
             }
             let out_rows = out.len() / db;
             if let Some((i, &s)) = slots.iter().enumerate().find(|&(_, &s)| s >= out_rows) {
-                return Err(Error::InvalidArgument(format!("slot {s} at position {i} is past the {out_rows} output rows")));
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "slot {s} at position {i} is past the {out_rows} output rows"
+                ))));
             }
             // Threads write slots at once: each must be written by one.
             // One thread (as the kernel splits the rows) writes a repeated
@@ -142,7 +148,7 @@ pub fn gather_from(
                 let mut seen = vec![false; out_rows];
                 for (i, &s) in slots.iter().enumerate() {
                     if std::mem::replace(&mut seen[s], true) {
-                        return Err(Error::InvalidArgument(format!("slot {s} at position {i} is repeated")));
+                        return Err(Error::Common(CommonError::InvalidArgument(format!("slot {s} at position {i} is repeated"))));
                     }
                 }
             }

@@ -2,10 +2,12 @@
 
 use std::sync::Arc;
 
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, Partition};
 use wm_comm::{CommExt, Communicator};
 
-use crate::collective::{agree, agree_with};
+use crate::collective::agree_same_header;
 use crate::csr::{ColIndex, CsrGraph, IdType, vector};
 use crate::{Error, Result};
 
@@ -135,12 +137,12 @@ impl<'a> EdgeList<'a> {
     fn check(&self, opts: &BuildOptions, rank: usize) -> Result<()> {
         let n = opts.nodes;
         if self.src.len() != self.dst.len() || self.weights.is_some_and(|w| w.len() != self.src.len()) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "{} sources, {} destinations and {} weights: one each per edge",
                 self.src.len(),
                 self.dst.len(),
                 self.weights.map_or("no".to_owned(), |w| w.len().to_string())
-            )));
+            ))));
         }
         for (i, (&s, &d)) in self.src.iter().zip(self.dst).enumerate() {
             let bad = |problem: String| Error::BadEdge { position: i, src: s, dst: d, rank, problem };
@@ -166,9 +168,11 @@ impl<'a> EdgeList<'a> {
 fn edge_partition(counts: &[u64], ranks: &[usize]) -> Result<Partition> {
     let mut total = 0u64;
     for (&c, &rank) in counts.iter().zip(ranks) {
-        total = total.checked_add(c).filter(|&t| t <= i64::MAX as u64).ok_or_else(|| Error::PeerFailed {
-            rank,
-            detail: format!("it has {c} edges, which take the {total} before them past 2^63 - 1"),
+        total = total.checked_add(c).filter(|&t| t <= i64::MAX as u64).ok_or_else(|| {
+            Error::Common(CommonError::PeerFailed {
+                rank,
+                detail: format!("it has {c} edges, which take the {total} before them past 2^63 - 1"),
+            })
         })?;
     }
     // Checked: the total fits an i64, so every count and sum fits a usize.
@@ -177,16 +181,16 @@ fn edge_partition(counts: &[u64], ranks: &[usize]) -> Result<Partition> {
 
 fn check_options(opts: &BuildOptions, world: usize) -> Result<Partition> {
     if opts.nodes == 0 {
-        return Err(Error::InvalidArgument("a graph needs at least one node".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("a graph needs at least one node".into())));
     }
     if opts.id_type == IdType::I32 && opts.nodes > i32::MAX as usize + 1 {
-        return Err(Error::InvalidArgument(format!("{} nodes do not fit 32-bit ids; use i64", opts.nodes)));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("{} nodes do not fit 32-bit ids; use i64", opts.nodes))));
     }
     match &opts.partition {
         None => Ok(Partition::even(opts.nodes, world)),
-        Some(p) if p.len() != world || p.iter().try_fold(0usize, |a, &c| a.checked_add(c)) != Some(opts.nodes) => {
-            Err(Error::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {} nodes", opts.nodes)))
-        }
+        Some(p) if p.len() != world || p.iter().try_fold(0usize, |a, &c| a.checked_add(c)) != Some(opts.nodes) => Err(Error::Common(
+            CommonError::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {} nodes", opts.nodes)),
+        )),
         Some(p) => Ok(Partition::from_counts(p)),
     }
 }
@@ -204,7 +208,7 @@ fn check_options(opts: &BuildOptions, world: usize) -> Result<Partition> {
 /// On every rank, before anything is allocated:
 /// - [`Error::BadEdge`] naming the first edge with a node id out of range
 ///   or a bad weight (and the rank that passed it);
-/// - [`Error::InvalidArgument`] for edge slices of different lengths, no
+/// - [`wholemem::CommonError::InvalidArgument`] for edge slices of different lengths, no
 ///   nodes, 32-bit ids for too many nodes, a partition that does not fit,
 ///   options (or weightedness) that differ between ranks, or a graph with
 ///   no edges at all (a table needs a row);
@@ -214,7 +218,7 @@ pub fn build(comm: &Arc<dyn Communicator>, opts: &BuildOptions, edges: EdgeList<
     let world = comm.size();
     let weighted = edges.weights.is_some();
     let checked = check_options(opts, world).and_then(|p| edges.check(opts, comm.world_rank()).map(|()| p));
-    let nodes = agree_with(comm.as_ref(), checked, &opts.header(weighted), describe_header)?;
+    let nodes = agree_same_header(comm.as_ref(), checked, &opts.header(weighted), describe_header)?;
 
     // 1. Every edge (and reverse edge) to the owner of its source.
     let stride = if weighted { 3 } else { 2 };
@@ -243,13 +247,13 @@ pub fn build(comm: &Arc<dyn Communicator>, opts: &BuildOptions, edges: EdgeList<
     let mine = nodes.range(comm.rank());
     let local = receive(comm.as_ref(), &got, stride, &mine, opts.nodes).map(|e| adjacency(e, &mine, opts, weighted));
     drop(got);
-    let (offsets, cols, weights) = agree(comm.as_ref(), local)?;
+    let (offsets, cols, weights) = agree(comm.as_ref(), local, Rule::Lowest)?;
 
     // 3. Edge partition, global offsets, tables.
     let edges_p = edge_partition(&comm.allgather_value(cols.len() as u64)?, comm.world_ranks())?;
     let total = edges_p.rows();
     if total == 0 {
-        return Err(Error::InvalidArgument("the graph has no edges; a table needs at least one row".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("the graph has no edges; a table needs at least one row".into())));
     }
     let first_edge = edges_p.offset(comm.rank());
     let mut row_ptr: Vec<i64> = offsets.iter().take(mine.len()).map(|&o| (o + first_edge) as i64).collect();
@@ -307,7 +311,7 @@ fn receive(comm: &dyn Communicator, got: &[Vec<u64>], stride: usize, mine: &std:
     let total: usize = got.iter().map(|g| g.len() / stride).sum();
     let mut edges = Vec::with_capacity(total);
     for (r, words) in got.iter().enumerate() {
-        let bad = |detail: String| Error::PeerFailed { rank: comm.world_ranks()[r], detail };
+        let bad = |detail: String| Error::Common(CommonError::PeerFailed { rank: comm.world_ranks()[r], detail });
         if words.len() % stride != 0 {
             return Err(bad(format!("it sent {} words of edges, not a multiple of {stride}", words.len())));
         }
@@ -401,7 +405,7 @@ mod tests {
                     prop_assert!(exact <= i64::MAX as u128);
                     prop_assert_eq!(p.counts(), counts.iter().map(|&c| c as usize).collect::<Vec<_>>());
                 }
-                Err(Error::PeerFailed { rank, detail }) => {
+                Err(Error::Common(CommonError::PeerFailed { rank, detail })) => {
                     let mut sum = 0u128;
                     let first = counts.iter().position(|&c| { sum += u128::from(c); sum > i64::MAX as u128 }).expect("a total past 2^63 - 1");
                     prop_assert_eq!(rank, ranks[first]);

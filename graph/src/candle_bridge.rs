@@ -29,6 +29,7 @@
 
 use candle_core::backprop::GradStore;
 use candle_core::{Device, Tensor, Var};
+use wholemem::CommonError;
 use wholemem::{Element, WholeTensor};
 use wm_embedding::{Embedding, EmbeddingElement};
 
@@ -42,7 +43,7 @@ use crate::{Error, Result};
 /// # Errors
 /// As `wm_gather::gather` (bad ids on every rank of a collective call);
 /// [`Error::Memory`] naming both for `ids.len() × cols` past `usize::MAX`,
-/// [`Error::InvalidArgument`] for an output that cannot be allocated;
+/// [`wholemem::CommonError::InvalidArgument`] for an output that cannot be allocated;
 /// [`Error::Candle`].
 pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &Device) -> Result<Tensor> {
     let cols = match table.desc().dims() {
@@ -52,8 +53,9 @@ pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &D
     // Checked: a stride-0 dimension may have any number of columns.
     let len = wholemem::checked_size("gather_tensor's output of ids × columns", &[ids.len(), cols])?;
     let mut rows = Vec::new();
-    rows.try_reserve_exact(len)
-        .map_err(|e| Error::InvalidArgument(format!("gather_tensor's output of {} ids × {cols} f32 columns: {e}", ids.len())))?;
+    rows.try_reserve_exact(len).map_err(|e| {
+        Error::Common(CommonError::InvalidArgument(format!("gather_tensor's output of {} ids × {cols} f32 columns: {e}", ids.len())))
+    })?;
     rows.resize(len, 0f32);
     wm_gather::gather_into(table, ids, &mut rows)?;
     Ok(Tensor::from_vec(rows, (ids.len(), cols), device)?)
@@ -62,11 +64,14 @@ pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &D
 /// Indices as a `u32` tensor (candle's index type).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for an index past `u32::MAX`; [`Error::Candle`].
+/// [`wholemem::CommonError::InvalidArgument`] for an index past `u32::MAX`; [`Error::Candle`].
 pub fn index_tensor(indices: &[usize], device: &Device) -> Result<Tensor> {
     let v: Vec<u32> = indices
         .iter()
-        .map(|&i| u32::try_from(i).map_err(|_| Error::InvalidArgument(format!("index {i} does not fit candle's u32 indices"))))
+        .map(|&i| {
+            u32::try_from(i)
+                .map_err(|_| Error::Common(CommonError::InvalidArgument(format!("index {i} does not fit candle's u32 indices"))))
+        })
         .collect::<Result<_>>()?;
     Ok(Tensor::from_vec(v, indices.len(), device)?)
 }
@@ -77,12 +82,12 @@ pub fn index_tensor(indices: &[usize], device: &Device) -> Result<Tensor> {
 /// Differentiable (candle's `index_select` and `index_add`).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when `x` does not have one row per input;
+/// [`wholemem::CommonError::InvalidArgument`] when `x` does not have one row per input;
 /// [`Error::Candle`].
 pub fn mean_aggregate(x: &Tensor, block: &Block) -> Result<Tensor> {
     let (rows, cols) = x.dims2()?;
     if rows != block.inputs {
-        return Err(Error::InvalidArgument(format!("{rows} input rows for a block of {} inputs", block.inputs)));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("{rows} input rows for a block of {} inputs", block.inputs))));
     }
     let device = x.device();
     let zeros = Tensor::zeros((block.targets, cols), x.dtype(), device)?;

@@ -2,90 +2,40 @@
 //! outcome, so a problem anywhere is one error everywhere and the ranks stay
 //! in step.
 
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree_sharing};
 use wm_comm::Communicator;
 
 use crate::{Error, Result};
 
-const OK: u8 = 0;
-const NODE: u8 = 1;
-const EDGE: u8 = 2;
-const OTHER: u8 = 3;
-
-fn encode(e: &Error) -> Vec<u8> {
-    let words = |tag: u8, w: &[u64], tail: &str| {
-        let mut m = vec![tag];
-        for v in w {
-            m.extend_from_slice(&v.to_le_bytes());
-        }
-        m.extend_from_slice(tail.as_bytes());
-        m
-    };
-    match e {
-        Error::NodeOutOfRange { node, position, nodes, .. } => words(NODE, &[*node as u64, *position as u64, *nodes as u64], ""),
-        Error::BadEdge { position, src, dst, problem, .. } => words(EDGE, &[*position as u64, *src as u64, *dst as u64], problem),
-        other => {
-            let s = other.to_string();
-            words(OTHER, &[], if s.is_empty() { "failed" } else { &s })
-        }
-    }
-}
-
-fn decode(m: &[u8], rank: usize) -> Error {
-    let word = |i: usize| m.get(1 + 8 * i..9 + 8 * i).map_or(0, |b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])));
-    match m[0] {
-        NODE if m.len() == 25 => Error::NodeOutOfRange { node: word(0) as i64, position: word(1) as usize, rank, nodes: word(2) as usize },
-        EDGE if m.len() >= 25 => Error::BadEdge {
-            position: word(0) as usize,
-            src: word(1) as i64,
-            dst: word(2) as i64,
-            rank,
-            problem: String::from_utf8_lossy(&m[25..]).into_owned(),
-        },
-        _ => Error::PeerFailed { rank, detail: String::from_utf8_lossy(&m[1..]).into_owned() },
-    }
-}
-
 /// Fails on every rank if any rank failed, or if the ranks' `header`s (what
-/// must be the same on every rank) differ: the first failing rank's error
+/// must be the same on every rank) differ: the lowest failing rank's error
 /// (bad node ids and edges keep their kind), or one naming the ranks whose
 /// headers differ and how (`describe` renders a header).
-pub(crate) fn agree_with<T>(comm: &dyn Communicator, mine: Result<T>, header: &[u64], describe: impl Fn(&[u64]) -> String) -> Result<T> {
-    let mut msg: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
-    match &mine {
-        Ok(_) => msg.push(OK),
-        Err(e) => msg.extend(encode(e)),
-    }
-    let all = comm.allgatherv(&msg)?;
-    let h = header.len() * 8;
+pub(crate) fn agree_same_header<T>(
+    comm: &dyn Communicator,
+    mine: Result<T>,
+    header: &[u64],
+    describe: impl Fn(&[u64]) -> String,
+) -> Result<T> {
+    let bytes: Vec<u8> = header.iter().flat_map(|w| w.to_le_bytes()).collect();
+    let (value, all) = agree_sharing(comm, mine, Rule::Lowest, &bytes)?;
     let ranks = comm.world_ranks();
-    for (r, m) in all.iter().enumerate() {
-        if m.len() <= h {
-            return Err(Error::PeerFailed { rank: ranks[r], detail: format!("it sent a malformed agreement of {} bytes", m.len()) });
-        }
-        if m[h] != OK {
-            return if r == comm.rank() { mine } else { Err(decode(&m[h..], ranks[r])) };
-        }
-    }
-    let words = |m: &[u8]| m[..h].chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect::<Vec<u64>>();
+    let words = |m: &[u8]| m.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes"))).collect::<Vec<u64>>();
     let first = words(&all[0]);
     for (r, m) in all.iter().enumerate().skip(1) {
         let other = words(m);
         if other != first {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different arguments to a collective call: rank {} {} but rank {} {}",
                 ranks[0],
                 describe(&first),
                 ranks[r],
                 describe(&other)
-            )));
+            ))));
         }
     }
-    mine
-}
-
-/// [`agree_with`] without a header.
-pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    agree_with(comm, mine, &[], |_| String::new())
+    Ok(value)
 }
 
 /// The counting sort of ids by owner, shared with the gather.

@@ -2,6 +2,7 @@
 
 use std::sync::Arc;
 
+use wholemem::CommonError;
 use wholemem::{Location, MemoryType, Partition, TensorDesc, WholeTensor};
 use wm_comm::Communicator;
 
@@ -267,11 +268,11 @@ impl CsrGraph {
     /// Node `v`'s edge weights, in CSR order (as [`neighbors`](Self::neighbors)).
     ///
     /// # Errors
-    /// As [`neighbors`](Self::neighbors); [`Error::InvalidArgument`] for a
+    /// As [`neighbors`](Self::neighbors); [`wholemem::CommonError::InvalidArgument`] for a
     /// graph without weights.
     pub fn edge_weights(&self, v: i64) -> Result<Vec<f32>> {
         self.check_nodes(&[v])?;
-        let w = self.weights.as_ref().ok_or_else(|| Error::InvalidArgument("the graph has no edge weights".into()))?;
+        let w = self.weights.as_ref().ok_or_else(|| Error::Common(CommonError::InvalidArgument("the graph has no edge weights".into())))?;
         let (s, e) = self.edge_range(v as usize)?;
         let mut out = vec![0f32; e - s];
         w.memory().read_rows(s, bytemuck::cast_slice_mut(&mut out))?;

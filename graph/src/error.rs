@@ -1,12 +1,16 @@
-//! The one error type of the graph layer.
+//! The one error type of the graph layer, and how its errors travel to the
+//! other ranks of a collective call.
+
+use wholemem::CommonError;
 
 /// What can go wrong building, loading or sampling a graph.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A caller passed something unusable; the message names the value.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// An unusable argument, a peer that failed or sent malformed data, a
+    /// wait that timed out: the kinds every layer shares.
+    #[error(transparent)]
+    Common(#[from] wholemem::CommonError),
     /// An edge of an edge list that cannot be in the graph: a node id out of
     /// range, or a weight that is negative or not finite.
     #[error("edge {position} ({src} -> {dst}) on rank {rank}: {problem}")]
@@ -38,21 +42,14 @@ pub enum Error {
     /// set and the first problem.
     #[error("{0}")]
     BadGraph(String),
-    /// Another rank of a collective call failed; its error, quoted.
-    #[error("rank {rank} failed: {detail}")]
-    PeerFailed {
-        /// The world rank.
-        rank: usize,
-        /// Its error.
-        detail: String,
-    },
     /// The memory layer refused.
     #[error(transparent)]
     Memory(#[from] wholemem::Error),
     /// Gathering or scattering rows failed.
     #[error(transparent)]
     Gather(#[from] wm_gather::Error),
-    /// The embedding layer refused.
+    /// The embedding layer refused (the `candle` feature).
+    #[cfg(feature = "candle")]
     #[error(transparent)]
     Embedding(#[from] wm_embedding::Error),
     /// Talking to the other ranks failed.
@@ -62,6 +59,52 @@ pub enum Error {
     #[cfg(feature = "candle")]
     #[error("candle: {0}")]
     Candle(#[from] candle_core::Error),
+}
+
+const NODE: u8 = 1;
+const EDGE: u8 = 2;
+
+/// Bad node ids and edges keep their kind on the way to other ranks; a
+/// peer's malformed message is reported as that peer's failure.
+impl wholemem::agree::PeerError for Error {
+    fn peer_failed(rank: usize, detail: String) -> Self {
+        Self::Common(CommonError::PeerFailed { rank, detail })
+    }
+
+    fn malformed(rank: usize, detail: String) -> Self {
+        Self::Common(CommonError::PeerFailed { rank, detail })
+    }
+
+    fn as_malformed(&self) -> Option<(usize, &str)> {
+        None
+    }
+
+    fn encode(&self) -> Option<Vec<u8>> {
+        use wholemem::agree::encode_words;
+        match self {
+            Self::NodeOutOfRange { node, position, nodes, .. } => {
+                Some(encode_words(NODE, &[*node as u64, *position as u64, *nodes as u64]))
+            }
+            Self::BadEdge { position, src, dst, problem, .. } => {
+                let mut m = encode_words(EDGE, &[*position as u64, *src as u64, *dst as u64]);
+                m.extend_from_slice(problem.as_bytes());
+                Some(m)
+            }
+            _ => None,
+        }
+    }
+
+    fn decode(rank: usize, m: &[u8]) -> Option<Self> {
+        use wholemem::agree::decode_words;
+        let size = |w: u64| usize::try_from(w).ok();
+        if let Some([node, position, nodes]) = decode_words(m, NODE) {
+            return Some(Self::NodeOutOfRange { node: node as i64, position: size(position)?, rank, nodes: size(nodes)? });
+        }
+        let (words, problem) = m.split_at_checked(25)?;
+        let [position, src, dst] = decode_words(words, EDGE)?;
+        let problem = String::from_utf8_lossy(problem).into_owned();
+        Some(Self::BadEdge { position: size(position)?, src: src as i64, dst: dst as i64, rank, problem })
+    }
 }
 
 /// The result type of this crate.

@@ -3,11 +3,13 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree};
 use wholemem::files::{RowFormat, ShardSet, StoreTarget};
 use wholemem::{DType, Location, MemoryType, Partition};
 use wm_comm::{CommExt, Communicator};
 
-use crate::collective::{agree, agree_with};
+use crate::collective::agree_same_header;
 use crate::csr::{ColIndex, CsrGraph, IdType, vector};
 use crate::{Error, Result};
 
@@ -94,22 +96,25 @@ fn discover(dir: &Path) -> Result<[u64; 4]> {
 /// # Errors
 /// On every rank: [`Error::BadGraph`] naming the directory and the first
 /// problem; [`Error::Memory`] for files `wholemem::files::load` refuses
-/// (missing, malformed, of other element types); [`Error::InvalidArgument`]
+/// (missing, malformed, of other element types); [`wholemem::CommonError::InvalidArgument`]
 /// for a partition that does not fit or arguments that differ between
 /// ranks.
 pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Location, partition: Option<&[usize]>) -> Result<CsrGraph> {
     let world = comm.size();
     let found = discover(dir);
     let header = found.as_ref().map_or_else(|_| vec![0; 4], |h| h.to_vec());
-    let [n, e, ids, weighted] = agree_with(comm.as_ref(), found, &header, |h| format!("found {h:?} (nodes, edges, id bits, weighted)"))?;
+    let [n, e, ids, weighted] =
+        agree_same_header(comm.as_ref(), found, &header, |h| format!("found {h:?} (nodes, edges, id bits, weighted)"))?;
     let (n, e) = (n as usize, e as usize);
     let ids = if ids == 32 { IdType::I32 } else { IdType::I64 };
     let nodes = match partition {
         None => Ok(Partition::even(n, world)),
         Some(p) if p.len() == world && p.iter().try_fold(0usize, |a, &c| a.checked_add(c)) == Some(n) => Ok(Partition::from_counts(p)),
-        Some(p) => Err(Error::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {n} nodes"))),
+        Some(p) => {
+            Err(Error::Common(CommonError::InvalidArgument(format!("the node partition {p:?} is not {world} counts summing to {n} nodes"))))
+        }
     };
-    let nodes = agree(comm.as_ref(), nodes)?;
+    let nodes = agree(comm.as_ref(), nodes, Rule::Lowest)?;
     let me = comm.rank();
     let mut ptr_counts = nodes.counts();
     ptr_counts[world - 1] += 1;
@@ -125,7 +130,7 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
         Some(i) => Err(bad(format!("offset {} of node {} is below offset {} of node {}", own[i + 1], first + i + 1, own[i], first + i))),
         None => Ok(()),
     };
-    agree(comm.as_ref(), rising)?;
+    agree(comm.as_ref(), rising, Rule::Lowest)?;
     let firsts = comm.allgather_value(own.first().map_or(u64::MAX, |&v| v as u64))?;
     let lasts = comm.allgather_value(own.last().map_or(u64::MAX, |&v| v as u64))?;
     let mut starts = vec![e as u64; world + 1];
@@ -165,7 +170,7 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
             .position(|&x| x < 0 || x as u64 >= n as u64)
             .map(|i| format!("neighbour id {} of edge {} is out of range for {n} nodes", v[i], at + i)))
     });
-    agree(comm.as_ref(), checked.map_err(|e| with_dir(e, dir, COL_IND)))?;
+    agree(comm.as_ref(), checked.map_err(|e| with_dir(e, dir, COL_IND)), Rule::Lowest)?;
     let weights = if weighted == 1 {
         let mut w = vector::<f32>(comm, ty, loc, e, &edge_counts)?;
         w.load(&ShardSet::npy_dir(dir.join(WEIGHTS)))?;
@@ -176,7 +181,7 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
                 .position(|&x| !(x.is_finite() && x >= 0.0))
                 .map(|i| format!("weight {} of edge {} is not a finite, non-negative number", v[i], at + i)))
         });
-        agree(comm.as_ref(), checked.map_err(|e| with_dir(e, dir, WEIGHTS)))?;
+        agree(comm.as_ref(), checked.map_err(|e| with_dir(e, dir, WEIGHTS)), Rule::Lowest)?;
         Some(w)
     } else {
         None

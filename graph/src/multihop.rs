@@ -1,10 +1,12 @@
 //! Multi-hop sampling into the blocks of a GraphSAGE-style model.
 
+use wholemem::agree::{Rule, agree};
+
 use crate::Result;
-use crate::collective::agree;
 use crate::csr::CsrGraph;
+use crate::neighbors::sample;
 use crate::rng::hop_seed;
-use crate::sample::{SampleRequest, sample};
+use crate::sample::SampleRequest;
 use crate::unique::append_unique;
 
 /// One layer's bipartite block: its outputs are the first `targets` of its
@@ -61,7 +63,7 @@ pub fn sample_blocks(graph: &CsrGraph, seeds: &[i64], fanouts: &[usize], seed: u
     if graph.memory_type().is_mapped() {
         distinct?;
     } else {
-        agree(graph.comm().as_ref(), distinct)?;
+        agree(graph.comm().as_ref(), distinct, Rule::Lowest)?;
     }
     let mut nodes = seeds.to_vec();
     let mut targets = seeds.len();

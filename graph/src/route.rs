@@ -7,6 +7,7 @@
 //! edge ids. What a peer sends is input: every answer is checked (lengths,
 //! counts against the fanout, ids against the graph) before it is used.
 
+use wholemem::CommonError;
 use wm_comm::{CommExt, Communicator, ExchangePlan};
 
 use crate::collective::bucket;
@@ -16,14 +17,14 @@ use crate::{Error, Result};
 
 /// The answer for the centers one rank asked, borrowed.
 #[derive(Debug, Clone, Copy, Default)]
-struct Part<'a> {
+struct AnswerView<'a> {
     counts: &'a [usize],
     neighbors: &'a [i64],
     /// Empty unless the request asks for edge ids.
     edge_ids: &'a [i64],
 }
 
-impl Part<'_> {
+impl AnswerView<'_> {
     /// Words of the answer.
     fn words(&self) -> usize {
         self.counts.len() + self.neighbors.len() + self.edge_ids.len()
@@ -54,8 +55,8 @@ struct Answer {
 }
 
 impl Answer {
-    fn part(&self) -> Part<'_> {
-        Part { counts: &self.counts, neighbors: &self.neighbors, edge_ids: &self.edge_ids }
+    fn view(&self) -> AnswerView<'_> {
+        AnswerView { counts: &self.counts, neighbors: &self.neighbors, edge_ids: &self.edge_ids }
     }
 }
 
@@ -71,7 +72,7 @@ fn decode_ids(bytes: &[u8]) -> Option<Vec<u64>> {
 
 /// Checks and decodes the answer of world rank `from` for `asked` centers.
 fn decode_reply(bytes: &[u8], asked: usize, req: &SampleRequest, graph: &CsrGraph, from: usize) -> Result<Answer> {
-    let bad = |detail: String| Error::PeerFailed { rank: from, detail };
+    let bad = |detail: String| Error::Common(CommonError::PeerFailed { rank: from, detail });
     if bytes.len() % 8 != 0 {
         return Err(bad(format!("it answered {} bytes, not whole 8-byte words", bytes.len())));
     }
@@ -128,9 +129,9 @@ struct Served {
 }
 
 impl Served {
-    fn part(&self, r: usize) -> Part<'_> {
+    fn view(&self, r: usize) -> AnswerView<'_> {
         let ((c0, n0), (c1, n1)) = (self.starts[r], self.starts[r + 1]);
-        Part {
+        AnswerView {
             counts: &self.counts[c0..c1],
             neighbors: &self.neighbors[n0..n1],
             edge_ids: if self.edge_ids.is_empty() { &[] } else { &self.edge_ids[n0..n1] },
@@ -153,7 +154,7 @@ fn serve(graph: &CsrGraph, asked: &[Vec<u64>], askers: &[usize], first: usize, r
             // (up to 2^64 - 1) is named, never added to `first`.
             Some(&bad) => {
                 let detail = format!("it asked rank {me} for its local node {bad}, of {count}");
-                problem.get_or_insert(Error::PeerFailed { rank: asker, detail });
+                problem.get_or_insert(Error::Common(CommonError::PeerFailed { rank: asker, detail }));
             }
             // Each below `count`: `first + x` is one of this rank's nodes.
             None => all.extend(a.iter().map(|&x| x + first as u64)),
@@ -182,7 +183,7 @@ fn serve(graph: &CsrGraph, asked: &[Vec<u64>], askers: &[usize], first: usize, r
 
 /// Places the answers: `parts[r]` answers the centers at positions
 /// `positions(r)`.
-fn assemble<'a>(n: usize, parts: &[Part<'_>], positions: impl Fn(usize) -> &'a [usize], edge_ids: bool) -> Sample {
+fn assemble<'a>(n: usize, parts: &[AnswerView<'_>], positions: impl Fn(usize) -> &'a [usize], edge_ids: bool) -> Sample {
     let mut counts = vec![0usize; n];
     for (r, part) in parts.iter().enumerate() {
         for (&i, &c) in positions(r).iter().zip(part.counts) {
@@ -262,7 +263,7 @@ pub(crate) fn distributed(
             Some(ids) => asked[r] = ids,
             None => {
                 let detail = format!("it asked for {} bytes of centers, not whole 8-byte ids", bytes.len());
-                problem.get_or_insert(Error::PeerFailed { rank: ranks[r], detail });
+                problem.get_or_insert(Error::Common(CommonError::PeerFailed { rank: ranks[r], detail }));
             }
         },
     )?;
@@ -275,27 +276,27 @@ pub(crate) fn distributed(
         Some(e) => Err(e),
         None => serve(graph, &asked, ranks, p.offset(me), req, threads),
     };
-    let mut answers: Vec<Option<Result<Answer>>> = (0..n).map(|_| None).collect();
+    let mut arrived: Vec<Option<Result<Answer>>> = (0..n).map(|_| None).collect();
     exchange(
         comm,
-        |r| served.as_ref().map_or(0, |s| s.part(r).words()),
+        |r| served.as_ref().map_or(0, |s| s.view(r).words()),
         |r, buf| {
             if let Ok(s) = &served {
-                s.part(r).encode_into(buf);
+                s.view(r).encode_into(buf);
             }
         },
-        |r, bytes| answers[r] = Some(decode_reply(bytes, positions(r).len(), req, graph, ranks[r])),
+        |r, bytes| arrived[r] = Some(decode_reply(bytes, positions(r).len(), req, graph, ranks[r])),
     )?;
     let served = served?;
-    let mut got = Vec::with_capacity(n);
-    for (r, a) in answers.into_iter().enumerate() {
-        got.push(match a {
+    let mut answers = Vec::with_capacity(n);
+    for (r, a) in arrived.into_iter().enumerate() {
+        answers.push(match a {
             _ if r == me => Answer::default(),
             Some(a) => a?,
-            None => return Err(Error::PeerFailed { rank: ranks[r], detail: "its answer never came".into() }),
+            None => return Err(Error::Common(CommonError::PeerFailed { rank: ranks[r], detail: "its answer never came".into() })),
         });
     }
-    let parts: Vec<Part<'_>> = (0..n).map(|r| if r == me { served.part(me) } else { got[r].part() }).collect();
+    let parts: Vec<AnswerView<'_>> = (0..n).map(|r| if r == me { served.view(me) } else { answers[r].view() }).collect();
     Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
 }
 
@@ -340,18 +341,18 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
     let asked = cross.alltoallv_pod(&refs)?;
     let served = serve(graph, &asked, cross.world_ranks(), p.offset(comm.rank()), req, threads);
     let replies: Vec<Vec<u8>> = match &served {
-        Ok(s) => (0..cross.size()).map(|c| s.part(c).encode()).collect(),
+        Ok(s) => (0..cross.size()).map(|c| s.view(c).encode()).collect(),
         Err(_) => vec![Vec::new(); cross.size()],
     };
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
-    let got = cross.alltoallv(&refs)?;
+    let replies = cross.alltoallv(&refs)?;
 
     // 3. The unique centers' samples, then each local rank's in its order.
     let decoded: Result<Sample> = served.and_then(|_| {
         let ranks = cross.world_ranks();
         let answers: Vec<Answer> =
-            (0..cross.size()).map(|c| decode_reply(&got[c], upos(c).len(), req, graph, ranks[c])).collect::<Result<_>>()?;
-        let parts: Vec<Part<'_>> = answers.iter().map(Answer::part).collect();
+            (0..cross.size()).map(|c| decode_reply(&replies[c], upos(c).len(), req, graph, ranks[c])).collect::<Result<_>>()?;
+        let parts: Vec<AnswerView<'_>> = answers.iter().map(Answer::view).collect();
         Ok(assemble(unique.len(), &parts, upos, req.edge_ids))
     });
     let answers: Vec<Vec<u8>> = match &decoded {
@@ -372,7 +373,7 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
                         eids.extend_from_slice(&u.edge_ids[r]);
                     }
                 }
-                Part { counts: &counts, neighbors: &ids, edge_ids: &eids }.encode()
+                AnswerView { counts: &counts, neighbors: &ids, edge_ids: &eids }.encode()
             })
             .collect(),
         Err(_) => vec![Vec::new(); local.size()],
@@ -383,7 +384,7 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
     let ranks = local.world_ranks();
     let answers: Vec<Answer> =
         (0..local.size()).map(|q| decode_reply(&back[q], positions(q).len(), req, graph, ranks[q])).collect::<Result<_>>()?;
-    let parts: Vec<Part<'_>> = answers.iter().map(Answer::part).collect();
+    let parts: Vec<AnswerView<'_>> = answers.iter().map(Answer::view).collect();
     Ok(assemble(centers.len(), &parts, positions, req.edge_ids))
 }
 
@@ -422,7 +423,7 @@ mod tests {
                 let asked = vec![before, [vec![bad], after].concat()];
                 let e = serve(&g, &asked, &[asker, asker + 1], first, &req, 1).err().expect("a node past this rank's");
                 let text = e.to_string();
-                prop_assert!(matches!(e, Error::PeerFailed { rank, .. } if rank == asker + 1), "{}", text);
+                prop_assert!(matches!(e, Error::Common(CommonError::PeerFailed { rank, .. }) if rank == asker + 1), "{}", text);
                 prop_assert!(text.contains(&format!("local node {bad}, of 8")), "{}", text);
                 Ok(())
             })

@@ -2,18 +2,19 @@
 
 use std::collections::HashSet;
 
-use wholemem::{Element, Location, MemoryType};
+use wholemem::CommonError;
+use wholemem::{Element, Location};
 use wm_gather::Column;
 
-use crate::collective::{agree_with, split_work};
+use crate::collective::split_work;
 use crate::csr::{ColIndex, CsrGraph};
 use crate::rng::Stream;
-use crate::{Error, Result, route};
+use crate::{Error, Result};
 
 /// A fanout that takes every neighbour.
 pub const ALL: usize = usize::MAX;
 
-/// What [`sample`] draws. On distributed and hierarchy graphs every rank
+/// What [`sample`](crate::sample()) draws. On distributed and hierarchy graphs every rank
 /// passes the same request (its centers may differ).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SampleRequest {
@@ -57,20 +58,8 @@ impl SampleRequest {
         self
     }
 
-    fn header(&self) -> [u64; 4] {
+    pub(crate) fn header(&self) -> [u64; 4] {
         [self.fanout as u64, self.seed, u64::from(self.weighted), u64::from(self.edge_ids)]
-    }
-}
-
-fn describe_request(h: &[u64]) -> String {
-    match h {
-        [f, s, w, e] => format!(
-            "asked for fanout {}, seed {s}, weighted {}, edge ids {}",
-            if *f == ALL as u64 { "all".to_owned() } else { f.to_string() },
-            *w != 0,
-            *e != 0
-        ),
-        _ => format!("{h:?}"),
     }
 }
 
@@ -110,77 +99,6 @@ impl Sample {
             offsets.push(acc);
         }
         Self { offsets, neighbors, edge_ids }
-    }
-}
-
-/// Unweighted sampling without replacement: for each center, every
-/// neighbour when its degree is at most `fanout`, else `fanout` distinct
-/// neighbours, each subset equally likely. [`sample`] with
-/// [`SampleRequest::new`].
-///
-/// # Errors
-/// As [`sample`].
-pub fn sample_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usize, seed: u64) -> Result<Sample> {
-    sample(graph, centers, &SampleRequest::new(fanout, seed))
-}
-
-/// Weighted sampling without replacement: as [`sample_neighbors`], but
-/// drawn one after another with probability proportional to the edge
-/// weights among the neighbours not drawn yet (each neighbour gets the key
-/// `u^(1/w)` for a uniform `u`, and the `fanout` largest keys win). Edges of
-/// weight 0 are taken only when the degree is at most `fanout`.
-///
-/// # Errors
-/// As [`sample`]; [`Error::InvalidArgument`] for a graph without weights.
-pub fn sample_weighted_neighbors(graph: &CsrGraph, centers: &[i64], fanout: usize, seed: u64) -> Result<Sample> {
-    sample(graph, centers, &SampleRequest::new(fanout, seed).weighted(true))
-}
-
-/// Samples neighbours of `centers` as `req` says.
-///
-/// Continuous and chunked graphs are read through the mapping by this rank
-/// alone (not collective). Distributed and hierarchy graphs are collective:
-/// every rank calls this with the same request and its own centers (none
-/// included); each center goes to the rank that owns it (for hierarchy,
-/// through the rank of its node that talks to the owner's node, which asks
-/// once for a center several ranks of the node want), is sampled there,
-/// and comes back.
-///
-/// Each center's random stream comes from the seed and the center's id, so
-/// the sample does not depend on the threads, the ranks or the memory type
-/// — and a center listed twice gets the same sample twice.
-///
-/// # Errors
-/// - [`Error::NodeOutOfRange`] naming the first bad center, before anything
-///   is read — on every rank of a collective call, after which the next call
-///   works;
-/// - [`Error::InvalidArgument`] for a weighted request on a graph without
-///   weights, or requests that differ between ranks (collective calls);
-/// - [`Error::Memory`], [`Error::Comm`] when reading or talking fails.
-pub fn sample(graph: &CsrGraph, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
-    let checked = graph.check_nodes(centers).and_then(|()| {
-        if req.weighted && !graph.is_weighted() {
-            return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into()));
-        }
-        Ok(())
-    });
-    let threads = req.threads.unwrap_or_else(|| graph.threads()).max(1);
-    match graph.memory_type() {
-        MemoryType::Continuous | MemoryType::Chunked => {
-            checked?;
-            // Checked: every center is a node id, so not negative.
-            let (counts, neighbors, edge_ids) = sample_local(graph, centers, |v| v as u64, req, threads)?;
-            Ok(Sample::from_counts(&counts, neighbors, edge_ids))
-        }
-        MemoryType::Distributed | MemoryType::Hierarchy => {
-            agree_with(graph.comm().as_ref(), checked, &req.header(), describe_request)?;
-            let comm = graph.comm().clone();
-            if graph.memory_type() == MemoryType::Hierarchy && comm.cross().size() > 1 {
-                route::hierarchy(graph, centers, req, threads)
-            } else {
-                route::distributed(graph, comm.as_ref(), centers, req, threads)
-            }
-        }
     }
 }
 
@@ -244,15 +162,19 @@ fn sample_mapped<T: Element + Into<i64> + Sync, C: Copy + Sync>(
     let row_ptr = Column::new(&graph.row_ptr)?;
     let weights = match (&graph.weights, req.weighted) {
         (Some(w), true) => Some(Column::new(w)?),
-        (None, true) => return Err(Error::InvalidArgument("weighted sampling of a graph without edge weights".into())),
+        (None, true) => {
+            return Err(Error::Common(CommonError::InvalidArgument("weighted sampling of a graph without edge weights".into())));
+        }
         (_, false) => None,
     };
     let edges = graph.edges();
     let me = graph.comm().world_rank();
     // Node `v`'s edges, checked to fit the table and to be mapped here.
     let bounds = |v: u64| -> Result<(usize, usize)> {
-        let v = usize::try_from(v).map_err(|_| Error::InvalidArgument(format!("node {v} does not fit an index")))?;
-        let start = row_ptr.get(v).ok_or_else(|| Error::InvalidArgument(format!("node {v}'s offsets are not on rank {me}")))?;
+        let v = usize::try_from(v).map_err(|_| Error::Common(CommonError::InvalidArgument(format!("node {v} does not fit an index"))))?;
+        let start = row_ptr
+            .get(v)
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument(format!("node {v}'s offsets are not on rank {me}"))))?;
         // The next node's offset, or for an owner's last node (the next one
         // is another rank's) the end of the owner's edges.
         let end = match row_ptr.get(v + 1) {
@@ -383,8 +305,10 @@ fn sample_gathered(graph: &CsrGraph, centers: &[u64], req: &SampleRequest, threa
             }
             weight_at[i + 1] = pos.len();
         }
-        let table =
-            graph.weights.as_ref().ok_or_else(|| Error::InvalidArgument("weighted sampling of a graph without edge weights".into()))?;
+        let table = graph
+            .weights
+            .as_ref()
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument("weighted sampling of a graph without edge weights".into())))?;
         weights = vec![0f32; pos.len()];
         wm_gather::gather_into(table, &pos, &mut weights)?;
     }
@@ -481,13 +405,13 @@ pub(crate) fn weighted_picks(stream: &mut Stream, weights: &[f32], k: usize, key
     picks.sort_unstable();
 }
 
-/// The same sampling as [`sample`], single-threaded over a CSR held in
+/// The same sampling as [`sample`](crate::sample()), single-threaded over a CSR held in
 /// plain slices of this process (`row_ptr`: `nodes + 1` offsets; `col_ind`
 /// and `weights`: one per edge): the same seed gives the same sample as
 /// from wholemem tables. For references and baselines (`wm-bench sample`).
 ///
 /// # Errors
-/// [`Error::NodeOutOfRange`] for a bad center; [`Error::InvalidArgument`]
+/// [`Error::NodeOutOfRange`] for a bad center; [`wholemem::CommonError::InvalidArgument`]
 /// for a weighted request without weights or offsets that do not fit the
 /// slices.
 pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]>, centers: &[i64], req: &SampleRequest) -> Result<Sample> {
@@ -496,7 +420,7 @@ pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]
         return Err(Error::NodeOutOfRange { node: centers[position], position, rank: 0, nodes });
     }
     if req.weighted && weights.is_none_or(|w| w.len() != col_ind.len()) {
-        return Err(Error::InvalidArgument("weighted sampling needs one weight per edge".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("weighted sampling needs one weight per edge".into())));
     }
     let mut s = Scratch::default();
     let mut counts = Vec::with_capacity(centers.len());
@@ -504,7 +428,10 @@ pub fn sample_in_memory(row_ptr: &[i64], col_ind: &[i64], weights: Option<&[f32]
     for &v in centers {
         let (start, end) = (row_ptr[v as usize], row_ptr[v as usize + 1]);
         if start < 0 || end < start || end as usize > col_ind.len() {
-            return Err(Error::InvalidArgument(format!("node {v}'s offsets {start}..{end} do not fit {} edges", col_ind.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "node {v}'s offsets {start}..{end} do not fit {} edges",
+                col_ind.len()
+            ))));
         }
         let (start, end) = (start as usize, end as usize);
         let d = end - start;

@@ -2,6 +2,8 @@
 
 use std::collections::HashMap;
 
+use wholemem::CommonError;
+
 use crate::{Error, Result};
 
 /// The unique nodes of a block and where each neighbour is among them.
@@ -20,14 +22,14 @@ pub struct Unique {
 /// targets are the first rows of its inputs.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming a target listed twice (the targets of
+/// [`wholemem::CommonError::InvalidArgument`] naming a target listed twice (the targets of
 /// a block are distinct nodes).
 pub fn append_unique(targets: &[i64], neighbors: &[i64]) -> Result<Unique> {
     let mut index: HashMap<i64, usize> = HashMap::with_capacity(targets.len() + neighbors.len() / 2);
     let mut nodes = Vec::with_capacity(targets.len() + neighbors.len() / 2);
     for (i, &t) in targets.iter().enumerate() {
         if let Some(first) = index.insert(t, i) {
-            return Err(Error::InvalidArgument(format!("target {t} is listed twice, at positions {first} and {i}")));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("target {t} is listed twice, at positions {first} and {i}"))));
         }
         nodes.push(t);
     }

@@ -25,6 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use wholemem::CommonError;
 use wm_comm::auth::{self, ReaderId};
 use wm_comm::gate::{Gate, Shut};
 use wm_comm::session::Sealed;
@@ -67,9 +68,12 @@ pub(crate) fn publish(at: &Rendezvous, name: &str, record: &[u8], key: &JobKey) 
             if svc.is_none() {
                 *svc = Some(Service::start(addr, key)?);
             }
-            let s = svc.as_ref().ok_or_else(|| Error::InvalidArgument("no catalogue".into()))?;
+            let s = svc.as_ref().ok_or_else(|| Error::Common(CommonError::InvalidArgument("no catalogue".into())))?;
             if s.fingerprint != key.fingerprint() {
-                return Err(Error::InvalidArgument(format!("this process already serves a catalogue at {} for another job key", s.addr)));
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "this process already serves a catalogue at {} for another job key",
+                    s.addr
+                ))));
             }
             s.tables.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_owned(), record.to_vec());
             Ok(())
@@ -154,13 +158,16 @@ fn resolve(addr: &str) -> Result<String> {
         Some((host, "0")) => {
             let var = wm_topology::env::WM_RENDEZVOUS_PORT_FILE;
             let path = var.get().ok_or_else(|| {
-                Error::InvalidArgument(format!("the rendezvous {addr} has port 0: name the job's port, or set {}", var.name))
+                Error::Common(CommonError::InvalidArgument(format!(
+                    "the rendezvous {addr} has port 0: name the job's port, or set {}",
+                    var.name
+                )))
             })?;
             let port: u16 = std::fs::read_to_string(&path)
                 .ok()
                 .and_then(|t| t.trim().parse().ok())
                 .filter(|&p| p != 0)
-                .ok_or_else(|| Error::InvalidArgument(format!("{} ({path}) holds no port", var.name)))?;
+                .ok_or_else(|| Error::Common(CommonError::InvalidArgument(format!("{} ({path}) holds no port", var.name))))?;
             Ok(format!("{host}:{port}"))
         }
         _ => Ok(addr.to_owned()),
@@ -171,7 +178,7 @@ fn ask(addr: &str, name: &str, key: &JobKey, timeout: Duration) -> Result<Found>
     let deadline = Instant::now() + timeout.min(LOOKUP_LIMIT);
     let target = match addr.to_socket_addrs().map(|mut a| a.next()) {
         Ok(Some(a)) => a,
-        Ok(None) => return Err(Error::InvalidArgument(format!("{addr} resolves to nothing"))),
+        Ok(None) => return Err(Error::Common(CommonError::InvalidArgument(format!("{addr} resolves to nothing")))),
         Err(e) => return Err(Error::io(format!("resolving {addr}"), e)),
     };
     let mut s = match TcpStream::connect_timeout(&target, timeout.min(LOOKUP_LIMIT)) {

@@ -8,6 +8,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::time::{Duration, Instant};
 
+use wholemem::CommonError;
 use wm_comm::JobKey;
 use wm_comm::auth::{self, ReaderId, Timed};
 use wm_comm::session::{PREFIX, SealError, Sealed, TAG};
@@ -180,7 +181,7 @@ pub(crate) fn lost(table: &str, owner: usize, at: &Addr, what: &str, e: &io::Err
             detail: format!("rank {owner}'s read server at {at} is gone while {what} ({e}): the job freed the table or ended"),
         }
     } else if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) {
-        Error::Timeout { what: format!("{what} from rank {owner}'s read server at {at} (table {table:?})"), secs: 0.0 }
+        Error::Common(CommonError::Timeout { what: format!("{what} from rank {owner}'s read server at {at} (table {table:?})"), secs: 0.0 })
     } else {
         Error::io(format!("{what} from rank {owner}'s read server at {at} (table {table:?})"), io::Error::new(e.kind(), e.to_string()))
     }
@@ -276,7 +277,7 @@ impl Conn {
         let r = self.check(&h, owner, 0)?;
         if !r.ok {
             let msg = self.message(r.bytes, table, owner, at)?;
-            return Err(Error::PeerFailed { rank: owner, detail: msg });
+            return Err(Error::Common(CommonError::PeerFailed { rank: owner, detail: msg }));
         }
         self.settled();
         if fds.len() != count {
@@ -303,7 +304,7 @@ impl Conn {
         let r = self.answer(table, owner, at, 0)?;
         if !r.ok {
             let msg = self.message(r.bytes, table, owner, at)?;
-            return Err(Error::PeerFailed { rank: owner, detail: msg });
+            return Err(Error::Common(CommonError::PeerFailed { rank: owner, detail: msg }));
         }
         self.settled();
         Ok(r.epoch)

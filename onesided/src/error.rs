@@ -1,6 +1,7 @@
 //! The one error type of one-sided reads.
 
 use std::io;
+use wholemem::CommonError;
 
 /// What can go wrong reading a table one-sidedly.
 #[derive(Debug, thiserror::Error)]
@@ -18,9 +19,10 @@ pub enum Error {
         /// Rows in the table.
         rows: usize,
     },
-    /// A caller passed something unusable; the message names the value.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// An unusable argument, a peer that failed or sent malformed data, a
+    /// wait that timed out: the kinds every layer shares.
+    #[error(transparent)]
+    Common(#[from] wholemem::CommonError),
     /// The transport or operation cannot work here; the reason says why.
     #[error("{what} is not supported: {reason}")]
     Unsupported {
@@ -84,23 +86,6 @@ pub enum Error {
         /// Why, in words.
         detail: String,
     },
-    /// Another rank of a collective call (creating, publishing or freeing a
-    /// table) failed.
-    #[error("rank {rank} failed: {detail}")]
-    PeerFailed {
-        /// The world rank.
-        rank: usize,
-        /// Its error.
-        detail: String,
-    },
-    /// A wait that did not end within `WM_TIMEOUT_S` (or the join timeout).
-    #[error("{what} timed out after {secs:.1} s (set WM_TIMEOUT_S to change the limit)")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// The limit, in seconds.
-        secs: f64,
-    },
     /// Converting or placing rows failed.
     #[error(transparent)]
     Gather(#[from] wm_gather::Error),
@@ -146,7 +131,7 @@ impl Error {
 
 impl wholemem::agree::PeerError for Error {
     fn peer_failed(rank: usize, detail: String) -> Self {
-        Self::PeerFailed { rank, detail }
+        Self::Common(CommonError::PeerFailed { rank, detail })
     }
 
     fn malformed(rank: usize, detail: String) -> Self {
@@ -160,9 +145,3 @@ impl wholemem::agree::PeerError for Error {
 
 /// The result type of this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// Fails on every rank if any rank failed (the lowest failing rank's error).
-/// Collective.
-pub(crate) fn agree<T>(comm: &dyn wm_comm::Communicator, mine: Result<T>) -> Result<T> {
-    wholemem::agree::agree(comm, mine, wholemem::agree::Rule::Lowest)
-}

@@ -76,6 +76,7 @@ mod wire;
 
 use std::str::FromStr;
 use std::time::Duration;
+use wholemem::CommonError;
 
 pub use error::{Error, Result};
 pub use profile::Profile;
@@ -120,23 +121,25 @@ impl std::fmt::Display for Method {
 impl FromStr for Method {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Method::ALL
-            .into_iter()
-            .find(|m| m.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| Error::InvalidArgument(format!("one-sided method {s:?}: expected auto, shm, fabric, mpi or socket")))
+        Method::ALL.into_iter().find(|m| m.name().eq_ignore_ascii_case(s.trim())).ok_or_else(|| {
+            Error::Common(CommonError::InvalidArgument(format!("one-sided method {s:?}: expected auto, shm, fabric, mpi or socket")))
+        })
     }
 }
 
 /// The method `WM_ONE_SIDED` names (`None` for `auto` or unset).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the value.
+/// [`wholemem::CommonError::InvalidArgument`] naming the value.
 pub fn method_from_env() -> Result<Option<Method>> {
     match wm_topology::env::WM_ONE_SIDED.get() {
         None => Ok(None),
         Some(v) if v.trim().eq_ignore_ascii_case("auto") => Ok(None),
         Some(v) => v.parse().map(Some).map_err(|_| {
-            Error::InvalidArgument(format!("{}={v:?}: expected auto, shm, fabric, mpi or socket", wm_topology::env::WM_ONE_SIDED.name))
+            Error::Common(CommonError::InvalidArgument(format!(
+                "{}={v:?}: expected auto, shm, fabric, mpi or socket",
+                wm_topology::env::WM_ONE_SIDED.name
+            )))
         }),
     }
 }

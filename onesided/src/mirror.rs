@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use wholemem::CommonError;
 use wholemem::{AllocRequest, Location, WholeMemory};
 
 use crate::{Error, Result};
@@ -44,9 +45,9 @@ pub(crate) fn allocate(src: &WholeMemory) -> Result<WholeMemory> {
 /// split over the ranks as `counts`, on a communicator of `ranks` ranks.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the field that differs.
+/// [`wholemem::CommonError::InvalidArgument`] naming the field that differs.
 pub(crate) fn check_shape(src: &WholeMemory, table: &str, rows: usize, row_bytes: usize, counts: &[usize]) -> Result<()> {
-    let bad = |what: String| Err(Error::InvalidArgument(format!("publish_from on table {table:?}: {what}")));
+    let bad = |what: String| Err(Error::Common(CommonError::InvalidArgument(format!("publish_from on table {table:?}: {what}"))));
     if src.rows() != rows || src.granularity() != row_bytes {
         return bad(format!(
             "the memory has {} rows of {} bytes; the table {rows} rows of {row_bytes} bytes",
@@ -66,17 +67,17 @@ pub(crate) fn check_shape(src: &WholeMemory, table: &str, rows: usize, row_bytes
 /// collective: each rank copies its own rows.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] when the two own different rows; the memory
+/// [`wholemem::CommonError::InvalidArgument`] when the two own different rows; the memory
 /// layer's error for a failed copy (a device copy, a row lock).
 pub(crate) fn copy_local(src: &WholeMemory, mirror: &mut WholeMemory) -> Result<()> {
     let own: Range<usize> = src.local_rows();
     if mirror.local_rows() != own || mirror.granularity() != src.granularity() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "the mirror holds rows {:?} of {} bytes on this rank; the memory rows {own:?} of {} bytes",
             mirror.local_rows(),
             mirror.granularity(),
             src.granularity()
-        )));
+        ))));
     }
     let g = src.granularity();
     let step = (STAGE_BYTES / g).max(1).min(own.len());

@@ -19,12 +19,13 @@ use std::ffi::c_int;
 use std::sync::Arc;
 
 use mpi::ffi;
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree};
 use wm_comm::Communicator;
 use wm_comm::mpi_backend::{MpiComm, MpiExt};
 use wm_gather::RowLayout;
 use wm_gather::rows::{RowSource, gather_from};
 
-use crate::error::agree;
 use crate::profile::{Counters, Span, timed};
 use crate::shm::OwnerRows;
 use crate::transport::{ReadRequest, Transport};
@@ -99,11 +100,11 @@ impl Window {
         if method != Some(Method::Mpi) {
             return Ok(None);
         }
-        let mpi = agree(comm.as_ref(), mpi_of(comm).map(|_| ()));
+        let mpi = agree(comm.as_ref(), mpi_of(comm).map(|_| ()), Rule::Lowest);
         mpi?;
         let m = mpi_of(comm)?;
         let size = ffi::MPI_Aint::try_from(rows.bytes())
-            .map_err(|_| Error::InvalidArgument(format!("{} bytes of rows for one window", rows.bytes())))?;
+            .map_err(|_| Error::Common(CommonError::InvalidArgument(format!("{} bytes of rows for one window", rows.bytes()))))?;
         let opened = m.with_raw(|raw| -> Result<RawWin> {
             let mut win = ffi::MPI_Win(std::ptr::null_mut());
             // SAFETY: every rank calls this together (the method is agreed);
@@ -120,7 +121,7 @@ impl Window {
             }
             Ok(RawWin(win))
         });
-        let win = agree(comm.as_ref(), opened)?;
+        let win = agree(comm.as_ref(), opened, Rule::Lowest)?;
         let mut first = Vec::with_capacity(counts.len());
         let mut at = 0;
         for &c in counts {
@@ -160,7 +161,7 @@ impl Window {
                 check("MPI_Win_free", ffi::MPI_Win_free(&mut win))
             }
         });
-        agree(comm, r)
+        agree(comm, r, Rule::Lowest)
     }
 }
 
@@ -177,7 +178,7 @@ fn get_indexed(
     target: c_int,
     win: ffi::MPI_Win,
 ) -> Result<()> {
-    let n = c_int::try_from(here.len()).map_err(|_| Error::InvalidArgument("too many rows for one MPI get".into()))?;
+    let n = c_int::try_from(here.len()).map_err(|_| Error::Common(CommonError::InvalidArgument("too many rows for one MPI get".into())))?;
     // SAFETY: the displacement arrays hold `n` entries each and outlive the
     // calls (MPI copies them into the types); every `dest + here[i]` is
     // `count` writable bytes the caller keeps alive until the flush, every
@@ -211,7 +212,8 @@ impl Transport for Window {
     fn read(&self, req: &mut ReadRequest<'_>, profile: Option<&Counters>) -> Result<()> {
         let n = req.rows.len();
         let (skip, len) = (req.layout.skip_bytes(), req.layout.bytes());
-        let count = c_int::try_from(len).map_err(|_| Error::InvalidArgument(format!("rows of {len} bytes for MPI")))?;
+        let count =
+            c_int::try_from(len).map_err(|_| Error::Common(CommonError::InvalidArgument(format!("rows of {len} bytes for MPI"))))?;
         let direct = req.out_dtype == req.layout.dtype();
         let mut staging = if direct { Vec::new() } else { vec![0u8; n * len] };
         let dest: *mut u8 = if direct { req.out.as_mut_ptr() } else { staging.as_mut_ptr() };

@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use wholemem::CommonError;
 use wholemem::{Location, MappedPortion, MemoryType};
 use wm_comm::Rendezvous;
 use wm_comm::auth::ReaderId;
@@ -142,7 +143,7 @@ impl Reader {
             Some(k) => k.clone(),
             None => at.reader_key()?,
         };
-        let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+        let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         let wait = opts.join_timeout.unwrap_or(timeout);
         let deadline = Instant::now() + wait;
         let from = format!("the catalogue at {}", catalog::describe(at));
@@ -409,9 +410,9 @@ impl Reader {
     /// first; a bad one is an error naming it, and nothing is read.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`]; [`Error::InvalidArgument`] for a wrongly
+    /// [`Error::IndexOutOfRange`]; [`wholemem::CommonError::InvalidArgument`] for a wrongly
     /// sized `out`; a conversion between float and int; [`Error::Gone`]
-    /// after the job freed the table or ended; [`Error::Timeout`];
+    /// after the job freed the table or ended; [`wholemem::CommonError::Timeout`];
     /// [`Error::Forked`] in a process forked from the one that opened the
     /// reader; [`Error::Malformed`] for a server whose answer does not
     /// answer the request (its connection is closed; the next call opens
@@ -475,13 +476,13 @@ impl Reader {
         // in the widest element type.
         let want = rows.len().checked_mul(c.cols * out_dtype.size());
         if want != Some(out.len()) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "the output has {} bytes; {} rows of {} {out_dtype} elements need {}",
                 out.len(),
                 rows.len(),
                 c.cols,
                 want.map_or("more than usize::MAX".into(), |w| w.to_string())
-            )));
+            ))));
         }
         let layout = RowLayout::new(c.dtype, c.cols, 0)?;
         let owners: Vec<usize> = rows.iter().map(|&r| c.partition.owner(r)).collect();

@@ -3,6 +3,7 @@
 //! file or a socket, so it is input like any other.
 
 use serde::{Deserialize, Serialize};
+use wholemem::CommonError;
 use wholemem::{Location, MemoryType, Partition};
 use wm_gather::DType;
 use wm_topology::NodeIdentity;
@@ -97,7 +98,7 @@ pub(crate) struct TableRecord {
 /// becomes part of a file name).
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the name.
+/// [`wholemem::CommonError::InvalidArgument`] naming the name.
 pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = (1..=64).contains(&name.len())
         && !name.starts_with('.')
@@ -105,7 +106,9 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::InvalidArgument(format!("table name {name:?}: use 1 to 64 letters, digits, `_`, `.` or `-`, not starting with `.`")))
+        Err(Error::Common(CommonError::InvalidArgument(format!(
+            "table name {name:?}: use 1 to 64 letters, digits, `_`, `.` or `-`, not starting with `.`"
+        ))))
     }
 }
 

@@ -300,35 +300,34 @@ fn admit(sh: &Arc<Shared>, s: Stream, from: String, peer: String) {
     }
 }
 
+/// The reader's side of the handshake on `s`: its session, or `None` when
+/// it failed (reported, unless the gate evicted the connection meanwhile).
+fn handshake<S: Timed>(sh: &Shared, s: &mut S, from: &str, ticket: &Ticket, deadline: Instant) -> Option<wm_comm::session::Session> {
+    match auth::serve_reader(s, &sh.key, sh.nonce, deadline) {
+        Ok((_, session)) => {
+            ticket.authenticated();
+            Some(session)
+        }
+        Err(why) => {
+            if !ticket.evicted() {
+                refused(sh, from, why);
+            }
+            None
+        }
+    }
+}
+
 /// One connection, from handshake to hang-up.
 fn serve(sh: &Shared, s: Stream, from: &str, ticket: &Ticket) {
     let deadline = Instant::now() + sh.handshake;
     let result = match s {
         Stream::Unix(mut u) => {
-            let session = match auth::serve_reader(&mut u, &sh.key, sh.nonce, deadline) {
-                Ok((_, session)) => session,
-                Err(why) => {
-                    if !ticket.evicted() {
-                        refused(sh, from, why);
-                    }
-                    return;
-                }
-            };
-            ticket.authenticated();
+            let Some(session) = handshake(sh, &mut u, from, ticket, deadline) else { return };
             let dup = u.try_clone().ok();
             requests(sh, &mut Sealed::new(u, session), dup.as_ref())
         }
         Stream::Tcp(mut t) => {
-            let session = match auth::serve_reader(&mut t, &sh.key, sh.nonce, deadline) {
-                Ok((_, session)) => session,
-                Err(why) => {
-                    if !ticket.evicted() {
-                        refused(sh, from, why);
-                    }
-                    return;
-                }
-            };
-            ticket.authenticated();
+            let Some(session) = handshake(sh, &mut t, from, ticket, deadline) else { return };
             requests(sh, &mut Sealed::new(t, session), None)
         }
     };

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use wholemem::CommonError;
 use wholemem::MappedPortion;
 use wm_gather::rows::RowSource;
 use wm_gather::{DType, RowLayout};
@@ -130,7 +131,9 @@ impl Transport for ShmTransport {
                 .zip(req.owners)
                 .map(|(&row, &o)| self.first.get(o).copied().flatten().map(|f| f + row - self.global[o]))
                 .collect();
-            local = mapped.ok_or_else(|| Error::InvalidArgument("a row routed to shared memory whose owner is not mapped".into()))?;
+            local = mapped.ok_or_else(|| {
+                Error::Common(CommonError::InvalidArgument("a row routed to shared memory whose owner is not mapped".into()))
+            })?;
             &local
         };
         timed(profile, Span::Copy, || gather(&src, req.layout, rows, req.slots, req.out, req.out_dtype, self.threads))

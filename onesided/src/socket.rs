@@ -10,6 +10,7 @@ use std::io::Read;
 use std::sync::Mutex;
 use std::time::Instant;
 
+use wholemem::CommonError;
 use wm_gather::rows::{RowSource, gather_from};
 use wm_gather::{DType, RowLayout};
 
@@ -107,14 +108,16 @@ impl Transport for SocketTransport {
             if rows.is_empty() {
                 continue;
             }
-            let target = self.targets[o]
-                .as_ref()
-                .ok_or_else(|| Error::InvalidArgument(format!("rows of owner {o} routed to a socket it has none of")))?;
+            let target = self.targets[o].as_ref().ok_or_else(|| {
+                Error::Common(CommonError::InvalidArgument(format!("rows of owner {o} routed to a socket it has none of")))
+            })?;
             let dest = if places.is_empty() {
                 Dest::Staged(Vec::new())
             } else {
                 let mine: Option<Vec<&mut [u8]>> = slots.iter().map(|&s| places.get_mut(s).and_then(Option::take)).collect();
-                Dest::Direct(mine.ok_or_else(|| Error::InvalidArgument("an output row asked for twice or past the output".into()))?)
+                Dest::Direct(mine.ok_or_else(|| {
+                    Error::Common(CommonError::InvalidArgument("an output row asked for twice or past the output".into()))
+                })?)
             };
             let conn = timed(profile, Span::LockWait, || self.take(target))?;
             shares.push(Share { target, conn, rows, slots, dest });
@@ -171,7 +174,7 @@ impl SocketTransport {
                 let r = s.conn.answer(&self.table, s.target.rank, &s.target.at, bytes)?;
                 if !r.ok {
                     let msg = s.conn.message(r.bytes, &self.table, s.target.rank, &s.target.at)?;
-                    return Err(Error::PeerFailed { rank: s.target.rank, detail: msg });
+                    return Err(Error::Common(CommonError::PeerFailed { rank: s.target.rank, detail: msg }));
                 }
                 let lost = |e: std::io::Error| client::lost(&self.table, s.target.rank, &s.target.at, "reading rows", &e);
                 match &mut s.dest {
@@ -191,7 +194,9 @@ impl SocketTransport {
                         }
                         let src = RowSource::from_slice(staging, len)?;
                         let order: Vec<usize> = (0..n).collect();
-                        let out = out.as_deref_mut().ok_or_else(|| Error::InvalidArgument("no output to convert into".into()))?;
+                        let out = out
+                            .as_deref_mut()
+                            .ok_or_else(|| Error::Common(CommonError::InvalidArgument("no output to convert into".into())))?;
                         timed(profile, Span::Copy, || {
                             gather_from(&src, &staged, &order, Some(&s.slots[first..first + n]), out, out_dtype, 1)
                         })?;

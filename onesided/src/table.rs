@@ -5,13 +5,14 @@ use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree};
 use wholemem::{Element, Location, MappedPortion, WholeMemory, WholeTensor};
 use wm_comm::auth::ReaderId;
 use wm_comm::{CommExt, Communicator, JobKey, Rendezvous};
 use wm_gather::DType;
 
 use crate::client::Identity;
-use crate::error::agree;
 use crate::reader::{Origin, Reader, copy_threads};
 use crate::record::{self, Checked, OwnerRecord, TableRecord, check_name};
 use crate::server::{Serve, Server};
@@ -70,10 +71,169 @@ struct Started {
     fabric: Option<crate::fabric::Owner>,
 }
 
+/// [`Table::new`]'s first phase: the name, the row width and the method
+/// checked on every rank, then agreed, and every rank asking for the same
+/// table. The columns, the method and where to publish.
+fn check_arguments(mem: &WholeMemory, name: &str, dtype: DType, opts: &Options) -> Result<(usize, Option<Method>, Option<Rendezvous>)> {
+    let comm = mem.comm();
+    let method = opts.method();
+    let publish_at = match &opts.publish_at {
+        Some(a) => Ok(Some(a.clone())),
+        None => Rendezvous::from_env().map_err(Error::from),
+    };
+    let args = (|| {
+        check_name(name)?;
+        let cols = columns(mem.granularity(), dtype)?;
+        let method = method?;
+        if let Some(m) = method
+            && let Err(why) = crate::available(m)
+        {
+            return Err(Error::Unsupported { what: format!("one-sided {m} reads"), reason: why.into() });
+        }
+        Ok((cols, method, publish_at?))
+    })();
+    let (cols, method, publish_at) = agree(comm.as_ref(), args, Rule::Lowest)?;
+    // Every rank must ask for the same table.
+    let mirrored = mem.location() == Location::Device || opts.force_mirror;
+    let mine = format!("{name}|{dtype}|{}|{}", method.map_or("auto", Method::name), if mirrored { "mirror" } else { "in place" });
+    let all = comm.allgatherv(mine.as_bytes())?;
+    if let Some(r) = all.iter().position(|a| a != &all[0]) {
+        let w = comm.world_ranks();
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "ranks passed different tables: rank {} {:?} and rank {} {:?} (name|type|method|served)",
+            w[0],
+            String::from_utf8_lossy(&all[0]),
+            w[r],
+            String::from_utf8_lossy(&all[r])
+        ))));
+    }
+    Ok((cols, method, publish_at))
+}
+
+/// What a rank serves a table from: the table, the memory served (the
+/// table itself, or its host mirror), and how.
+struct Serving<'a> {
+    mem: &'a WholeMemory,
+    served: &'a WholeMemory,
+    name: &'a str,
+    key: &'a JobKey,
+    timeout: std::time::Duration,
+    publish_at: Option<&'a Rendezvous>,
+    /// The method asked for (its libfabric endpoint, with `fabric`).
+    #[cfg(feature = "fabric")]
+    method: Option<Method>,
+}
+
+/// [`Table::new`]'s second phase on this rank: its portion opened again
+/// read-only and mapped, its server started (and its libfabric endpoint),
+/// and its owner record written.
+fn start_serving(serving: &Serving<'_>) -> Result<Started> {
+    let Serving { mem, served, name, key, timeout, publish_at, .. } = *serving;
+    let comm = mem.comm();
+    let (me, world_rank) = (comm.rank(), comm.world_rank());
+    let p = mem.partition();
+    let g = mem.granularity();
+    let portion = served
+        .portion()
+        .ok_or_else(|| Error::Unsupported { what: "one-sided reads".into(), reason: "the table has no host portion".into() })?;
+    // Opened again read-only (not duplicated): readers are handed
+    // descriptors that can neither write nor map for writing.
+    let fds = portion
+        .pieces()
+        .iter()
+        .map(|(fd, _)| {
+            std::fs::OpenOptions::new()
+                .read(true)
+                .open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd)))
+                .map(std::os::fd::OwnedFd::from)
+        })
+        .collect::<std::io::Result<Vec<_>>>()
+        .map_err(|e| Error::io("opening the portion's memfds again read-only", e))?;
+    let sizes: Vec<usize> = portion.pieces().iter().map(|p| p.1).collect();
+    let map = MappedPortion::open(&fds.iter().map(|f| f.as_fd()).zip(sizes.iter().copied()).collect::<Vec<_>>(), world_rank)?;
+    let own = Arc::new(OwnerRows::new(map, portion.offset(), p.count(me), g, world_rank)?);
+    let nonce = u64::from_le_bytes(*JobKey::generate()?.fingerprint().first_chunk::<8>().unwrap_or(&[0; 8]));
+    let ip = Rendezvous::advertised_ip(publish_at)?;
+    let server = Server::start(Serve {
+        table: name.to_owned(),
+        rank: world_rank,
+        rows: Mapped::new(vec![own.clone()], g),
+        count: p.count(me),
+        row_bytes: g,
+        portion: fds,
+        key: key.clone(),
+        nonce,
+        timeout,
+        ip,
+    })?;
+    let node = wm_topology::NodeIdentity::discover();
+    #[cfg(feature = "fabric")]
+    let fabric = crate::fabric::Owner::for_table(serving.method, &own, ip)?;
+    let record = OwnerRecord {
+        rank: world_rank,
+        node_id: node.id().to_owned(),
+        hostname: node.hostname().to_owned(),
+        node_overridden: node.overridden(),
+        unix_name: server.unix_name.clone(),
+        tcp_addr: server.tcp_addr.to_string(),
+        nonce,
+        pieces: sizes.iter().map(|&b| b as u64).collect(),
+        offset: portion.offset() as u64,
+        #[cfg(feature = "fabric")]
+        fabric: fabric.as_ref().map(crate::fabric::Owner::record),
+        #[cfg(not(feature = "fabric"))]
+        fabric: None,
+    };
+    let bytes = serde_json::to_vec(&record).map_err(|e| Error::Common(CommonError::InvalidArgument(e.to_string())))?;
+    Ok(Started {
+        server,
+        bytes,
+        own,
+        #[cfg(feature = "fabric")]
+        fabric,
+    })
+}
+
+/// [`Table::new`]'s third phase: every rank's owner record (`bytes` is
+/// this rank's) gathered into the table's record, checked, and agreed.
+fn assemble_record(mem: &WholeMemory, name: &str, dtype: DType, cols: usize, bytes: &[u8]) -> Result<(TableRecord, Checked)> {
+    let comm = mem.comm();
+    let (p, g) = (mem.partition(), mem.granularity());
+    let all = comm.allgatherv(bytes)?;
+    let ids = comm.allgather_value(u64::from_le_bytes(*JobKey::generate()?.fingerprint().first_chunk::<8>().unwrap_or(&[0; 8])))?;
+    let owners: Result<Vec<OwnerRecord>> = all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            serde_json::from_slice(b)
+                .map_err(|e| Error::Malformed { from: format!("rank {}", comm.world_ranks()[r]), detail: format!("its owner record: {e}") })
+        })
+        .collect();
+    let assembled = owners.and_then(|owners| {
+        let record = TableRecord {
+            version: record::VERSION,
+            name: name.to_owned(),
+            id: ids[0],
+            rows: mem.rows() as u64,
+            row_bytes: g as u64,
+            dtype: dtype.name().to_owned(),
+            cols: cols as u64,
+            memory_type: mem.memory_type().name().to_owned(),
+            location: mem.location().name().to_owned(),
+            counts: p.counts().iter().map(|&c| c as u64).collect(),
+            epoch: 0,
+            owners,
+        };
+        let checked = record.check("this job's ranks")?;
+        Ok((record, checked))
+    });
+    agree(comm.as_ref(), assembled, Rule::Lowest)
+}
+
 /// Rows of `granularity` bytes as elements of `dtype`.
 fn columns(granularity: usize, dtype: DType) -> Result<usize> {
     if granularity % dtype.size() != 0 {
-        return Err(Error::InvalidArgument(format!("rows of {granularity} bytes are not whole {dtype} elements")));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("rows of {granularity} bytes are not whole {dtype} elements"))));
     }
     Ok(granularity / dtype.size())
 }
@@ -92,26 +252,26 @@ fn job_key(comm: &dyn Communicator, given: Option<&JobKey>, at: Option<&Rendezvo
             Err(e) => Err(Error::from(e)),
         },
     };
-    let mine = agree(comm, mine)?;
+    let mine = agree(comm, mine, Rule::Lowest)?;
     let print = mine.as_ref().map_or([0u8; 32], JobKey::fingerprint);
     let all = comm.allgather(&print)?;
     let prints: Vec<&[u8]> = all.chunks(32).collect();
     if let Some(r) = prints.iter().position(|p| *p != prints[0]) {
         let w = comm.world_ranks();
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "ranks {} and {} hold different job keys (or one holds none): set WM_JOB_KEY the same on every rank",
             w[0], w[r]
-        )));
+        ))));
     }
     match mine {
         Some(k) => Ok(k),
         None if comm.size() == 1 => Ok(JobKey::generate()?),
-        None => Err(Error::InvalidArgument(format!(
+        None => Err(Error::Common(CommonError::InvalidArgument(format!(
             "a one-sided table of {} ranks needs a job key its ranks already share (a key is never sent in clear text): \
              set WM_JOB_KEY to the same 64 hexadecimal digits on every rank (`export WM_JOB_KEY=$(openssl rand -hex 32)`), \
              or pass Options::key",
             comm.size()
-        ))),
+        )))),
     }
 }
 
@@ -133,160 +293,48 @@ impl Table {
     /// [`publish_from`](Self::publish_from) copies the rows again.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the value (a bad name, rows that
+    /// [`wholemem::CommonError::InvalidArgument`] naming the value (a bad name, rows that
     /// are not whole elements, ranks passing different arguments or holding
     /// different job keys); [`Error::Unsupported`] for a method this build
     /// lacks, or host memory of the table's type refused here (for a
     /// device table's mirror); a failure on any rank, on every rank.
     pub fn new(mem: &WholeMemory, name: &str, dtype: DType, opts: &Options) -> Result<Self> {
         let comm = mem.comm().clone();
-        let (me, world_rank) = (comm.rank(), comm.world_rank());
-        let method = opts.method();
-        let publish_at = match &opts.publish_at {
-            Some(a) => Ok(Some(a.clone())),
-            None => Rendezvous::from_env().map_err(Error::from),
-        };
-        let args = (|| {
-            check_name(name)?;
-            let cols = columns(mem.granularity(), dtype)?;
-            let method = method?;
-            if let Some(m) = method
-                && let Err(why) = crate::available(m)
-            {
-                return Err(Error::Unsupported { what: format!("one-sided {m} reads"), reason: why.into() });
-            }
-            Ok((cols, method, publish_at?))
-        })();
-        let (cols, method, publish_at) = agree(comm.as_ref(), args)?;
-        // Every rank must ask for the same table.
-        let mirrored = mem.location() == Location::Device || opts.force_mirror;
-        let mine = format!("{name}|{dtype}|{}|{}", method.map_or("auto", Method::name), if mirrored { "mirror" } else { "in place" });
-        let all = comm.allgatherv(mine.as_bytes())?;
-        if let Some(r) = all.iter().position(|a| a != &all[0]) {
-            let w = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
-                "ranks passed different tables: rank {} {:?} and rank {} {:?} (name|type|method|served)",
-                w[0],
-                String::from_utf8_lossy(&all[0]),
-                w[r],
-                String::from_utf8_lossy(&all[r])
-            )));
-        }
+        let (cols, method, publish_at) = check_arguments(mem, name, dtype, opts)?;
         let key = job_key(comm.as_ref(), opts.key.as_ref(), publish_at.as_ref())?;
-        let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
-        let p = mem.partition().clone();
-        let g = mem.granularity();
+        let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         // A device table's rows, copied to the host (collective).
+        let mirrored = mem.location() == Location::Device || opts.force_mirror;
         let mirror = match mirrored {
             true => {
                 let mut m = mirror::allocate(mem)?;
-                agree(comm.as_ref(), mirror::copy_local(mem, &mut m))?;
+                agree(comm.as_ref(), mirror::copy_local(mem, &mut m), Rule::Lowest)?;
                 Some(m)
             }
             false => None,
         };
         let served = mirror.as_ref().unwrap_or(mem);
-        let started = (|| {
-            let portion = served
-                .portion()
-                .ok_or_else(|| Error::Unsupported { what: "one-sided reads".into(), reason: "the table has no host portion".into() })?;
-            // Opened again read-only (not duplicated): readers are handed
-            // descriptors that can neither write nor map for writing.
-            let fds = portion
-                .pieces()
-                .iter()
-                .map(|(fd, _)| {
-                    std::fs::OpenOptions::new()
-                        .read(true)
-                        .open(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(fd)))
-                        .map(std::os::fd::OwnedFd::from)
-                })
-                .collect::<std::io::Result<Vec<_>>>()
-                .map_err(|e| Error::io("opening the portion's memfds again read-only", e))?;
-            let sizes: Vec<usize> = portion.pieces().iter().map(|p| p.1).collect();
-            let map = MappedPortion::open(&fds.iter().map(|f| f.as_fd()).zip(sizes.iter().copied()).collect::<Vec<_>>(), world_rank)?;
-            let own = Arc::new(OwnerRows::new(map, portion.offset(), p.count(me), g, world_rank)?);
-            let nonce = u64::from_le_bytes(*JobKey::generate()?.fingerprint().first_chunk::<8>().unwrap_or(&[0; 8]));
-            let ip = Rendezvous::advertised_ip(publish_at.as_ref())?;
-            let server = Server::start(Serve {
-                table: name.to_owned(),
-                rank: world_rank,
-                rows: Mapped::new(vec![own.clone()], g),
-                count: p.count(me),
-                row_bytes: g,
-                portion: fds,
-                key: key.clone(),
-                nonce,
-                timeout,
-                ip,
-            })?;
-            let node = wm_topology::NodeIdentity::discover();
+        let serving = Serving {
+            mem,
+            served,
+            name,
+            key: &key,
+            timeout,
+            publish_at: publish_at.as_ref(),
             #[cfg(feature = "fabric")]
-            let fabric = crate::fabric::Owner::for_table(method, &own, ip)?;
-            let record = OwnerRecord {
-                rank: world_rank,
-                node_id: node.id().to_owned(),
-                hostname: node.hostname().to_owned(),
-                node_overridden: node.overridden(),
-                unix_name: server.unix_name.clone(),
-                tcp_addr: server.tcp_addr.to_string(),
-                nonce,
-                pieces: sizes.iter().map(|&b| b as u64).collect(),
-                offset: portion.offset() as u64,
-                #[cfg(feature = "fabric")]
-                fabric: fabric.as_ref().map(crate::fabric::Owner::record),
-                #[cfg(not(feature = "fabric"))]
-                fabric: None,
-            };
-            let bytes = serde_json::to_vec(&record).map_err(|e| Error::InvalidArgument(e.to_string()))?;
-            Ok(Started {
-                server,
-                bytes,
-                own,
-                #[cfg(feature = "fabric")]
-                fabric,
-            })
-        })();
+            method,
+        };
+        let started = start_serving(&serving);
         let Started {
             server,
             bytes,
             own,
             #[cfg(feature = "fabric")]
             fabric,
-        } = agree(comm.as_ref(), started)?;
-        let all = comm.allgatherv(&bytes)?;
-        let ids = comm.allgather_value(u64::from_le_bytes(*JobKey::generate()?.fingerprint().first_chunk::<8>().unwrap_or(&[0; 8])))?;
-        let owners: Result<Vec<OwnerRecord>> = all
-            .iter()
-            .enumerate()
-            .map(|(r, b)| {
-                serde_json::from_slice(b).map_err(|e| Error::Malformed {
-                    from: format!("rank {}", comm.world_ranks()[r]),
-                    detail: format!("its owner record: {e}"),
-                })
-            })
-            .collect();
-        let assembled = owners.and_then(|owners| {
-            let record = TableRecord {
-                version: record::VERSION,
-                name: name.to_owned(),
-                id: ids[0],
-                rows: mem.rows() as u64,
-                row_bytes: g as u64,
-                dtype: dtype.name().to_owned(),
-                cols: cols as u64,
-                memory_type: mem.memory_type().name().to_owned(),
-                location: mem.location().name().to_owned(),
-                counts: p.counts().iter().map(|&c| c as u64).collect(),
-                epoch: 0,
-                owners,
-            };
-            let checked = record.check("this job's ranks")?;
-            Ok((record, checked))
-        });
-        let (record, checked) = agree(comm.as_ref(), assembled)?;
+        } = agree(comm.as_ref(), started, Rule::Lowest)?;
+        let (record, checked) = assemble_record(mem, name, dtype, cols, &bytes)?;
         #[cfg(feature = "mpi")]
-        let mpi = crate::mpi_rma::Window::for_table(method, &comm, &own, name, &p.counts(), g)?;
+        let mpi = crate::mpi_rma::Window::for_table(method, &comm, &own, name, &mem.partition().counts(), mem.granularity())?;
         #[cfg(not(feature = "mpi"))]
         drop(own);
         Ok(Self {
@@ -356,7 +404,7 @@ impl Table {
     /// (or, for a row being copied at that moment, a mix of the two).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `mem` has other rows, row size or
+    /// [`wholemem::CommonError::InvalidArgument`] when `mem` has other rows, row size or
     /// rows per rank than the table; a failed copy; as
     /// [`publish`](Self::publish) — each on every rank.
     pub fn publish_from(&self, mem: &WholeMemory) -> Result<()> {
@@ -366,7 +414,7 @@ impl Table {
             Some(m) => mirror::copy_local(mem, &mut m.lock().unwrap_or_else(|p| p.into_inner())),
             None => Ok(()),
         });
-        agree(self.comm.as_ref(), copied)?;
+        agree(self.comm.as_ref(), copied, Rule::Lowest)?;
         self.publish_epoch()
     }
 
@@ -392,12 +440,12 @@ impl Table {
             r.epoch = e;
             match (&self.publish_at, self.comm.rank()) {
                 (Some(at), 0) => serde_json::to_vec(&*r)
-                    .map_err(|e| Error::InvalidArgument(e.to_string()))
+                    .map_err(|e| Error::Common(CommonError::InvalidArgument(e.to_string())))
                     .and_then(|bytes| catalog::publish(at, &self.name, &bytes, &self.key)),
                 _ => Ok(()),
             }
         };
-        agree(self.comm.as_ref(), out)?;
+        agree(self.comm.as_ref(), out, Rule::Lowest)?;
         self.published.store(true, Ordering::Release);
         Ok(())
     }
@@ -430,7 +478,7 @@ impl Table {
         if let Some(r) = slot.as_ref() {
             return Ok(r.clone());
         }
-        let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+        let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         let comm = &self.comm;
         let local = (0..comm.size()).filter(|&r| comm.same_node(r, comm.rank())).count();
         let origin = Origin {

@@ -18,7 +18,8 @@ impl crate::errors::Classify for wm_embedding::Error {
         use wm_embedding::Error as E;
         match self {
             E::IndexOutOfRange { .. } => Kind::Index,
-            E::GradientLength { .. } | E::InvalidParameter { .. } | E::InvalidArgument(_) | E::UnknownState { .. } => Kind::Value,
+            E::GradientLength { .. } | E::InvalidParameter { .. } | E::UnknownState { .. } => Kind::Value,
+            E::Common(e) => e.kind(),
             E::NoOptimizer => Kind::Value,
             E::Gather(e) => e.kind(),
             E::Memory(e) => e.kind(),

@@ -123,13 +123,24 @@ impl Classify for wm_comm::Error {
     }
 }
 
+impl Classify for wholemem::CommonError {
+    fn kind(&self) -> Kind {
+        use wholemem::CommonError as E;
+        match self {
+            E::InvalidArgument(_) => Kind::Value,
+            E::Timeout { .. } => Kind::Timeout,
+            _ => Kind::Other,
+        }
+    }
+}
+
 impl Classify for wholemem::Error {
     fn kind(&self) -> Kind {
         use wholemem::Error as E;
         match self {
-            E::InvalidArgument(_) | E::SizeOverflow { .. } | E::Shards { .. } => Kind::Value,
+            E::SizeOverflow { .. } | E::Shards { .. } => Kind::Value,
             E::IndexOutOfRange { .. } => Kind::Index,
-            E::Timeout { .. } => Kind::Timeout,
+            E::Common(e) => e.kind(),
             E::Unsupported { .. } => Kind::Unsupported,
             E::Comm(e) => e.kind(),
             _ => Kind::Other,
@@ -142,7 +153,8 @@ impl Classify for wm_gather::Error {
         use wm_gather::Error as E;
         match self {
             E::IndexOutOfRange { .. } => Kind::Index,
-            E::InvalidArgument(_) | E::Conversion(_) => Kind::Value,
+            E::Conversion(_) => Kind::Value,
+            E::Common(e) => e.kind(),
             E::Memory(e) => e.kind(),
             E::Comm(e) => e.kind(),
             _ => Kind::Other,
@@ -155,10 +167,10 @@ impl Classify for wm_onesided::Error {
         use wm_onesided::Error as E;
         match self {
             E::IndexOutOfRange { .. } => Kind::Index,
-            E::InvalidArgument(_) => Kind::Value,
+            E::Common(e) => e.kind(),
             E::Unsupported { .. } => Kind::Unsupported,
             E::Gone { .. } => Kind::Gone,
-            E::NotPublished { .. } | E::Timeout { .. } => Kind::Timeout,
+            E::NotPublished { .. } => Kind::Timeout,
             E::Refused { .. } => Kind::Permission,
             E::Gather(e) => e.kind(),
             E::Memory(e) => e.kind(),

@@ -18,7 +18,8 @@ impl crate::errors::Classify for wm_graph::Error {
         use wm_graph::Error as E;
         match self {
             E::NodeOutOfRange { .. } => Kind::Index,
-            E::InvalidArgument(_) | E::BadEdge { .. } | E::BadGraph(_) => Kind::Value,
+            E::BadEdge { .. } | E::BadGraph(_) => Kind::Value,
+            E::Common(e) => e.kind(),
             E::Memory(e) => e.kind(),
             E::Gather(e) => e.kind(),
             E::Comm(e) => e.kind(),

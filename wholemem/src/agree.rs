@@ -54,25 +54,27 @@ pub trait PeerError: Sized + std::fmt::Display + From<wm_comm::Error> {
     }
 }
 
-/// Writes [`PeerError`]'s three required methods for an error enum whose
-/// variants `PeerFailed { rank, detail }` and `Malformed { rank, detail }`
-/// (`rank: usize`, `detail: String`) are those errors, as the crates of
-/// this workspace have them. Use it inside the `impl PeerError` block;
-/// `encode` and `decode` stay the type's own.
+/// Writes [`PeerError`]'s three required methods for an error enum that
+/// holds the [`CommonError`](crate::CommonError)s in a variant `Common`, as
+/// the crates of this workspace do: a failed peer is
+/// [`CommonError::PeerFailed`](crate::CommonError::PeerFailed), malformed
+/// data [`CommonError::Malformed`](crate::CommonError::Malformed). Use it
+/// inside the `impl PeerError` block; `encode` and `decode` stay the type's
+/// own.
 #[macro_export]
 macro_rules! peer_error_variants {
     () => {
         fn peer_failed(rank: usize, detail: String) -> Self {
-            Self::PeerFailed { rank, detail }
+            Self::Common($crate::CommonError::PeerFailed { rank, detail })
         }
 
         fn malformed(rank: usize, detail: String) -> Self {
-            Self::Malformed { rank, detail }
+            Self::Common($crate::CommonError::Malformed { rank, detail })
         }
 
         fn as_malformed(&self) -> Option<(usize, &str)> {
             match self {
-                Self::Malformed { rank, detail } => Some((*rank, detail)),
+                Self::Common($crate::CommonError::Malformed { rank, detail }) => Some((*rank, detail)),
                 _ => None,
             }
         }
@@ -239,7 +241,7 @@ fn decide_sharing<T, E: PeerError, B: AsRef<[u8]>>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Error;
+    use crate::{CommonError, Error};
 
     #[test]
     fn typed_words_come_back_only_with_their_kind_and_length() {
@@ -261,20 +263,20 @@ mod tests {
         assert_eq!(extra, b"lr 0.1");
         assert!(e.is_none());
 
-        let failed: Result<(), Error> = Err(Error::InvalidArgument("granularity 0".into()));
+        let failed: Result<(), Error> = Err(Error::Common(CommonError::InvalidArgument("granularity 0".into())));
         let (_, e) = decode::<Error>(2, &encode(&failed, &[]));
         let e = e.expect("an error");
-        assert!(matches!(&e, Error::PeerFailed { rank: 2, detail } if detail.contains("granularity 0")), "{e}");
+        assert!(matches!(&e, Error::Common(CommonError::PeerFailed { rank: 2, detail }) if detail.contains("granularity 0")), "{e}");
 
-        let blamed: Result<(), Error> = Err(Error::Malformed { rank: 5, detail: "a short portion".into() });
+        let blamed: Result<(), Error> = Err(Error::Common(CommonError::Malformed { rank: 5, detail: "a short portion".into() }));
         let (_, e) = decode::<Error>(1, &encode(&blamed, &[]));
-        assert!(matches!(e, Some(Error::Malformed { rank: 5, .. })), "{e:?}");
+        assert!(matches!(e, Some(Error::Common(CommonError::Malformed { rank: 5, .. }))), "{e:?}");
 
         for garbage in
             [&b""[..], &[1, 0, 0], &[200, 0, 0, 0, 0, 0, 0, 0, 1], &[0; 8], &[0, 0, 0, 0, 0, 0, 0, 0, 9], &[0, 0, 0, 0, 0, 0, 0, 0, 2, 1]]
         {
             let (_, e) = decode::<Error>(4, garbage);
-            assert!(matches!(&e, Some(Error::Malformed { rank: 4, .. })), "{garbage:?}: {e:?}");
+            assert!(matches!(&e, Some(Error::Common(CommonError::Malformed { rank: 4, .. }))), "{garbage:?}: {e:?}");
         }
     }
 }

@@ -16,6 +16,7 @@ use wm_comm::Communicator;
 use wm_topology::TopologyRecord;
 use wm_topology::domains::{self, RankPlace};
 
+use crate::CommonError;
 use crate::types::{Location, MemoryType};
 
 /// The answer of [`query`].
@@ -105,11 +106,14 @@ impl Capabilities {
     /// A lost peer or a timeout; a record that does not parse.
     pub fn gather(comm: &dyn Communicator) -> crate::Result<Self> {
         let mine = TopologyRecord::discover();
-        let text = serde_json::to_vec(&mine).map_err(|e| crate::Error::InvalidArgument(e.to_string()))?;
+        let text = serde_json::to_vec(&mine).map_err(|e| crate::Error::Common(CommonError::InvalidArgument(e.to_string())))?;
         let records = comm
             .allgatherv(&text)?
             .iter()
-            .map(|b| serde_json::from_slice(b).map_err(|e| crate::Error::InvalidArgument(format!("a rank's topology record: {e}"))))
+            .map(|b| {
+                serde_json::from_slice(b)
+                    .map_err(|e| crate::Error::Common(CommonError::InvalidArgument(format!("a rank's topology record: {e}"))))
+            })
             .collect::<crate::Result<Vec<TopologyRecord>>>()?;
         let requested: Vec<Option<u32>> = comm
             .allgatherv(&wm_topology::env::WM_DEVICE.get().unwrap_or_default().into_bytes())?

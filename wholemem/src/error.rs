@@ -14,9 +14,10 @@ pub enum Error {
         /// Why, naming ranks, nodes or devices.
         reason: String,
     },
-    /// A caller passed something unusable; the message names the value.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
+    /// An unusable argument, a peer that failed or sent malformed data, a
+    /// wait that timed out: the kinds every layer shares.
+    #[error(transparent)]
+    Common(#[from] CommonError),
     /// A row id outside the table.
     #[error("row {index} is out of range for a table of {rows} rows")]
     IndexOutOfRange {
@@ -24,32 +25,6 @@ pub enum Error {
         index: i64,
         /// Rows in the table.
         rows: usize,
-    },
-    /// Another rank failed its part of a collective step.
-    #[error("rank {rank} failed: {detail}")]
-    PeerFailed {
-        /// The world rank that failed.
-        rank: usize,
-        /// Its error.
-        detail: String,
-    },
-    /// A peer sent something that cannot be what the protocol says: a
-    /// descriptor of the wrong size or without its seals, a message that
-    /// does not parse. Every rank of the collective call reports it.
-    #[error("rank {rank} sent malformed data: {detail}")]
-    Malformed {
-        /// The world rank that sent it.
-        rank: usize,
-        /// What is wrong with it.
-        detail: String,
-    },
-    /// A wait that another process did not end within `WM_TIMEOUT_S`.
-    #[error("{what} timed out after {secs:.1} s (set WM_TIMEOUT_S to change the limit)")]
-    Timeout {
-        /// What was waited for.
-        what: String,
-        /// The timeout, in seconds.
-        secs: f64,
     },
     /// A size computed from values a caller, a file or a peer gave (a
     /// count, a width, an element size) is more than `usize::MAX`; from
@@ -89,6 +64,47 @@ pub enum Error {
         /// The underlying error.
         #[source]
         source: std::io::Error,
+    },
+}
+
+/// The error kinds every layer of wholemem shares, each crate's error
+/// holds them through `#[from]` (its `Common` variant): an unusable
+/// argument, a peer of a collective call that failed or sent malformed
+/// data, a wait that timed out.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CommonError {
+    /// A caller passed something unusable; the message names the value.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Another rank of a collective call failed its part (its checks, a
+    /// step of the call); its error, quoted.
+    #[error("rank {rank} failed: {detail}")]
+    PeerFailed {
+        /// The world rank that failed.
+        rank: usize,
+        /// Its error.
+        detail: String,
+    },
+    /// A peer sent something the protocol cannot have produced: a message
+    /// that does not parse, a part of the wrong length, a row it does not
+    /// own, a descriptor without its seals. Every rank of the collective
+    /// call reports it, naming that peer; rows the call was to write may be
+    /// partly written.
+    #[error("rank {rank} sent malformed data: {detail}")]
+    Malformed {
+        /// The world rank that sent it.
+        rank: usize,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// A wait that did not end within `WM_TIMEOUT_S` (or a join timeout).
+    #[error("{what} timed out after {secs:.1} s (set WM_TIMEOUT_S to change the limit)")]
+    Timeout {
+        /// What was waited for.
+        what: String,
+        /// The limit, in seconds.
+        secs: f64,
     },
 }
 

@@ -8,6 +8,8 @@ use std::sync::atomic::AtomicU64;
 
 use wm_comm::{CommExt, Communicator};
 
+use crate::CommonError;
+use crate::agree::{Rule, agree};
 use crate::capability::{Support, query};
 use crate::host::locks::RowLocks;
 use crate::host::{self, HostStorage};
@@ -183,13 +185,6 @@ unsafe impl Send for RowPtr {}
 // SAFETY: as above.
 unsafe impl Sync for RowPtr {}
 
-/// Fails on every rank if it failed on any: each rank passes its own
-/// outcome, and all return the lowest failing rank's error
-/// ([`Rule::Lowest`](crate::agree::Rule::Lowest)).
-pub(crate) fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    crate::agree::agree(comm, mine, crate::agree::Rule::Lowest)
-}
-
 impl WholeMemory {
     /// Allocates a table collectively: every rank of `comm` calls this with
     /// the same request.
@@ -198,30 +193,14 @@ impl WholeMemory {
     /// gives the same error on every rank and leaves the communicator usable.
     ///
     /// # Errors
-    /// - [`Error::InvalidArgument`] naming the value: a granularity of 0 or
+    /// - [`crate::CommonError::InvalidArgument`] naming the value: a granularity of 0 or
     ///   one that does not divide `total`; a partition of the wrong length or
     ///   sum; requests that differ between ranks (naming the ranks and field).
     /// - [`Error::Unsupported`] with the reason from [`query`].
-    /// - [`Error::PeerFailed`] / [`Error::Os`] when memory cannot be had.
+    /// - [`crate::CommonError::PeerFailed`] / [`Error::Os`] when memory cannot be had.
     /// - [`Error::Comm`] when a peer is lost or times out.
     pub fn allocate(comm: &Arc<dyn Communicator>, req: &AllocRequest) -> Result<Self> {
-        let enc = req.encode();
-        let all = comm.allgatherv_pod(&enc)?;
-        let ranks = comm.world_ranks();
-        for (r, other) in all.iter().enumerate() {
-            if let Some(d) = AllocRequest::difference(&all[0], other) {
-                return Err(Error::InvalidArgument(format!(
-                    "ranks passed different allocation requests: rank {} and rank {} differ in {d}",
-                    ranks[0], ranks[r]
-                )));
-            }
-        }
-        // Every rank now holds the same request; validate it identically.
-        let partition = validate(req, comm.size())?;
-        let what = format!("{} {} memory", req.loc, req.ty);
-        if let Support::Unsupported { reason } = query(comm.as_ref(), req.ty, req.loc) {
-            return Err(Error::Unsupported { what, reason });
-        }
+        let partition = Self::agree_request(comm.as_ref(), req)?;
         let me = comm.rank();
         let (total, granularity) = (req.total, req.granularity);
         let hierarchy = (req.ty == MemoryType::Hierarchy).then(|| (comm.local(), comm.cross()));
@@ -244,18 +223,18 @@ impl WholeMemory {
                         .map_err(|e| Error::os("opening a pidfd of this process", e))?;
                     Ok((portion, locks, pidfd))
                 });
-                let (mine, locks, pidfd) = agree(comm.as_ref(), created)?;
+                let (mine, locks, pidfd) = agree(comm.as_ref(), created, Rule::Lowest)?;
                 // Every descriptor that arrives is checked against the size
                 // this rank computes for it from the (agreed) request.
                 let sizes = |r: usize| host::portion_bytes(req.ty, &partition, granularity, total, r).0;
                 let extras = host::HostExtras { pidfd, locks, sizes: &sizes };
                 let exchanged = host::exchange_portions(comm.as_ref(), mine, Some(extras))?;
-                (Some(agree(comm.as_ref(), exchanged)?), None)
+                (Some(agree(comm.as_ref(), exchanged, Rule::Lowest)?), None)
             }
             // This rank's rows only, in a memfd of their own: private to
             // the process until a one-sided reader is handed it.
             MemoryType::Distributed | MemoryType::Hierarchy => {
-                let own = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me))?;
+                let own = agree(comm.as_ref(), host::create_portion(req.ty, &partition, granularity, total, me), Rule::Lowest)?;
                 (None, Some(own))
             }
         };
@@ -266,7 +245,7 @@ impl WholeMemory {
         let mapped = host::map_storage(req.ty, &partition, granularity, total, me, &fds).and_then(|storage| {
             let locks = match lock_fd {
                 Some(fd) => {
-                    let timeout = wm_topology::env::timeout().map_err(Error::InvalidArgument)?;
+                    let timeout = wm_topology::env::timeout().map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
                     let locks = RowLocks::open(std::os::fd::AsFd::as_fd(&fd), me, pidfds, timeout);
                     Some(locks.map_err(|e| Error::os("mapping the row-lock table", e))?)
                 }
@@ -274,7 +253,7 @@ impl WholeMemory {
             };
             Ok((storage, locks))
         });
-        let (storage, row_locks) = agree(comm.as_ref(), mapped)?;
+        let (storage, row_locks) = agree(comm.as_ref(), mapped, Rule::Lowest)?;
         // Keep the memfds that hold this rank's rows (for one-sided
         // readers); the mappings hold what they need of the others.
         let portion_fds: Vec<OwnedFd> = match req.ty {
@@ -318,6 +297,30 @@ impl WholeMemory {
         Ok(mem)
     }
 
+    /// [`allocate`](Self::allocate)'s first step: every rank learns every
+    /// rank's request, so a request that differs, is invalid or cannot be
+    /// had here is the same error on every rank. The partition.
+    fn agree_request(comm: &dyn Communicator, req: &AllocRequest) -> Result<Partition> {
+        let enc = req.encode();
+        let all = comm.allgatherv_pod(&enc)?;
+        let ranks = comm.world_ranks();
+        for (r, other) in all.iter().enumerate() {
+            if let Some(d) = AllocRequest::difference(&all[0], other) {
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "ranks passed different allocation requests: rank {} and rank {} differ in {d}",
+                    ranks[0], ranks[r]
+                ))));
+            }
+        }
+        // Every rank now holds the same request; validate it identically.
+        let partition = validate(req, comm.size())?;
+        let what = format!("{} {} memory", req.loc, req.ty);
+        if let Support::Unsupported { reason } = query(comm, req.ty, req.loc) {
+            return Err(Error::Unsupported { what, reason });
+        }
+        Ok(partition)
+    }
+
     /// This rank's index among the ranks of its node.
     #[cfg(feature = "cuda")]
     fn local_rank(comm: &dyn Communicator) -> usize {
@@ -344,7 +347,7 @@ impl WholeMemory {
     ) -> Result<Self> {
         let bound = crate::device::bind(Self::local_rank(comm.as_ref()))
             .map_err(|reason| Error::Unsupported { what: format!("{} {} memory", req.loc, req.ty), reason });
-        let gpu = agree(comm.as_ref(), bound)?;
+        let gpu = agree(comm.as_ref(), bound, Rule::Lowest)?;
         let me = comm.rank();
         let storage = crate::device::storage::allocate(comm.as_ref(), &gpu, req.ty, &partition, req.granularity, req.total)?;
         let device_ptrs = (0..comm.size()).map(|r| storage.rank_ptr(r, me, &partition, req.granularity)).collect();
@@ -353,7 +356,7 @@ impl WholeMemory {
         } else if comm.size() == 1 {
             Err("one rank: nothing to exchange".into())
         } else {
-            agree(comm.as_ref(), gpu.bind().map_err(Error::from))?;
+            agree(comm.as_ref(), gpu.bind().map_err(Error::from), Rule::Lowest)?;
             match wm_comm::nccl::NcclComm::new(comm.as_ref(), &gpu.bus_id) {
                 Ok(c) => Ok(Arc::new(c)),
                 Err(wm_comm::Error::Unsupported { reason, .. }) => Err(reason),
@@ -654,39 +657,39 @@ impl WholeMemory {
 
 fn validate(req: &AllocRequest, world: usize) -> Result<Partition> {
     if req.granularity == 0 {
-        return Err(Error::InvalidArgument("granularity 0: a row must have at least one byte".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("granularity 0: a row must have at least one byte".into())));
     }
     if req.total == 0 {
-        return Err(Error::InvalidArgument("total size 0: a table needs at least one row".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("total size 0: a table needs at least one row".into())));
     }
     // No mapping can be larger, and the layout's page rounding stays far
     // from overflowing below this.
     if req.total > isize::MAX as usize {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "total size {}: larger than any address space (at most isize::MAX = {} bytes)",
             req.total,
             isize::MAX
-        )));
+        ))));
     }
     if req.total % req.granularity != 0 {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "granularity {} does not divide the total size {} (a row is never split)",
             req.granularity, req.total
-        )));
+        ))));
     }
     let rows = req.total / req.granularity;
     match &req.partition {
         None => Ok(Partition::even(rows, world)),
         Some(p) if p.len() != world => {
-            Err(Error::InvalidArgument(format!("the partition has {} entries for {world} ranks: {p:?}", p.len())))
+            Err(Error::Common(CommonError::InvalidArgument(format!("the partition has {} entries for {world} ranks: {p:?}", p.len()))))
         }
         Some(p) => {
             let sum = p.iter().try_fold(0usize, |a, &c| a.checked_add(c));
             if sum != Some(rows) {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "the partition {p:?} sums to {} rows, the table has {rows}",
                     sum.map_or("more than usize::MAX".to_owned(), |s| s.to_string())
-                )));
+                ))));
             }
             Ok(Partition::from_counts(p))
         }

@@ -43,7 +43,7 @@ mod types;
 
 pub use capability::{Capabilities, NO_CUDA, Support, query};
 pub use dtype::{ConversionError, DType, Element};
-pub use error::{Error, Result, ShardProblem};
+pub use error::{CommonError, Error, Result, ShardProblem};
 pub use handle::{AllocRequest, MappedPortion, Portion, WholeMemory};
 pub use host::locks::{RowGuard, RowLocks};
 pub use partition::Partition;

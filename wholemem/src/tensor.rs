@@ -7,6 +7,7 @@ use std::sync::Arc;
 use bytemuck::Pod;
 use wm_comm::Communicator;
 
+use crate::CommonError;
 use crate::handle::{AllocRequest, WholeMemory};
 use crate::types::{Location, MemoryType};
 use crate::{Error, Result};
@@ -28,32 +29,35 @@ impl TensorDesc {
     /// A descriptor from its parts.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the problem: no dimensions or more
+    /// [`crate::CommonError::InvalidArgument`] naming the problem: no dimensions or more
     /// than [`MAX_DIMS`], sizes and strides of different lengths, or inner
     /// dimensions that do not fit within one row's stride.
     pub fn new(sizes: &[usize], strides: &[usize], storage_offset: usize) -> Result<Self> {
         if sizes.is_empty() || sizes.len() > MAX_DIMS {
-            return Err(Error::InvalidArgument(format!("a tensor has 1 to {MAX_DIMS} dimensions, not {}", sizes.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "a tensor has 1 to {MAX_DIMS} dimensions, not {}",
+                sizes.len()
+            ))));
         }
         if sizes.len() != strides.len() {
-            return Err(Error::InvalidArgument(format!("{} sizes but {} strides", sizes.len(), strides.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("{} sizes but {} strides", sizes.len(), strides.len()))));
         }
         // The span of one row, checked: the accessors below may then
         // compute it plainly.
         let extent =
             sizes[1..].iter().zip(&strides[1..]).try_fold(1usize, |a, (&s, &st)| s.saturating_sub(1).checked_mul(st)?.checked_add(a));
         if extent.is_none() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "one row of sizes {sizes:?} and strides {strides:?} spans more than usize::MAX elements"
-            )));
+            ))));
         }
         let d = Self { sizes: sizes.to_vec(), strides: strides.to_vec(), storage_offset };
         if sizes[1..].iter().all(|&s| s > 0) && d.row_extent() > d.row_stride() {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "one row spans {} elements but the row stride is {} (sizes {sizes:?}, strides {strides:?})",
                 d.row_extent(),
                 d.row_stride()
-            )));
+            ))));
         }
         Ok(d)
     }
@@ -66,7 +70,7 @@ impl TensorDesc {
     /// A `rows × cols` matrix whose rows are `stride >= cols` elements apart.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `stride < cols`.
+    /// [`crate::CommonError::InvalidArgument`] when `stride < cols`.
     pub fn matrix_with_stride(rows: usize, cols: usize, stride: usize) -> Result<Self> {
         Self::new(&[rows, cols], &[stride, 1], 0)
     }
@@ -122,7 +126,7 @@ impl<T: Pod> WholeTensor<T> {
     /// must be 0), with rows per rank from `partition` or the default split.
     ///
     /// # Errors
-    /// As [`WholeMemory::allocate`]; [`Error::InvalidArgument`] for a
+    /// As [`WholeMemory::allocate`]; [`crate::CommonError::InvalidArgument`] for a
     /// zero-sized `T` or a non-zero storage offset.
     pub fn allocate(
         comm: &Arc<dyn Communicator>,
@@ -133,15 +137,20 @@ impl<T: Pod> WholeTensor<T> {
     ) -> Result<Self> {
         let elem = std::mem::size_of::<T>();
         if elem == 0 {
-            return Err(Error::InvalidArgument("a zero-sized element type".into()));
+            return Err(Error::Common(CommonError::InvalidArgument("a zero-sized element type".into())));
         }
         if desc.storage_offset != 0 {
-            return Err(Error::InvalidArgument(format!("a new tensor starts at offset 0, not {}", desc.storage_offset)));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "a new tensor starts at offset 0, not {}",
+                desc.storage_offset
+            ))));
         }
         let (rows, stride) = (desc.rows(), desc.row_stride());
         let sizes = stride.checked_mul(elem).and_then(|g| Some((g, rows.checked_mul(g)?)));
         let Some((granularity, total)) = sizes else {
-            return Err(Error::InvalidArgument(format!("{rows} rows of {stride} elements of {elem} bytes are more than usize::MAX bytes")));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "{rows} rows of {stride} elements of {elem} bytes are more than usize::MAX bytes"
+            ))));
         };
         let req = AllocRequest { ty, loc, total, granularity, partition: partition.map(<[usize]>::to_vec) };
         let mem = WholeMemory::allocate(comm, &req)?;
@@ -242,7 +251,7 @@ impl<T: Pod> WholeTensor<T> {
     /// Copies global row `row` (`row_stride` elements) into `out`.
     ///
     /// # Errors
-    /// [`Error::IndexOutOfRange`]; [`Error::InvalidArgument`] when `out` is
+    /// [`Error::IndexOutOfRange`]; [`crate::CommonError::InvalidArgument`] when `out` is
     /// not one row long; [`Error::Unsupported`] for a row this rank does not
     /// map.
     pub fn read_row(&self, row: usize, out: &mut [T]) -> Result<()> {
@@ -261,7 +270,7 @@ impl<T: Pod> WholeTensor<T> {
 
     fn check_len(&self, n: usize) -> Result<()> {
         if n != self.row_stride() {
-            return Err(Error::InvalidArgument(format!("a row has {} elements, the buffer {n}", self.row_stride())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("a row has {} elements, the buffer {n}", self.row_stride()))));
         }
         Ok(())
     }

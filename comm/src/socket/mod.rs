@@ -51,7 +51,7 @@ struct Inner {
     local: OnceLock<SocketComm>,
     cross: OnceLock<SocketComm>,
     /// Shared-memory mailboxes to and from this communicator's ranks on
-    /// this node (`alltoallv_in_place`).
+    /// this node (`Communicator::exchange`).
     channels: Mutex<shm::Channels>,
 }
 

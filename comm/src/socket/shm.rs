@@ -1,5 +1,5 @@
 //! Shared-memory mailboxes between ranks of one node, for
-//! [`Communicator::alltoallv_in_place`](crate::Communicator::alltoallv_in_place).
+//! [`Communicator::exchange`](crate::Communicator::exchange).
 //!
 //! A large payload to a rank on the same node does not travel through the
 //! Unix socket (a copy into the kernel, a copy out, a wake-up per socket

@@ -36,7 +36,7 @@ pub enum Op {
     Fds = 5,
     /// Control frames (bye, abort).
     Control = 6,
-    /// `alltoallv_in_place`.
+    /// `Communicator::exchange`.
     AlltoallvInPlace = 7,
 }
 

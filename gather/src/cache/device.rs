@@ -19,6 +19,7 @@
 
 use std::ops::Range;
 
+use wholemem::CommonError;
 use wholemem::device::DeviceBuffer;
 use wholemem::{Location, WholeMemory};
 
@@ -26,7 +27,8 @@ use super::policy::{Placement, Tags};
 use super::{CacheStats, check_ratio, ratio_slots};
 use crate::device::{SlotRows, read_slots, write_slots};
 use crate::kernel::{self, RowConv};
-use crate::{DType, Error, Result, RowLayout, agree, mapped};
+use crate::{DType, Error, Result, RowLayout, mapped};
+use wholemem::agree::{Rule, agree};
 
 /// One table the cache holds rows of: its layout and the slots' rows.
 #[derive(Debug)]
@@ -70,12 +72,14 @@ impl CachedTable {
     fn new(mem: &WholeMemory, layout: &RowLayout, slots: usize) -> Result<Self> {
         layout.check_fits(mem.granularity())?;
         if mem.location() != Location::Host {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "a device cache holds rows of host tables; this {} table is in device memory already",
                 mem.memory_type()
-            )));
+            ))));
         }
-        let bytes = slots.checked_mul(layout.bytes()).ok_or_else(|| Error::InvalidArgument(format!("{slots} cached rows overflow")))?;
+        let bytes = slots
+            .checked_mul(layout.bytes())
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument(format!("{slots} cached rows overflow"))))?;
         Ok(Self {
             layout: *layout,
             rows: DeviceBuffer::new(mem, bytes.max(1))?,
@@ -105,13 +109,13 @@ impl CachedTable {
 
     fn check(&self, mem: &WholeMemory, what: &str) -> Result<()> {
         if mem.serial() != self.table || mem.rows() != self.rows_of || mem.granularity() != self.granularity {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "this device cache holds rows of another {what}: table {} of {} rows of {} bytes, not table {} (a table allocated after one was freed is another table)",
                 self.table,
                 self.rows_of,
                 self.granularity,
                 mem.serial()
-            )));
+            ))));
         }
         Ok(())
     }
@@ -163,7 +167,7 @@ impl DeviceCache {
     /// rank's error.
     ///
     /// # Errors
-    /// On every rank: [`Error::InvalidArgument`] naming the ratio when it
+    /// On every rank: [`wholemem::CommonError::InvalidArgument`] naming the ratio when it
     /// is not greater than 0 and at most 1, for a device table, a layout
     /// that does not fit, or a side table partitioned otherwise;
     /// [`Error::Memory`] when a rank has no GPU or its memory runs out.
@@ -178,14 +182,16 @@ impl DeviceCache {
                 None => None,
                 Some((s, l)) => {
                     if s.partition().counts() != mem.partition().counts() {
-                        return Err(Error::InvalidArgument("the side table of a device cache must be partitioned as the table".into()));
+                        return Err(Error::Common(CommonError::InvalidArgument(
+                            "the side table of a device cache must be partitioned as the table".into(),
+                        )));
                     }
                     Some(CachedTable::new(s, l, slots)?)
                 }
             };
             Ok((main, side))
         });
-        let (main, side) = agree(mem.comm().as_ref(), made)?;
+        let (main, side) = agree(mem.comm().as_ref(), made, Rule::Lowest)?;
         Ok(Self {
             own,
             tags: Tags::new(placement, mem.local_rows().len(), true),
@@ -224,10 +230,10 @@ impl DeviceCache {
                 if self.own.contains(&r) {
                     Ok(r - self.own.start)
                 } else {
-                    Err(Error::InvalidArgument(format!(
+                    Err(Error::Common(CommonError::InvalidArgument(format!(
                         "row {r} is not one of this rank's rows {:?}: a device cache holds its owner's rows only",
                         self.own
-                    )))
+                    ))))
                 }
             })
             .collect()
@@ -240,8 +246,10 @@ impl DeviceCache {
         match (&self.side, side) {
             (Some(p), Some(s)) => p.check(s, "side table"),
             (None, None) => Ok(()),
-            (Some(_), None) => Err(Error::InvalidArgument("this device cache holds rows of a side table too: pass it".into())),
-            (None, Some(_)) => Err(Error::InvalidArgument("this device cache holds no side table's rows".into())),
+            (Some(_), None) => {
+                Err(Error::Common(CommonError::InvalidArgument("this device cache holds rows of a side table too: pass it".into())))
+            }
+            (None, Some(_)) => Err(Error::Common(CommonError::InvalidArgument("this device cache holds no side table's rows".into()))),
         }
     }
 
@@ -263,7 +271,7 @@ impl DeviceCache {
     /// the slots were filled.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] naming the generations when the cache
+    /// [`wholemem::CommonError::InvalidArgument`] naming the generations when the cache
     /// holds dirty rows then (nothing changes).
     fn follow_writes(&mut self, mem: &WholeMemory, side: Option<&WholeMemory>) -> Result<()> {
         if !self.written_elsewhere(mem, side) {
@@ -271,12 +279,12 @@ impl DeviceCache {
         }
         let dirty = self.dirty_rows();
         if dirty > 0 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "rank {}'s rows of the table were written by another path (write generation {}, the device cache's rows reflect {}) while the cache held {dirty} rows written through it: write them back first (writeback), or forget them (clear)",
                 mem.comm().world_rank(),
                 mem.write_generation(),
                 self.main.seen.0
-            )));
+            ))));
         }
         self.clear();
         self.seen_now(mem, side);
@@ -344,7 +352,7 @@ impl DeviceCache {
     /// slot is written back first).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a row of another rank, buffers of the
+    /// [`wholemem::CommonError::InvalidArgument`] for a row of another rank, buffers of the
     /// wrong size, or tables other than the cache's; [`Error::Conversion`];
     /// the driver's errors.
     pub fn read(
@@ -394,7 +402,9 @@ impl DeviceCache {
         match (&mut self.side, side) {
             (Some(p), Some(s)) => read_cached(p, s, n, &plan, side_out, buf_dtype)?,
             (None, None) => {}
-            _ => return Err(Error::InvalidArgument("pass the side table exactly when the cache holds its rows".into())),
+            _ => {
+                return Err(Error::Common(CommonError::InvalidArgument("pass the side table exactly when the cache holds its rows".into())));
+            }
         }
         self.stats.lookups += rows.len() as u64;
         self.stats.hits += plan.hit_slots.len() as u64;
@@ -451,7 +461,9 @@ impl DeviceCache {
                 done?;
             }
             (None, None) => {}
-            _ => return Err(Error::InvalidArgument("pass the side table exactly when the cache holds its rows".into())),
+            _ => {
+                return Err(Error::Common(CommonError::InvalidArgument("pass the side table exactly when the cache holds its rows".into())));
+            }
         }
         for &(s, _) in &cached {
             self.dirty[s] = true;
@@ -485,20 +497,24 @@ fn read_cached(cached_table: &mut CachedTable, table: &WholeMemory, n: usize, pl
     let conv = RowConv::new(cached_table.layout.dtype(), buf_dtype, cached_table.layout.cols())?;
     let count = plan.hit_at.len() + plan.miss_at.len();
     if buf.len() != count * conv.dst_bytes() {
-        return Err(Error::InvalidArgument(format!("{} bytes for {count} rows of {} bytes", buf.len(), conv.dst_bytes())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} bytes for {count} rows of {} bytes",
+            buf.len(),
+            conv.dst_bytes()
+        ))));
     }
     let rb = cached_table.layout.bytes();
     // Hits: rows of the table's type from the GPU, converted here.
     let mut dense = vec![0u8; plan.hit_slots.len() * rb];
     read_slots(table, &cached_table.rows, cached_table.shape(n), &cached_table.layout, &plan.hit_slots, &mut dense)?;
     let order: Vec<usize> = (0..plan.hit_slots.len()).collect();
-    kernel::place_rows(&dense, conv, &order, &plan.hit_at, buf, 1).map_err(Error::InvalidArgument)?;
+    kernel::place_rows(&dense, conv, &order, &plan.hit_at, buf, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
     // Misses: from the host rows, then the admitted ones up to the GPU.
     let same = RowConv::new(cached_table.layout.dtype(), cached_table.layout.dtype(), cached_table.layout.cols())?;
     let packed: Vec<usize> = (0..plan.miss.len()).collect();
     let mut host = vec![0u8; plan.miss.len() * rb];
     mapped::gather_own_to(table, &cached_table.layout, same, &plan.miss, &packed, &mut host)?;
-    kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(Error::InvalidArgument)?;
+    kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
     let slots: Vec<usize> = plan.fills.iter().map(|f| f.0).collect();
     let mut up = Vec::with_capacity(slots.len() * rb);
     for &(_, k) in &plan.fills {
@@ -523,13 +539,13 @@ fn write_cached(
     let conv = RowConv::new(buf_dtype, cached_table.layout.dtype(), cached_table.layout.cols())?;
     let sb = conv.src_bytes();
     if sb == 0 || src.len() % sb != 0 {
-        return Err(Error::InvalidArgument(format!("{} bytes are not whole rows of {sb} bytes", src.len())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("{} bytes are not whole rows of {sb} bytes", src.len()))));
     }
     let pack = |pairs: &[(usize, usize)]| -> Result<Vec<u8>> {
         let from: Vec<usize> = pairs.iter().map(|p| p.1).collect();
         let to: Vec<usize> = (0..pairs.len()).collect();
         let mut out = vec![0u8; pairs.len() * conv.dst_bytes()];
-        kernel::place_rows(src, conv, &from, &to, &mut out, 1).map_err(Error::InvalidArgument)?;
+        kernel::place_rows(src, conv, &from, &to, &mut out, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
         Ok(out)
     };
     let up = pack(cached)?;

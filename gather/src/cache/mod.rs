@@ -35,6 +35,8 @@ pub use device::DeviceCache;
 pub use node::{NodeCache, WriteMark};
 pub use policy::{AGEING_PER_SLOT, WAYS};
 
+use wholemem::CommonError;
+
 use crate::{Error, Result};
 
 /// What a cache did since it was created.
@@ -79,12 +81,14 @@ impl CacheStats {
 /// Checks a cache ratio: finite, greater than 0, at most 1.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] naming the ratio.
+/// [`wholemem::CommonError::InvalidArgument`] naming the ratio.
 pub fn check_ratio(ratio: f64) -> Result<()> {
     if ratio.is_finite() && ratio > 0.0 && ratio <= 1.0 {
         return Ok(());
     }
-    Err(Error::InvalidArgument(format!("cache ratio {ratio}: a cache holds a fraction of the table's rows, greater than 0 and at most 1")))
+    Err(Error::Common(CommonError::InvalidArgument(format!(
+        "cache ratio {ratio}: a cache holds a fraction of the table's rows, greater than 0 and at most 1"
+    ))))
 }
 
 /// Slots for `ratio` of `rows` rows, rounded up (`ratio` checked).

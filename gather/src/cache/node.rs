@@ -39,7 +39,8 @@
 
 use std::sync::Arc;
 
-use wholemem::agree::Rule;
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree};
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
 use wm_comm::{CommExt, Communicator};
 
@@ -47,7 +48,7 @@ use super::bypass::{Bypass, Chooser, Path};
 use super::policy::{Fill, Placement, Tags};
 use super::{CacheStats, RowSpace, check_ratio, ratio_slots};
 use crate::kernel::{self, RowConv};
-use crate::{DType, Error, Ids, Result, RowLayout, agree, mapped};
+use crate::{DType, Error, Ids, Result, RowLayout, mapped};
 
 /// A node cache of remote rows for one distributed or hierarchy table that
 /// spans several nodes: up to `ratio` of the table's rows, of those other
@@ -241,7 +242,7 @@ impl NodeCache {
     /// other nodes own.
     ///
     /// # Errors
-    /// On every rank: [`Error::InvalidArgument`] naming the value for a
+    /// On every rank: [`wholemem::CommonError::InvalidArgument`] naming the value for a
     /// ratio that is not greater than 0 and at most 1 (NaN included), a
     /// table that is not distributed or hierarchy memory, a table whose
     /// ranks are all on one node, a layout that does not fit the rows, or
@@ -253,9 +254,9 @@ impl NodeCache {
             match mem.memory_type() {
                 MemoryType::Distributed | MemoryType::Hierarchy => {}
                 other => {
-                    return Err(Error::InvalidArgument(format!(
+                    return Err(Error::Common(CommonError::InvalidArgument(format!(
                         "a node cache holds rows of distributed and hierarchy tables; {other} memory reaches every row through the mapping"
-                    )));
+                    ))));
                 }
             }
             layout.check_fits(mem.granularity())
@@ -264,20 +265,20 @@ impl NodeCache {
         let ((), all) = wholemem::agree::agree_sharing(comm.as_ref(), mine, Rule::Lowest, &request)?;
         if let Some((r, other)) = all.iter().enumerate().find(|(_, o)| **o != all[0]) {
             let ranks = comm.world_ranks();
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "ranks passed different node caches: rank {} {} and rank {} {}",
                 ranks[0],
                 show_request(&all[0]),
                 ranks[r],
                 show_request(other)
-            )));
+            ))));
         }
         let placement = wm_topology::NodeLayout::of(comm.nodes());
         if placement.nodes < 2 {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "the table's {} ranks are all on one node: every row is on this node, so a node cache would hold nothing",
                 comm.size()
-            )));
+            ))));
         }
         let me = comm.rank();
         let space = RowSpace::new(mem.partition(), |r| placement.node[r] != placement.node[me]);
@@ -291,7 +292,9 @@ impl NodeCache {
             Ok(None)
         } else {
             match slots.checked_mul(rb) {
-                None => Err(Error::InvalidArgument(format!("{slots} cached rows of {rb} bytes are more than usize::MAX bytes"))),
+                None => Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "{slots} cached rows of {rb} bytes are more than usize::MAX bytes"
+                )))),
                 Some(total) => {
                     let req = AllocRequest { ty: MemoryType::Continuous, loc: Location::Host, total, granularity: rb, partition: None };
                     WholeMemory::allocate(&local, &req).map(Some).map_err(Error::from)
@@ -299,7 +302,7 @@ impl NodeCache {
             }
         };
         // Each node allocated its own; every rank learns whether all did.
-        let data = agree(comm.as_ref(), data)?;
+        let data = agree(comm.as_ref(), data, Rule::Lowest)?;
         let shared = placement.local.iter().any(|&l| l > 0);
         Ok(Self {
             layout: *layout,
@@ -338,9 +341,9 @@ impl NodeCache {
             None => None,
             Some(p) if p.is_finite() && p > 0.0 => Some(((p * self.tags.slots() as f64).ceil() as u64).max(1)),
             Some(p) => {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "cache ageing {p}: counts are halved after a positive number of accesses per slot"
-                )));
+                ))));
             }
         };
         self.tags.set_ageing(every);
@@ -380,10 +383,10 @@ impl NodeCache {
     fn check_table(&self, mem: &WholeMemory) -> Result<()> {
         let other = TableId::of(mem);
         if other != self.table {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "this node cache belongs to another table: it was made for {}, not {other} (a table allocated after one was freed is another table, even where the freed one was; make a cache for it)",
                 self.table
-            )));
+            ))));
         }
         Ok(())
     }
@@ -449,7 +452,7 @@ impl NodeCache {
     /// the cache where it holds them, and updating the cache.
     ///
     /// # Errors
-    /// As [`wm_gather::gather`](crate::gather); [`Error::InvalidArgument`]
+    /// As [`wm_gather::gather`](crate::gather); [`wholemem::CommonError::InvalidArgument`]
     /// for another table than the cache's.
     pub fn gather(&mut self, mem: &WholeMemory, ids: Ids<'_>, out: &mut [u8], out_dtype: DType) -> Result<()> {
         // 0. What was written since the last call, on any rank, and which
@@ -583,7 +586,7 @@ impl NodeCache {
             let copied = match (data, hit_slots.is_empty()) {
                 (_, true) => Ok(()),
                 (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out),
-                (None, false) => Err(Error::InvalidArgument("a hit in a cache without rows".into())),
+                (None, false) => Err(Error::Common(CommonError::InvalidArgument("a hit in a cache without rows".into()))),
             };
             let copied = copied.and_then(|()| mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out));
             // The decision may evict a row just hit: its slot is refilled
@@ -617,7 +620,8 @@ impl NodeCache {
             self.stats.lookups += accesses.len() as u64;
             self.stats.hits += hit_slots.len() as u64;
             let placed = copied.and_then(|()| {
-                kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem)).map_err(Error::InvalidArgument)
+                kernel::place_rows(&fetched, conv, &from, &places, out, crate::threads(mem))
+                    .map_err(|m| Error::Common(CommonError::InvalidArgument(m)))
             });
             clock.lap("cache place");
             // 3. Fill (and, where nodes have several ranks, count and
@@ -669,7 +673,7 @@ impl NodeCache {
     ) -> Result<()> {
         let report = tally(accesses);
         let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
-        agree(self.comm.as_ref(), outcome)
+        agree(self.comm.as_ref(), outcome, Rule::Lowest)
     }
 
     /// The layout of the cache's own rows: the cached elements, from 0.
@@ -691,14 +695,18 @@ impl NodeCache {
         let mut src = Vec::with_capacity(fills.len() * rb);
         for f in fills {
             let k = missed_at.binary_search_by_key(&f.row, |m| m.0).map_err(|_| {
-                Error::InvalidArgument(format!("a fill of row {} of the node's remote rows, which this rank did not fetch", f.row))
+                Error::Common(CommonError::InvalidArgument(format!(
+                    "a fill of row {} of the node's remote rows, which this rank did not fetch",
+                    f.row
+                )))
             })?;
             slots.push(f.slot as i64);
             src.extend_from_slice(&fetched[missed_at[k].1 * rb..][..rb]);
         }
         let layout = self.cached_layout()?;
         let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
-        let data = self.data.as_mut().ok_or_else(|| Error::InvalidArgument("a fill of a cache without rows".into()))?;
+        let data =
+            self.data.as_mut().ok_or_else(|| Error::Common(CommonError::InvalidArgument("a fill of a cache without rows".into())))?;
         mapped::scatter(data, &layout, same, Ids::I64(&slots), &src)
     }
 
@@ -725,7 +733,9 @@ impl NodeCache {
         let mut bytes: Vec<u8> = bytemuck::cast_slice(&decision).to_vec();
         local.broadcast(0, &mut bytes)?;
         let leader = local.world_ranks()[0];
-        let bad = |detail: String| Error::Malformed { rank: leader, detail: format!("{detail} (to rank {})", local.world_rank()) };
+        let bad = |detail: String| {
+            Error::Common(CommonError::Malformed { rank: leader, detail: format!("{detail} (to rank {})", local.world_rank()) })
+        };
         if bytes.len() % 8 != 0 || bytes.len() < 16 {
             return Err(bad(format!("a cache decision of {} bytes", bytes.len())));
         }
@@ -736,7 +746,7 @@ impl NodeCache {
                 let culprit = usize::try_from(words[1]).unwrap_or(usize::MAX);
                 let detail: Vec<u8> = bytemuck::cast_slice(&words[2..]).to_vec();
                 let detail = String::from_utf8_lossy(&detail).trim_end_matches('\0').to_owned();
-                return Err(Error::Malformed { rank: culprit, detail });
+                return Err(Error::Common(CommonError::Malformed { rank: culprit, detail }));
             }
             other => return Err(bad(format!("a cache decision of unknown kind {other}"))),
         }
@@ -829,10 +839,10 @@ impl NodeCache {
     /// ranks whose rows it wrote.
     ///
     /// # Errors
-    /// As [`wm_gather::scatter`](crate::scatter); [`Error::InvalidArgument`]
+    /// As [`wm_gather::scatter`](crate::scatter); [`wholemem::CommonError::InvalidArgument`]
     /// for another table than the cache's (on every rank).
     pub fn scatter(&mut self, mem: &mut WholeMemory, ids: Ids<'_>, src: &[u8], src_dtype: DType) -> Result<()> {
-        agree(self.comm.as_ref(), self.check_table(mem))?;
+        agree(self.comm.as_ref(), self.check_table(mem), Rule::Lowest)?;
         let since = WriteMark::of(mem);
         crate::scatter(mem, &self.layout, ids, src, src_dtype)?;
         self.drop_rows(ids, Ok(Some((since, mem.write_generation()))))
@@ -846,7 +856,7 @@ impl NodeCache {
     ///
     /// # Errors
     /// On every rank: [`Error::IndexOutOfRange`] naming the first bad id;
-    /// [`Error::Malformed`] for a peer's garbled list; [`Error::Comm`].
+    /// [`wholemem::CommonError::Malformed`] for a peer's garbled list; [`Error::Comm`].
     pub fn invalidate(&mut self, ids: Ids<'_>) -> Result<()> {
         self.drop_rows(ids, Ok(None))
     }
@@ -863,13 +873,16 @@ impl NodeCache {
     /// the ranks that made them).
     ///
     /// # Errors
-    /// As [`invalidate`](Self::invalidate); [`Error::InvalidArgument`] on
+    /// As [`invalidate`](Self::invalidate); [`wholemem::CommonError::InvalidArgument`] on
     /// every rank for another table than the cache's, or a mark of another
     /// table.
     pub fn invalidate_written(&mut self, mem: &WholeMemory, ids: Ids<'_>, since: WriteMark) -> Result<()> {
         let told = self.check_table(mem).and_then(|()| {
             if since.table != self.table.serial {
-                return Err(Error::InvalidArgument(format!("a write mark of table {}, for a node cache of {}", since.table, self.table)));
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "a write mark of table {}, for a node cache of {}",
+                    since.table, self.table
+                ))));
             }
             Ok(Some((since, mem.write_generation())))
         });
@@ -906,7 +919,7 @@ impl NodeCache {
                     // finds it; the writes stay untold, and the cache holds
                     // nothing a garbled list may have meant.
                     self.tags.clear();
-                    return Err(Error::Malformed { rank: self.comm.world_ranks()[r], detail });
+                    return Err(Error::Common(CommonError::Malformed { rank: self.comm.world_ranks()[r], detail }));
                 }
             }
         }
@@ -933,7 +946,7 @@ impl NodeCache {
     /// [`Error::Comm`] when a peer is lost.
     pub fn clear(&mut self) -> Result<()> {
         self.tags.clear();
-        agree(self.comm.as_ref(), Ok(()))
+        agree(self.comm.as_ref(), Ok(()), Rule::Lowest)
     }
 
     /// Frees the shared rows, collectively.

@@ -7,6 +7,7 @@
 //! reads over the bus a kernel would make. `WM_HOST_GATHER=mapped` takes
 //! that kernel instead (one launch reading the registered rows directly).
 
+use wholemem::CommonError;
 use wholemem::WholeMemory;
 use wholemem::device::DeviceBuffer;
 use wholemem::device::raw::cudarc::driver::CudaEvent;
@@ -36,7 +37,7 @@ pub(crate) fn way() -> Result<Way> {
     match wm_topology::env::WM_HOST_GATHER.get().as_deref() {
         None | Some("") | Some("staged") => Ok(Way::Staged),
         Some("mapped") => Ok(Way::Mapped),
-        Some(other) => Err(Error::InvalidArgument(format!("WM_HOST_GATHER={other:?}; expected staged or mapped"))),
+        Some(other) => Err(Error::Common(CommonError::InvalidArgument(format!("WM_HOST_GATHER={other:?}; expected staged or mapped")))),
     }
 }
 

@@ -24,6 +24,7 @@ mod plan;
 mod staging;
 mod timing;
 
+use wholemem::CommonError;
 use wholemem::device::DeviceBuffer;
 use wholemem::{Location, MemoryType, WholeMemory};
 
@@ -62,10 +63,14 @@ impl DeviceIds {
     /// Ids already on the GPU: the first `len` ids of `id_type` in `buf`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `buf` holds fewer bytes than that.
+    /// [`wholemem::CommonError::InvalidArgument`] when `buf` holds fewer bytes than that.
     pub fn from_buffer(buf: DeviceBuffer, id_type: IdType, len: usize) -> Result<Self> {
         if len.checked_mul(id_type.size()).is_none_or(|b| b > buf.len()) {
-            return Err(Error::InvalidArgument(format!("{len} {} ids do not fit a device buffer of {} bytes", id_type.name(), buf.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "{len} {} ids do not fit a device buffer of {} bytes",
+                id_type.name(),
+                buf.len()
+            ))));
         }
         Ok(Self { buf, id_type, len })
     }
@@ -365,13 +370,16 @@ fn shape(mem: &WholeMemory, layout: &RowLayout, n: usize, buf_len: usize, buf_dt
     layout.check_fits(mem.granularity())?;
     let conv = RowConv::new(layout.dtype(), buf_dtype, layout.cols())?;
     let Some(want) = layout.cols().checked_mul(buf_dtype.size()).and_then(|row| n.checked_mul(row)) else {
-        return Err(Error::InvalidArgument(format!("{n} rows of {} {buf_dtype} elements are more than usize::MAX bytes", layout.cols())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{n} rows of {} {buf_dtype} elements are more than usize::MAX bytes",
+            layout.cols()
+        ))));
     };
     if buf_len < want || (exact && buf_len != want) {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "the {what} buffer has {buf_len} bytes; {n} ids of {} {buf_dtype} elements need {want}",
             layout.cols()
-        )));
+        ))));
     }
     Ok(conv)
 }
@@ -388,7 +396,7 @@ fn shape(mem: &WholeMemory, layout: &RowLayout, n: usize, buf_len: usize, buf_dt
 ///
 /// # Errors
 /// [`Error::IndexOutOfRange`] naming the first bad id (on every rank for
-/// a collective call); [`Error::InvalidArgument`] for a buffer too small;
+/// a collective call); [`wholemem::CommonError::InvalidArgument`] for a buffer too small;
 /// [`Error::Conversion`]; [`Error::Cuda`] when the GPU cannot reach the rows
 /// or a launch fails; the exchange's errors.
 pub fn gather_device(mem: &WholeMemory, layout: &RowLayout, ids: &DeviceIds, out: &mut DeviceBuffer, out_dtype: DType) -> Result<()> {
@@ -420,7 +428,7 @@ pub fn gather_device(mem: &WholeMemory, layout: &RowLayout, ids: &DeviceIds, out
 /// Distributed and hierarchy memory: collective, as [`gather_device`].
 ///
 /// # Errors
-/// As [`gather_device`]; [`Error::InvalidArgument`] for a table in host
+/// As [`gather_device`]; [`wholemem::CommonError::InvalidArgument`] for a table in host
 /// memory (scatter into it from host buffers with [`crate::scatter`]).
 pub fn scatter_device(mem: &mut WholeMemory, layout: &RowLayout, ids: &DeviceIds, src: &DeviceBuffer, src_dtype: DType) -> Result<()> {
     let mut clock = Clock::start();
@@ -429,7 +437,9 @@ pub fn scatter_device(mem: &mut WholeMemory, layout: &RowLayout, ids: &DeviceIds
         if mem.location() == Location::Device {
             Ok(c)
         } else {
-            Err(Error::InvalidArgument("scatter_device writes device tables; this one is in host memory (use scatter)".into()))
+            Err(Error::Common(CommonError::InvalidArgument(
+                "scatter_device writes device tables; this one is in host memory (use scatter)".into(),
+            )))
         }
     });
     clock.lap("checks");
@@ -783,16 +793,16 @@ impl SlotRows {
     /// the rows; the owner table of one "rank" (the buffer).
     fn table(&self, l: &mut Lease<'_>, buf: &DeviceBuffer, layout: &RowLayout, slots: &[usize]) -> Result<Owners> {
         if layout.offset() != 0 || layout.bytes() > self.stride || self.rows.checked_mul(self.stride).is_none_or(|b| b > buf.len()) {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "{} slot rows of {} bytes ({} used) in a device buffer of {} bytes",
                 self.rows,
                 self.stride,
                 layout.bytes(),
                 buf.len()
-            )));
+            ))));
         }
         if let Some(bad) = slots.iter().find(|&&s| s >= self.rows) {
-            return Err(Error::InvalidArgument(format!("slot {bad} of {} slots", self.rows)));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("slot {bad} of {} slots", self.rows))));
         }
         dense(l, buf.addr(), self.rows, self.stride)
     }
@@ -802,7 +812,7 @@ impl SlotRows {
 /// dense host buffer `out`, on the GPU of `mem`'s rank.
 ///
 /// # Errors
-/// [`Error::InvalidArgument`] for a slot past the rows or a wrongly sized
+/// [`wholemem::CommonError::InvalidArgument`] for a slot past the rows or a wrongly sized
 /// `out`; the driver's errors.
 pub(crate) fn read_slots(
     mem: &WholeMemory,
@@ -814,7 +824,11 @@ pub(crate) fn read_slots(
 ) -> Result<()> {
     let rb = layout.bytes();
     if out.len() != slots.len() * rb {
-        return Err(Error::InvalidArgument(format!("{} bytes for {} slot rows of {rb} bytes", out.len(), slots.len())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} bytes for {} slot rows of {rb} bytes",
+            out.len(),
+            slots.len()
+        ))));
     }
     if slots.is_empty() {
         return Ok(());
@@ -834,7 +848,7 @@ pub(crate) fn read_slots(
 /// slot rows `slots` (distinct), on the GPU of `mem`'s rank.
 ///
 /// # Errors
-/// As [`read_slots`]; [`Error::InvalidArgument`] for a repeated slot.
+/// As [`read_slots`]; [`wholemem::CommonError::InvalidArgument`] for a repeated slot.
 pub(crate) fn write_slots(
     mem: &WholeMemory,
     buf: &mut DeviceBuffer,
@@ -845,13 +859,21 @@ pub(crate) fn write_slots(
 ) -> Result<()> {
     let rb = layout.bytes();
     if src.len() != slots.len() * rb {
-        return Err(Error::InvalidArgument(format!("{} bytes for {} slot rows of {rb} bytes", src.len(), slots.len())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} bytes for {} slot rows of {rb} bytes",
+            src.len(),
+            slots.len()
+        ))));
     }
     if slots.is_empty() {
         return Ok(());
     }
     if !crate::kernel::distinct_below(slots, rows.rows) {
-        return Err(Error::InvalidArgument(format!("{} slots that are not distinct slots of {}", slots.len(), rows.rows)));
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} slots that are not distinct slots of {}",
+            slots.len(),
+            rows.rows
+        ))));
     }
     let mut l = Lease::take(mem)?;
     let from = src_on_device(&mut l, SrcAt::Host(src))?;

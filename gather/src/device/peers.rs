@@ -36,8 +36,9 @@
 //! reads, and step 7's collective the owners' rows before the reads of
 //! step 8.
 
+use wholemem::CommonError;
 use wholemem::WholeMemory;
-use wholemem::agree::Rule;
+use wholemem::agree::{Rule, agree};
 use wholemem::device::DeviceBuffer;
 use wm_comm::nccl::DeviceCommunicator;
 
@@ -75,7 +76,7 @@ struct Bucketed {
 /// down (one wait). A bad id is named.
 fn bucket(l: &mut Lease<'_>, mem: &WholeMemory, ids: IdsAt<'_>) -> Result<Bucketed> {
     if ids.len() > MAX_IDS {
-        return Err(Error::InvalidArgument(format!("{} ids in one device exchange; at most {MAX_IDS}", ids.len())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("{} ids in one device exchange; at most {MAX_IDS}", ids.len()))));
     }
     let p = mem.partition();
     let n = p.world();
@@ -134,21 +135,24 @@ fn agree_plan(mem: &WholeMemory, mine: Result<Bucketed>) -> Result<(Bucketed, Pl
     let mut counts = Vec::with_capacity(n);
     for (r, part) in parts.iter().enumerate() {
         if part.len() != 8 * n {
-            return Err(Error::Malformed { rank: comm.world_ranks()[r], detail: format!("{} bytes of counts for {n} ranks", part.len()) });
+            return Err(Error::Common(CommonError::Malformed {
+                rank: comm.world_ranks()[r],
+                detail: format!("{} bytes of counts for {n} ranks", part.len()),
+            }));
         }
         counts.push(part.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().expect("8 bytes"))).collect::<Vec<u64>>());
     }
-    let plan = Plan::new(&counts, MAX_IDS).map_err(|(r, detail)| Error::Malformed { rank: comm.world_ranks()[r], detail })?;
+    let plan =
+        Plan::new(&counts, MAX_IDS).map_err(|(r, detail)| Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail }))?;
     Ok((b, plan))
 }
 
 /// Step 3: the shared buffers, grown so that every owner's holds what the
 /// plan sends it (rows of `row_bytes`).
 fn reserve(mem: &WholeMemory, bufs: &mut wholemem::device::PeerBuffers, plan: &Plan, row_bytes: usize) -> Result<()> {
-    let need = (0..plan.ranks())
-        .map(|r| plan.layout(r, row_bytes).map(|l| l.total))
-        .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| Error::InvalidArgument(format!("an exchange of rows of {row_bytes} bytes past usize::MAX bytes")))?;
+    let need = (0..plan.ranks()).map(|r| plan.layout(r, row_bytes).map(|l| l.total)).collect::<Option<Vec<usize>>>().ok_or_else(|| {
+        Error::Common(CommonError::InvalidArgument(format!("an exchange of rows of {row_bytes} bytes past usize::MAX bytes")))
+    })?;
     bufs.reserve(mem, &need).map_err(Error::from)
 }
 
@@ -207,7 +211,10 @@ fn verdict(l: &mut Lease<'_>, mem: &WholeMemory, plan: &Plan, received: DevIds, 
         ),
         Err(e) => format!("an id not one of rank {}'s rows (reading it back failed: {e})", comm.world_rank()),
     };
-    Err(Error::Malformed { rank: comm.world_ranks()[sender], detail: format!("{detail} (to rank {})", comm.world_rank()) })
+    Err(Error::Common(CommonError::Malformed {
+        rank: comm.world_ranks()[sender],
+        detail: format!("{detail} (to rank {})", comm.world_rank()),
+    }))
 }
 
 /// The collective gather of distributed and hierarchy device memory
@@ -269,7 +276,7 @@ pub(crate) fn gather(
     marks.mark("gpu owner rows", &l.stream);
     clock.lap("owner rows");
     // 7.
-    crate::agree(comm.as_ref(), owned)?;
+    agree(comm.as_ref(), owned, Rule::Lowest)?;
     clock.lap("agree");
     // 8.
     debug_assert_eq!(plan.sent(me), mine.ids.n, "the plan holds this rank's counts");
@@ -383,7 +390,7 @@ pub(crate) fn scatter(
     clock.lap("owner rows");
     drop(bufs);
     // 7.
-    crate::agree(comm.as_ref(), written)?;
+    agree(comm.as_ref(), written, Rule::Lowest)?;
     clock.lap("agree");
     marks.finish(clock);
     Ok(())
@@ -435,7 +442,7 @@ pub(crate) fn gather_nccl(
         let word = wait_for_status(l, status, 1)?[0];
         verdict(l, mem, &plan, received, word)
     })();
-    crate::agree(comm.as_ref(), owned)?;
+    agree(comm.as_ref(), owned, Rule::Lowest)?;
     // The rows travel back, into bucket order.
     let staged = l.dev(Dev::Staged, mine.ids.n.max(1) * rb)?;
     let send: Vec<(u64, usize)> = (0..n).map(|r| (replies + (plan.part_start(me, r) * rb) as u64, plan.count(r, me) * rb)).collect();

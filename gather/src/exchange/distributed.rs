@@ -7,9 +7,10 @@ use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arriv
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
 use crate::sort::Buckets;
-use crate::{Error, Ids, Result, RowLayout, agree};
+use crate::{Error, Ids, Result, RowLayout};
 use std::time::Duration;
 use wholemem::WholeMemory;
+use wholemem::agree::{Rule, agree};
 use wm_comm::ExchangePlan;
 
 /// `while_rows_travel` runs once while the rows travel, after this rank's own rows are
@@ -128,7 +129,7 @@ pub(crate) fn gather_distributed(
     // that would otherwise return wrong rows. A device copy can fail on one
     // rank, so device tables agree on the outcome once more.
     let local = decided.and(failed.or(own_failed).or(misfit).map_or(Ok(()), Err));
-    let done = if mem.location() == wholemem::Location::Host { local } else { agree(comm.as_ref(), local) };
+    let done = if mem.location() == wholemem::Location::Host { local } else { agree(comm.as_ref(), local, Rule::Lowest) };
     clock.lap("agree");
     done
 }

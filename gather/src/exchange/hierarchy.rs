@@ -12,10 +12,12 @@ use super::wire::{
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
 use crate::sort::Buckets;
-use crate::{Error, Ids, Result, RowLayout, agree};
+use crate::{Error, Ids, Result, RowLayout};
 use std::sync::Arc;
 use std::time::Duration;
+use wholemem::CommonError;
 use wholemem::WholeMemory;
+use wholemem::agree::{Rule, agree};
 use wm_comm::{Communicator, ExchangePlan, KeptPart};
 
 /// A communicator of a table.
@@ -25,7 +27,9 @@ pub(super) type Comm = Arc<dyn Communicator>;
 pub(super) fn hierarchy_comms(mem: &WholeMemory) -> Result<(&Comm, &Comm)> {
     match (mem.local_comm(), mem.cross_comm()) {
         (Some(l), Some(c)) => Ok((l, c)),
-        _ => Err(Error::InvalidArgument(format!("a {} table has no local and cross communicators", mem.memory_type()))),
+        _ => {
+            Err(Error::Common(CommonError::InvalidArgument(format!("a {} table has no local and cross communicators", mem.memory_type()))))
+        }
     }
 }
 
@@ -87,7 +91,8 @@ pub(crate) fn gather_hierarchy(
         Some(e) => Err(e),
         None => Ok(()),
     };
-    let done = if mem.location() == wholemem::Location::Host { local_outcome } else { agree(mem.comm().as_ref(), local_outcome) };
+    let done =
+        if mem.location() == wholemem::Location::Host { local_outcome } else { agree(mem.comm().as_ref(), local_outcome, Rule::Lowest) };
     clock.lap("agree");
     done
 }

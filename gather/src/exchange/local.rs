@@ -4,6 +4,7 @@
 
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::{Error, Result, RowLayout, RowSpan, threads};
+use wholemem::CommonError;
 use wholemem::WholeMemory;
 
 /// This rank's own rows (host memory).
@@ -15,9 +16,9 @@ pub(super) struct LocalRows {
 impl LocalRows {
     pub(super) fn new(mem: &WholeMemory, layout: &RowLayout) -> Result<Self> {
         let me = mem.comm().rank();
-        let base = mem
-            .rank_ptr(me)
-            .ok_or_else(|| Error::InvalidArgument(format!("rank {} does not map its own rows of this table", mem.comm().world_rank())))?;
+        let base = mem.rank_ptr(me).ok_or_else(|| {
+            Error::Common(CommonError::InvalidArgument(format!("rank {} does not map its own rows of this table", mem.comm().world_rank())))
+        })?;
         Ok(Self { base: SendPtr(base), span: RowSpan::new(mem, layout) })
     }
 }
@@ -80,7 +81,7 @@ pub(super) fn read_local(
     if let Some(bad) = rows.iter().find(|&&r| r >= n) {
         // Every caller checked the rows it got from peers; this stays a
         // check because the copy below trusts it.
-        return Err(Error::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank()))));
     }
     #[cfg(feature = "cuda")]
     if mem.location() == wholemem::Location::Device {
@@ -128,7 +129,7 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
     }
     let n = mem.local_rows().len();
     if let Some(bad) = rows.iter().find(|&&r| r >= n) {
-        return Err(Error::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank())));
+        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of rank {}, which owns {n}", mem.comm().world_rank()))));
     }
     debug_assert_eq!(src.len(), rows.len() * conv.src_bytes());
     let table = LocalRows::new(mem, layout)?;

@@ -4,7 +4,7 @@
 //! What a peer sends is input: every part is checked before it is used — a
 //! length that is not what the exchange implies, a row id the receiver does
 //! not own (or, in the hierarchy, was not routed to it) — and a bad part is
-//! dropped and recorded as [`Error::Malformed`] naming its sender. The
+//! dropped and recorded as [`wholemem::CommonError::Malformed`] naming its sender. The
 //! exchange still runs to its end on every rank, so the ranks stay in step
 //! and the next call works. What an owner finds wrong with the requests it
 //! got travels with the rows it sends back, so every rank fails with it; a

@@ -6,9 +6,10 @@ use super::wire::malformed;
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::profile::{Clock, timed};
 use crate::sort::Buckets;
-use crate::{Error, Ids, Result, RowLayout, agree};
+use crate::{Error, Ids, Result, RowLayout};
 use std::time::Duration;
 use wholemem::WholeMemory;
+use wholemem::agree::{Rule, agree};
 use wm_comm::ExchangePlan;
 
 /// Scatter for distributed and hierarchy memory: ids and rows (converted to
@@ -139,7 +140,7 @@ pub(crate) fn scatter_distributed(
     clock.lap_split("rows", &[("pack", packing), ("own rows", own_time), ("write", writing)]);
     let outcome = problem.or(misfit).map_or(Ok(()), Err);
     let outcome = outcome.and_then(|()| if device { write_device_rows(mem, layout, &device_rows, &device_data) } else { Ok(()) });
-    let done = agree(comm.as_ref(), outcome);
+    let done = agree(comm.as_ref(), outcome, Rule::Lowest);
     clock.lap("agree");
     done
 }

@@ -4,11 +4,12 @@
 
 use super::local::rows_bytes;
 use crate::{Error, Result};
+use wholemem::CommonError;
 use wm_comm::{Communicator, ReceivedPart};
 
 /// The error for a part that member `r` of `comm` sent malformed.
 pub(super) fn malformed(comm: &dyn Communicator, r: usize, detail: String) -> Error {
-    Error::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {})", comm.world_rank()) }
+    Error::Common(CommonError::Malformed { rank: comm.world_ranks()[r], detail: format!("{detail} (to rank {})", comm.world_rank()) })
 }
 
 /// Row ids as a peer sent them (8 bytes each, little-endian), each checked
@@ -125,9 +126,10 @@ pub(super) fn read_reply<'a>(comm: &dyn Communicator, from: usize, bytes: &'a [u
     match bytes.split_first() {
         Some((&ROWS, body)) if Some(body.len()) == rows_bytes(rows, db) => Reply::Rows(body),
         Some((&FAILED, v)) => Reply::Verdict(v),
-        Some((&COPY_FAILED, _)) => {
-            Reply::Failed(Error::PeerFailed { rank: comm.world_ranks()[from], detail: "it could not copy the rows asked of it".into() })
-        }
+        Some((&COPY_FAILED, _)) => Reply::Failed(Error::Common(CommonError::PeerFailed {
+            rank: comm.world_ranks()[from],
+            detail: "it could not copy the rows asked of it".into(),
+        })),
         _ => Reply::Failed(malformed(comm, from, format!("{} bytes for {rows} rows of {db} bytes and a kind byte", bytes.len()))),
     }
 }

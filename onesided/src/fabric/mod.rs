@@ -32,6 +32,7 @@
 use std::ffi::{CStr, CString, c_void};
 use std::ptr;
 
+use wholemem::CommonError;
 use wm_fabric_sys as fi;
 
 use crate::{Error, Result};
@@ -103,8 +104,8 @@ impl Drop for Info {
 /// address to use, where the provider takes one.
 fn getinfo(provider: &str, node: Option<&str>) -> Result<Info> {
     let api = api()?;
-    let name = CString::new(provider).map_err(|_| Error::InvalidArgument(format!("provider name {provider:?}")))?;
-    let node_c = node.map(CString::new).transpose().map_err(|_| Error::InvalidArgument("address".into()))?;
+    let name = CString::new(provider).map_err(|_| Error::Common(CommonError::InvalidArgument(format!("provider name {provider:?}"))))?;
+    let node_c = node.map(CString::new).transpose().map_err(|_| Error::Common(CommonError::InvalidArgument("address".into())))?;
     // SAFETY: fi_dupinfo(NULL) (what fi_allocinfo is) returns a zeroed info
     // with its attribute structs allocated, or null; every field written
     // below belongs to it, and `prov_name` is a malloc'ed copy that

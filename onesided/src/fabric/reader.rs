@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use wholemem::CommonError;
 use wm_fabric_sys as fi;
 use wm_gather::RowLayout;
 use wm_gather::rows::{RowSource, gather_from};
@@ -88,7 +89,7 @@ impl FabricTransport {
         let provider = routed
             .iter()
             .find_map(|&r| record.owners[r].fabric.as_ref().map(|f| f.provider.clone()))
-            .ok_or_else(|| Error::InvalidArgument("no owner registered its rows with libfabric".into()))?;
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument("no owner registered its rows with libfabric".into())))?;
         if let Some(&r) = routed.iter().find(|&&r| record.owners[r].fabric.as_ref().is_none_or(|f| f.provider != provider)) {
             return Err(Error::Unsupported {
                 what: format!("libfabric reads of table {:?}", record.name),
@@ -101,7 +102,7 @@ impl FabricTransport {
         let mut owners = vec![None; methods.len()];
         for &r in &routed {
             let o = &record.owners[r];
-            let f = o.fabric.as_ref().ok_or_else(|| Error::InvalidArgument("no libfabric record".into()))?;
+            let f = o.fabric.as_ref().ok_or_else(|| Error::Common(CommonError::InvalidArgument("no libfabric record".into())))?;
             let bytes = unhex(&f.addr)
                 .ok_or_else(|| Error::Malformed { from: format!("rank {}", o.rank), detail: "its libfabric address".into() })?;
             let mut addr: fi::fi_addr_t = 0;
@@ -232,7 +233,7 @@ impl Transport for FabricTransport {
                 }
                 ctx.staging = Some((mr?, b));
             }
-            let (mr, b) = ctx.staging.as_mut().ok_or_else(|| Error::InvalidArgument("no staging buffer".into()))?;
+            let (mr, b) = ctx.staging.as_mut().ok_or_else(|| Error::Common(CommonError::InvalidArgument("no staging buffer".into())))?;
             (b.as_mut_ptr(), mr.desc(), None)
         };
         // Where row k of the request lands.
@@ -240,50 +241,7 @@ impl Transport for FabricTransport {
         let place = |k: usize| -> *mut u8 {
             if direct { dest.wrapping_add(req.slots.map_or(k, |s| s[k]) * out_row) } else { dest.wrapping_add(k * len) }
         };
-        // Each owner's rows in request order, in operations of `per_op`.
-        let per_op = self.shared.fabric.per_op;
-        let mut by_owner: Vec<Vec<usize>> = vec![Vec::new(); self.owners.len()];
-        for (k, &o) in req.owners.iter().enumerate() {
-            by_owner[o].push(k);
-        }
-        let ops_count: usize = by_owner.iter().map(|v| v.len().div_ceil(per_op)).sum();
-        let mut ops = Ops {
-            iov: Vec::with_capacity(n),
-            desc: vec![desc; n],
-            rma: Vec::with_capacity(n),
-            ctx: vec![fi::fi_context2::default(); ops_count],
-            msgs: Vec::with_capacity(ops_count),
-        };
-        let mut spans: Vec<(usize, usize, fi::fi_addr_t)> = Vec::with_capacity(ops_count);
-        for (o, ks) in by_owner.iter().enumerate() {
-            if ks.is_empty() {
-                continue;
-            }
-            let r = self.owners[o]
-                .ok_or_else(|| Error::InvalidArgument(format!("rows of owner {o} routed to libfabric, which does not reach it")))?;
-            for chunk in ks.chunks(per_op) {
-                let at = ops.iov.len();
-                for &k in chunk {
-                    let local = req.rows[k] - self.first[o];
-                    ops.iov.push(fi::iovec { iov_base: place(k).cast(), iov_len: len });
-                    ops.rma.push(fi::fi_rma_iov { addr: r.base + (local * self.row_bytes + skip) as u64, len, key: r.key });
-                }
-                spans.push((at, chunk.len(), r.addr));
-            }
-        }
-        for (i, &(at, count, addr)) in spans.iter().enumerate() {
-            let context = (&raw mut ops.ctx[i]).cast();
-            ops.msgs.push(fi::fi_msg_rma {
-                msg_iov: ops.iov[at..].as_ptr(),
-                desc: ops.desc[at..].as_mut_ptr(),
-                iov_count: count,
-                addr,
-                rma_iov: ops.rma[at..].as_ptr(),
-                rma_iov_count: count,
-                context,
-                data: 0,
-            });
-        }
+        let ops = self.build_ops(req, &place, desc, len, skip)?;
         let (failed, in_flight) = self.post_and_wait(&ctx.ep, &ops, profile);
         match failed {
             None => {}
@@ -312,6 +270,67 @@ impl Transport for FabricTransport {
 }
 
 impl FabricTransport {
+    /// The operations of one read: each owner's rows of `req` in request
+    /// order, `per_op` rows an operation, row `k` landing at `place(k)`
+    /// (`len` bytes from byte `skip` of the owner's row; `desc` registers
+    /// the destination).
+    fn build_ops(
+        &self,
+        req: &ReadRequest<'_>,
+        place: &dyn Fn(usize) -> *mut u8,
+        desc: *mut c_void,
+        len: usize,
+        skip: usize,
+    ) -> Result<Ops> {
+        let n = req.rows.len();
+        // Each owner's rows in request order, in operations of `per_op`.
+        let per_op = self.shared.fabric.per_op;
+        let mut by_owner: Vec<Vec<usize>> = vec![Vec::new(); self.owners.len()];
+        for (k, &o) in req.owners.iter().enumerate() {
+            by_owner[o].push(k);
+        }
+        let ops_count: usize = by_owner.iter().map(|v| v.len().div_ceil(per_op)).sum();
+        let mut ops = Ops {
+            iov: Vec::with_capacity(n),
+            desc: vec![desc; n],
+            rma: Vec::with_capacity(n),
+            ctx: vec![fi::fi_context2::default(); ops_count],
+            msgs: Vec::with_capacity(ops_count),
+        };
+        let mut spans: Vec<(usize, usize, fi::fi_addr_t)> = Vec::with_capacity(ops_count);
+        for (o, ks) in by_owner.iter().enumerate() {
+            if ks.is_empty() {
+                continue;
+            }
+            let r = self.owners[o].ok_or_else(|| {
+                Error::Common(CommonError::InvalidArgument(format!("rows of owner {o} routed to libfabric, which does not reach it")))
+            })?;
+            for chunk in ks.chunks(per_op) {
+                let at = ops.iov.len();
+                for &k in chunk {
+                    let local = req.rows[k] - self.first[o];
+                    ops.iov.push(fi::iovec { iov_base: place(k).cast(), iov_len: len });
+                    ops.rma.push(fi::fi_rma_iov { addr: r.base + (local * self.row_bytes + skip) as u64, len, key: r.key });
+                }
+                spans.push((at, chunk.len(), r.addr));
+            }
+        }
+        for (i, &(at, count, addr)) in spans.iter().enumerate() {
+            let context = (&raw mut ops.ctx[i]).cast();
+            ops.msgs.push(fi::fi_msg_rma {
+                msg_iov: ops.iov[at..].as_ptr(),
+                desc: ops.desc[at..].as_mut_ptr(),
+                iov_count: count,
+                addr,
+                rma_iov: ops.rma[at..].as_ptr(),
+                rma_iov_count: count,
+                context,
+                data: 0,
+            });
+        }
+        Ok(ops)
+    }
+
     /// Posts every operation, reaping completions whenever the queue is
     /// full, then waits for the rest. Returns the first error, and whether
     /// reads may still be in flight (then the endpoint must be closed).
@@ -335,10 +354,10 @@ impl FabricTransport {
                     return (Some(e), true);
                 }
                 if Instant::now() > deadline {
-                    first_err.get_or_insert(Error::Timeout {
+                    first_err.get_or_insert(Error::Common(CommonError::Timeout {
                         what: format!("posting libfabric reads of table {:?}", self.table),
                         secs: self.timeout.as_secs_f64(),
-                    });
+                    }));
                 }
             } else {
                 first_err = Some(Error::Fabric { call: "fi_readmsg", detail: strerror(r) });
@@ -359,10 +378,10 @@ impl FabricTransport {
             }
             if done.finished() == finished {
                 if Instant::now() > deadline {
-                    let e = first_err.unwrap_or(Error::Timeout {
+                    let e = first_err.unwrap_or(Error::Common(CommonError::Timeout {
                         what: format!("libfabric reads of table {:?} ({finished} of {total} done)", self.table),
                         secs: self.timeout.as_secs_f64(),
-                    });
+                    }));
                     return (Some(e), true);
                 }
                 spins += 1;

@@ -56,6 +56,7 @@ use wm_comm::session::Sealed;
 
 use anyhow::{Context, Result, bail, ensure};
 use half::{bf16, f16};
+use wholemem::CommonError;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory, query};
 use wm_comm::{Communicator, JobKey, Rendezvous};
 use wm_gather::{DType, Ids};
@@ -452,7 +453,7 @@ fn mirror(world: &Comm, loc: Option<&str>, forced: Option<Method>) -> Result<()>
         // failing rank's, naming the size), the table usable.
         let other = allocate_at(world, MemoryType::Distributed, Location::Host, rows + 1, cols, DType::F32, None)?;
         match table.publish_from(&other) {
-            Err(e @ (OErr::InvalidArgument(_) | OErr::PeerFailed { .. })) => {
+            Err(e @ (OErr::Common(CommonError::InvalidArgument(_)) | OErr::Common(CommonError::PeerFailed { .. }))) => {
                 ensure!(e.to_string().contains(&format!("{} rows", rows + 1)), "{ctx}: {e}")
             }
             other => bail!("{ctx}: publish_from with {} rows gave {other:?}", rows + 1),
@@ -1038,7 +1039,9 @@ fn impostor_reader(rest: &[String]) -> Result<()> {
         }
         "refuse" => {
             match read(&[3]) {
-                Err(e @ OErr::PeerFailed { .. }) if e.to_string().contains("row 3 at position 0") => println!("an error answer: {e}"),
+                Err(e @ OErr::Common(CommonError::PeerFailed { .. })) if e.to_string().contains("row 3 at position 0") => {
+                    println!("an error answer: {e}")
+                }
                 other => bail!("the error answer gave {other:?}"),
             }
             check(&[3, 4], "the read after the error answer")?;

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail, ensure};
+use wholemem::CommonError;
 use wholemem::agree::{Rule, agree};
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::{Communicator, ExchangePlan};
@@ -85,7 +86,7 @@ fn gather_works(t: &WholeTensor<f32>) -> Result<()> {
 /// What every rank must report: `Malformed` naming `culprit`, with `needle`
 /// in the detail (on honest ranks; the impostor only checks the blame).
 fn blames(what: &str, e: &wm_gather::Error, culprit: usize, needle: Option<&str>) -> Result<()> {
-    let wm_gather::Error::Malformed { rank, detail } = e else { bail!("{what}: not a malformed-peer error: {e}") };
+    let wm_gather::Error::Common(CommonError::Malformed { rank, detail }) = e else { bail!("{what}: not a malformed-peer error: {e}") };
     ensure!(*rank == culprit, "{what}: the error blames rank {rank}, not rank {culprit}: {e}");
     if let Some(n) = needle {
         ensure!(detail.contains(n), "{what}: {e:?} does not say {n:?}");
@@ -289,7 +290,9 @@ fn verdict(comm: &dyn Communicator, from: usize, v: &[u8], ok: &[u8]) -> wm_gath
     parts[from] = v;
     match wholemem::agree::decide(comm, Ok(()), Rule::Lowest, &parts) {
         Err(e) => e,
-        Ok(()) => wm_gather::Error::InvalidArgument(format!("rank {} sent a verdict of success", comm.world_ranks()[from])),
+        Ok(()) => {
+            wm_gather::Error::Common(CommonError::InvalidArgument(format!("rank {} sent a verdict of success", comm.world_ranks()[from])))
+        }
     }
 }
 
@@ -324,9 +327,10 @@ fn malformed_hierarchy(world: &Comm, impostor: usize) -> Result<()> {
 fn fake_sample(g: &CsrGraph, node: u64) -> Result<()> {
     let comm = g.comm().as_ref();
     let (n, me) = (comm.size(), comm.rank());
-    // 1. The agreement: the request as words (fanout, seed, weighted, edge
-    //    ids), then the status byte 0, "passed".
-    let mut msg: Vec<u8> = [FANOUT as u64, SEED, 0, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
+    // 1. The agreement: the length of the request (32 bytes), the request as
+    //    words (fanout, seed, weighted, edge ids), then the status byte 0,
+    //    "passed".
+    let mut msg: Vec<u8> = [32, FANOUT as u64, SEED, 0, 0].iter().flat_map(|w| w.to_le_bytes()).collect();
     msg.push(0);
     comm.allgatherv(&msg)?;
     // 2. The centers to their owners: `node`, one 8-byte word, to each.
@@ -360,7 +364,9 @@ fn malformed_sample(world: &Comm, impostor: usize) -> Result<()> {
             fake_sample(&g, node).with_context(|| what.clone())?;
         } else {
             let e = wm_graph::sample_neighbors(&g, &[], FANOUT, SEED).err().with_context(|| format!("{what}: rank {me} must fail"))?;
-            let wm_graph::Error::PeerFailed { rank, detail } = &e else { bail!("{what}: not an error naming a peer: {e}") };
+            let wm_graph::Error::Common(CommonError::PeerFailed { rank, detail }) = &e else {
+                bail!("{what}: not an error naming a peer: {e}")
+            };
             ensure!(*rank == impostor, "{what}: the error blames rank {rank}, not rank {impostor}: {e}");
             ensure!(detail.contains(&format!("local node {node}, of {count}")), "{what}: {e} does not name the node");
             println!("{what}: {e}");
@@ -417,7 +423,9 @@ fn malformed_gradients(world: &Comm, impostor: usize) -> Result<()> {
             emb.apply_gradients(&ids, &vec![1.0; rows * COLS], lr).err()
         };
         let e = e.with_context(|| format!("{what}: rank {me} must fail"))?;
-        let wm_embedding::Error::Malformed { rank, detail } = &e else { bail!("{what}: not a malformed-peer error: {e}") };
+        let wm_embedding::Error::Common(CommonError::Malformed { rank, detail }) = &e else {
+            bail!("{what}: not a malformed-peer error: {e}")
+        };
         ensure!(*rank == impostor, "{what}: blames rank {rank}: {e}");
         ensure!(me == impostor || detail.contains(needle), "{what}: {e:?} does not say {needle:?}");
         println!("{what}: {e}");
@@ -491,11 +499,11 @@ fn lock_holder(world: &Comm, how: &str, dir: &str) -> Result<()> {
         }
         "stuck" => {
             let e = locks.lock(row).err().context("a held lock must time out")?;
-            ensure!(matches!(e, wholemem::Error::Timeout { .. }), "not a timeout: {e}");
+            ensure!(matches!(e, wholemem::Error::Common(CommonError::Timeout { .. })), "not a timeout: {e}");
             ensure!(e.to_string().contains(&format!("row {row}")), "{e}");
             // A write of the row times out too, as an error of the call.
             let e = t.write_row(row, &[7.0; COLS]).err().context("a write under a held lock must time out")?;
-            ensure!(matches!(e, wholemem::Error::Timeout { .. }), "not a timeout: {e}");
+            ensure!(matches!(e, wholemem::Error::Common(CommonError::Timeout { .. })), "not a timeout: {e}");
             println!("rank 0: {e}");
             std::fs::write(&released, b"")?;
             world.barrier()?;

@@ -22,6 +22,7 @@ use memory::{DeviceAlloc, copy};
 pub use peer::PeerBuffers;
 use pinned::PinnedAlloc;
 
+use crate::CommonError;
 use crate::{Error, Result, WholeMemory};
 
 /// Whether this process can use CUDA: `Ok` with the number of GPUs the
@@ -71,7 +72,7 @@ impl DeviceBuffer {
     /// Copies `src` to the start of the buffer.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `src` is longer than the buffer.
+    /// [`crate::CommonError::InvalidArgument`] when `src` is longer than the buffer.
     pub fn upload(&mut self, src: &[u8]) -> Result<()> {
         self.fits(src.len())?;
         // SAFETY: the buffer is ours and at least `src.len()` bytes long.
@@ -81,7 +82,7 @@ impl DeviceBuffer {
     /// Copies the start of the buffer into `dst`.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `dst` is longer than the buffer.
+    /// [`crate::CommonError::InvalidArgument`] when `dst` is longer than the buffer.
     pub fn download(&self, dst: &mut [u8]) -> Result<()> {
         self.fits(dst.len())?;
         // SAFETY: as for `upload`.
@@ -91,7 +92,7 @@ impl DeviceBuffer {
     /// Copies `len` bytes from `src` into this buffer, on the device.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when either is shorter than `len`.
+    /// [`crate::CommonError::InvalidArgument`] when either is shorter than `len`.
     pub fn copy_from(&mut self, src: &DeviceBuffer, len: usize) -> Result<()> {
         self.fits(len)?;
         src.fits(len)?;
@@ -101,7 +102,10 @@ impl DeviceBuffer {
 
     fn fits(&self, n: usize) -> Result<()> {
         if n > self.len() {
-            return Err(Error::InvalidArgument(format!("{n} bytes do not fit a device buffer of {} bytes", self.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "{n} bytes do not fit a device buffer of {} bytes",
+                self.len()
+            ))));
         }
         Ok(())
     }

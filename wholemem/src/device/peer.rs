@@ -13,7 +13,8 @@ use wm_comm::Communicator;
 
 use super::memory::{IPC_ALIGN, IpcMapping, SharedAlloc};
 use super::storage;
-use crate::handle::agree;
+use crate::CommonError;
+use crate::agree::{Rule, agree};
 use crate::{Error, Result, WholeMemory};
 
 /// One table's peer buffers, behind [`WholeMemory::peer_buffers`].
@@ -85,14 +86,14 @@ impl PeerBuffers {
     /// are as they were.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `need` does not have one entry per
+    /// [`crate::CommonError::InvalidArgument`] when `need` does not have one entry per
     /// rank; the driver's error (allocating, opening a peer's buffer) on
     /// every rank; a lost peer.
     pub fn reserve(&mut self, mem: &WholeMemory, need: &[usize]) -> Result<()> {
         let comm = mem.comm();
         let (n, me) = (comm.size(), comm.rank());
         if need.len() != n {
-            return Err(Error::InvalidArgument(format!("{} buffer sizes for {n} ranks", need.len())));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("{} buffer sizes for {n} ranks", need.len()))));
         }
         if self.lens.len() != n {
             self.lens = vec![0; n];
@@ -111,7 +112,7 @@ impl PeerBuffers {
         // 1. The growing ranks allocate; every rank learns whether all did.
         let mut fresh: Option<(SharedAlloc, [u8; 64])> = None;
         let made = if grow[me] { SharedAlloc::new(gpu, lens[me]).map(|a| fresh = Some(a)).map_err(Error::from) } else { Ok(()) };
-        if let Err(e) = agree(comm.as_ref(), made) {
+        if let Err(e) = agree(comm.as_ref(), made, Rule::Lowest) {
             // Nobody has opened the new buffer: it can go.
             fresh.into_iter().for_each(|(a, _)| a.free());
             return Err(e);
@@ -136,7 +137,7 @@ impl PeerBuffers {
                 _ => Ok(None),
             })
             .collect();
-        let opened = match agree(comm.as_ref(), opened.map_err(Error::from)) {
+        let opened = match agree(comm.as_ref(), opened.map_err(Error::from), Rule::Lowest) {
             Ok(o) => o,
             Err(e) => {
                 // Every rank closed what it opened (dropped with the error);

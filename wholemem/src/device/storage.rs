@@ -18,7 +18,7 @@ use wm_comm::{CommExt, Communicator};
 
 use super::driver::{self, CuError, Gpu};
 use super::memory::{AddressRange, DevPtr, DeviceAlloc, IpcMapping, Mapping, PhysicalMemory, SharedAlloc, vmm_granularity};
-use crate::handle::agree;
+use crate::agree::{Rule, agree};
 use crate::host;
 use crate::partition::Partition;
 use crate::types::MemoryType;
@@ -139,7 +139,7 @@ pub(crate) fn node_gpus(comm: &dyn Communicator, gpu: &Gpu) -> Result<Vec<usize>
         Ok(ords)
     })()
     .map_err(|reason| Error::Unsupported { what: "mapping device memory of the node's ranks".into(), reason });
-    agree(comm, mine)
+    agree(comm, mine, Rule::Lowest)
 }
 
 fn cu<T>(r: std::result::Result<T, CuError>) -> Result<T> {
@@ -160,18 +160,18 @@ pub(crate) fn allocate(
     let own_bytes = p.count(me) * granularity;
     // Every driver call below needs this GPU's context current on this
     // thread.
-    agree(comm, cu(gpu.bind()))?;
+    agree(comm, cu(gpu.bind()), Rule::Lowest)?;
     match ty {
         MemoryType::Distributed | MemoryType::Hierarchy => {
             let own = (own_bytes > 0).then(|| DeviceAlloc::new(gpu, own_bytes)).transpose();
-            Ok(DeviceStorage::Local(agree(comm, cu(own))?))
+            Ok(DeviceStorage::Local(agree(comm, cu(own), Rule::Lowest)?))
         }
         MemoryType::Chunked => {
             let ords = node_gpus(comm, gpu)?;
             debug_assert_eq!(ords[me], gpu.ordinal);
             // Rounded up to 2 MiB (SharedAlloc::new): IPC shares whole blocks.
             let own = cu((own_bytes > 0).then(|| SharedAlloc::new(gpu, own_bytes)).transpose());
-            let own = agree(comm, own)?;
+            let own = agree(comm, own, Rule::Lowest)?;
             let handle = own.as_ref().map_or(Vec::new(), |(_, h)| h.to_vec());
             let own = own.map(|(a, _)| a);
             // From here on a peer may hold this rank's chunk open: on any
@@ -184,7 +184,7 @@ pub(crate) fn allocate(
                 .collect::<std::result::Result<Vec<_>, _>>();
             // A failed open on any rank: every rank closes what it opened
             // (the partial vector is dropped already), all meet, then free.
-            let peers = match agree(comm, cu(peers)) {
+            let peers = match agree(comm, cu(peers), Rule::Lowest) {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = release_in_order(|| (), || comm.barrier().map_err(Error::from), || own.into_iter().for_each(SharedAlloc::free));
@@ -200,8 +200,8 @@ pub(crate) fn allocate(
             let ords = node_gpus(comm, gpu)?;
             let vmm = driver::vmm_support(gpu.ordinal)
                 .map_err(|reason| Error::Unsupported { what: "continuous device memory (CUDA virtual memory management)".into(), reason });
-            agree(comm, vmm)?;
-            let g = agree(comm, cu(vmm_granularity(gpu.ordinal)))?;
+            agree(comm, vmm, Rule::Lowest)?;
+            let g = agree(comm, cu(vmm_granularity(gpu.ordinal)), Rule::Lowest)?;
             let unit = comm.allgather_value(g as u64)?.into_iter().max().unwrap_or(1) as usize;
             let offs: Vec<usize> = (0..=p.world()).map(|r| p.offset(r) * granularity).collect();
             let piece = |r: usize| split(&offs, total, r + 1, unit) - split(&offs, total, r, unit);
@@ -216,9 +216,9 @@ pub(crate) fn allocate(
                 let fd = cu(mem.export_fd())?;
                 Ok((Some(mem), fd))
             })();
-            let (own, fd) = agree(comm, created)?;
+            let (own, fd) = agree(comm, created, Rule::Lowest)?;
             let exchanged = host::exchange_portions(comm, fd, None)?;
-            let fds = agree(comm, exchanged)?.fds;
+            let fds = agree(comm, exchanged, Rule::Lowest)?.fds;
             let span = split(&offs, total, p.world(), unit);
             let mapped = (|| -> Result<(Vec<Mapping>, AddressRange)> {
                 let range = cu(AddressRange::reserve(gpu, span, unit))?;
@@ -240,7 +240,7 @@ pub(crate) fn allocate(
                 cu(range.set_access(0, span, &gpus))?;
                 Ok((maps, range))
             })();
-            let (maps, range) = agree(comm, mapped)?;
+            let (maps, range) = agree(comm, mapped, Rule::Lowest)?;
             // The mappings hold the memory now; the creation handle and the
             // descriptors can go.
             drop(own);
@@ -255,7 +255,7 @@ mod tests {
     use std::cell::RefCell;
 
     use super::{release_in_order, split};
-    use crate::Error;
+    use crate::{CommonError, Error};
 
     #[test]
     fn shared_chunks_are_freed_only_after_every_rank_closed_its_mappings() {
@@ -274,7 +274,7 @@ mod tests {
             || step("close"),
             || {
                 step("meet");
-                Err(Error::InvalidArgument("rank 3 lost".into()))
+                Err(Error::Common(CommonError::InvalidArgument("rank 3 lost".into())))
             },
             || step("free"),
         )

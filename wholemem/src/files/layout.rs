@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::npy::Header;
 use super::{FileKind, RowFormat, ShardSet, Source};
+use crate::CommonError;
 use crate::DType;
 use crate::error::ShardProblem;
 use crate::{Error, Result};
@@ -268,13 +269,15 @@ pub(crate) fn discover(set: &ShardSet, row: &RowFormat) -> Result<Layout> {
         files.push(ShardFile { path, rows, data_offset });
     }
     let Some((elem, row_shape, _)) = first else {
-        return Err(Error::InvalidArgument("an empty list of shard files".into()));
+        return Err(Error::Common(CommonError::InvalidArgument("an empty list of shard files".into())));
     };
     let mut offsets = Vec::with_capacity(files.len() + 1);
     let mut acc = 0u64;
     offsets.push(0);
     for f in &files {
-        acc = acc.checked_add(f.rows).ok_or_else(|| Error::InvalidArgument("the files hold more than 2^64 rows".into()))?;
+        acc = acc
+            .checked_add(f.rows)
+            .ok_or_else(|| Error::Common(CommonError::InvalidArgument("the files hold more than 2^64 rows".into())))?;
         offsets.push(acc);
     }
     Ok(Layout { files, offsets, elem, row_shape })

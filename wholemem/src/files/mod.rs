@@ -36,6 +36,8 @@ use wm_comm::Communicator;
 
 pub use layout::{Layout, Piece, ShardFile};
 
+use crate::CommonError;
+use crate::agree::{Rule, agree};
 use crate::error::ShardProblem;
 use crate::handle::WholeMemory;
 use crate::tensor::WholeTensor;
@@ -142,11 +144,11 @@ impl ShardSet {
     /// # Errors
     /// [`Error::Shards`] naming the file or directory and the
     /// [`ShardProblem`]; [`Error::Os`] when a file cannot be opened or read;
-    /// [`Error::InvalidArgument`] for an empty list of files or rows of 0
+    /// [`crate::CommonError::InvalidArgument`] for an empty list of files or rows of 0
     /// bytes.
     pub fn discover(&self, row: &RowFormat) -> Result<Layout> {
         if row.row_bytes() == 0 {
-            return Err(Error::InvalidArgument(format!("rows of shape {:?} have no bytes", row.shape)));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("rows of shape {:?} have no bytes", row.shape))));
         }
         layout::discover(self, row)
     }
@@ -200,7 +202,7 @@ const MIN_BYTES_PER_THREAD: usize = 1 << 20;
 ///
 /// # Errors
 /// On every rank, when any rank fails: the failing rank gets its own error,
-/// the others [`Error::PeerFailed`] naming it and quoting the error.
+/// the others [`crate::CommonError::PeerFailed`] naming it and quoting the error.
 /// - [`Error::Shards`] for unusable files: a missing directory, no shards, a
 ///   gap in the numbering, files that are not NPY, big-endian or unsupported
 ///   element types, Fortran order, a file size that does not match, files
@@ -208,7 +210,7 @@ const MIN_BYTES_PER_THREAD: usize = 1 << 20;
 ///   other than the table's, a total row count other than the table's, a
 ///   raw file that is not a whole number of rows, or ranks that see
 ///   different layouts ([`ShardProblem::LayoutDiffers`]).
-/// - [`Error::InvalidArgument`] when `row` does not fit the table's row size.
+/// - [`crate::CommonError::InvalidArgument`] when `row` does not fit the table's row size.
 /// - [`Error::Os`] for a file that cannot be opened or read.
 /// - [`Error::Comm`] when a peer is lost.
 pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result<Loaded> {
@@ -218,11 +220,11 @@ pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result
         layout.check_table(row, mem.rows(), shards.place())?;
         Ok(layout)
     });
-    let layout = agree(comm.as_ref(), discovered)?;
+    let layout = agree(comm.as_ref(), discovered, Rule::OwnFirst)?;
     same_layout(comm.as_ref(), &layout, shards.place())?;
     let n = threads(mem);
     let read = read_local(mem, &layout, n);
-    agree(comm.as_ref(), read)
+    agree(comm.as_ref(), read, Rule::OwnFirst)
 }
 
 /// Writes `mem` to `target`. Collective: every rank calls it with the same
@@ -234,7 +236,7 @@ pub fn load(mem: &mut WholeMemory, row: &RowFormat, shards: &ShardSet) -> Result
 /// On every rank, when any rank fails (as for [`load`]):
 /// [`Error::Unsupported`] for a bf16 table to NPY files (numpy has no bf16:
 /// use [`StoreTarget::RawFile`]);
-/// [`Error::InvalidArgument`] when `row` does not fit the table's row size;
+/// [`crate::CommonError::InvalidArgument`] when `row` does not fit the table's row size;
 /// [`Error::Os`] when a file or directory cannot be written.
 pub fn store(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget) -> Result<()> {
     let comm = mem.comm().clone();
@@ -247,11 +249,11 @@ pub fn store(mem: &WholeMemory, row: &RowFormat, target: &StoreTarget) -> Result
         }
         Ok(())
     });
-    agree(comm.as_ref(), checked)?;
+    agree(comm.as_ref(), checked, Rule::OwnFirst)?;
     let prepared = if comm.rank() == 0 { prepare(target, comm.size(), mem.total_bytes()) } else { Ok(()) };
-    agree(comm.as_ref(), prepared)?;
+    agree(comm.as_ref(), prepared, Rule::OwnFirst)?;
     let written = write_local(mem, row, target, threads(mem));
-    agree(comm.as_ref(), written)
+    agree(comm.as_ref(), written, Rule::OwnFirst)
 }
 
 /// Threads one rank reads or writes files with: the table's
@@ -264,7 +266,7 @@ impl<T: Element> WholeTensor<T> {
     /// What one row of this tensor is in a file.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when rows are not dense (a row stride
+    /// [`crate::CommonError::InvalidArgument`] when rows are not dense (a row stride
     /// larger than a row, or inner strides that are not row-major): files
     /// hold dense rows.
     pub fn row_format(&self) -> Result<RowFormat> {
@@ -273,19 +275,19 @@ impl<T: Element> WholeTensor<T> {
         let mut dense = 1usize;
         for (&size, &stride) in d.sizes()[1..].iter().zip(&d.strides()[1..]).rev() {
             if stride != dense && size > 1 {
-                return Err(Error::InvalidArgument(format!(
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
                     "files hold dense row-major rows; this tensor's strides {:?} for sizes {:?} are not",
                     d.strides(),
                     d.sizes()
-                )));
+                ))));
             }
             dense *= size;
         }
         if d.row_stride() != dense {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "files hold dense rows of {dense} elements; this tensor's rows are {} elements apart",
                 d.row_stride()
-            )));
+            ))));
         }
         Ok(RowFormat { elem: T::DTYPE, shape })
     }
@@ -311,13 +313,6 @@ impl<T: Element> WholeTensor<T> {
     }
 }
 
-/// Fails on every rank if it failed on any. A failing rank returns its own
-/// error (the file it could not read, say); the others learn the first
-/// failing rank's ([`Rule::OwnFirst`](crate::agree::Rule::OwnFirst)).
-fn agree<T>(comm: &dyn Communicator, mine: Result<T>) -> Result<T> {
-    crate::agree::agree(comm, mine, crate::agree::Rule::OwnFirst)
-}
-
 /// Every rank compares every rank's layout with rank 0's; a difference is
 /// the same error on every rank, naming the rank and the first difference.
 fn same_layout(comm: &dyn Communicator, layout: &Layout, place: &Path) -> Result<()> {
@@ -338,13 +333,13 @@ fn same_layout(comm: &dyn Communicator, layout: &Layout, place: &Path) -> Result
 
 fn check_row_format(mem: &WholeMemory, row: &RowFormat) -> Result<()> {
     if row.row_bytes() != mem.granularity() {
-        return Err(Error::InvalidArgument(format!(
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
             "rows of {:?} {} elements are {} bytes, the table's rows {} bytes",
             row.shape,
             row.elem,
             row.row_bytes(),
             mem.granularity()
-        )));
+        ))));
     }
     Ok(())
 }

@@ -4,6 +4,7 @@
 use std::os::fd::{AsFd, BorrowedFd};
 
 use super::WholeMemory;
+use crate::CommonError;
 use crate::host::{self, map::Region};
 use crate::types::MemoryType;
 use crate::{Error, Result};
@@ -76,24 +77,23 @@ impl MappedPortion {
     /// for the error.
     ///
     /// # Errors
-    /// [`Error::Malformed`] naming `from` when a file is not what it must
+    /// [`crate::CommonError::Malformed`] naming `from` when a file is not what it must
     /// be; [`Error::Os`] when they cannot be mapped.
     pub fn open(pieces: &[(BorrowedFd<'_>, usize)], from: usize) -> Result<Self> {
         let page = host::map::page_size();
         let mut len = 0usize;
         for (i, &(fd, bytes)) in pieces.iter().enumerate() {
             host::map::check_received(fd, bytes)
-                .map_err(|d| Error::Malformed { rank: from, detail: format!("as its table portion, {d}") })?;
+                .map_err(|d| Error::Common(CommonError::Malformed { rank: from, detail: format!("as its table portion, {d}") }))?;
             if i + 1 < pieces.len() && bytes % page != 0 {
-                return Err(Error::Malformed {
+                return Err(Error::Common(CommonError::Malformed {
                     rank: from,
                     detail: format!("a portion piece of {bytes} bytes, not whole pages, before another"),
-                });
+                }));
             }
-            len = len
-                .checked_add(bytes)
-                .filter(|&l| l <= isize::MAX as usize)
-                .ok_or_else(|| Error::Malformed { rank: from, detail: "portion pieces larger than any address space".into() })?;
+            len = len.checked_add(bytes).filter(|&l| l <= isize::MAX as usize).ok_or_else(|| {
+                Error::Common(CommonError::Malformed { rank: from, detail: "portion pieces larger than any address space".into() })
+            })?;
         }
         let region = if len == 0 {
             None

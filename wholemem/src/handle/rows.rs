@@ -2,6 +2,7 @@
 //! rank's own rows in place (`unsafe`, with the contract spelled out).
 
 use super::WholeMemory;
+use crate::CommonError;
 use crate::types::Location;
 use crate::{Error, Result};
 
@@ -121,7 +122,7 @@ impl WholeMemory {
     /// with a collective.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] when `out` is not the size of this rank's
+    /// [`crate::CommonError::InvalidArgument`] when `out` is not the size of this rank's
     /// rows.
     pub fn read_local(&self, out: &mut [u8]) -> Result<()> {
         self.check_local_len(out.len())?;
@@ -146,12 +147,14 @@ impl WholeMemory {
     /// half-written.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for device memory (copy device rows with
+    /// [`crate::CommonError::InvalidArgument`] for device memory (copy device rows with
     /// the device buffers' own copies); the driver's error.
     #[cfg(feature = "cuda")]
     pub fn upload_local(&self, dst: &mut crate::device::DeviceBuffer) -> Result<usize> {
         if self.loc != Location::Host {
-            return Err(Error::InvalidArgument("upload_local copies host rows; this table is in device memory".into()));
+            return Err(Error::Common(CommonError::InvalidArgument(
+                "upload_local copies host rows; this table is in device memory".into(),
+            )));
         }
         // SAFETY: the slice goes only to the driver's host-to-device copy,
         // which reads it as bytes; it is dropped when this call returns.
@@ -164,12 +167,12 @@ impl WholeMemory {
     fn check_local_len(&self, len: usize) -> Result<()> {
         let want = self.local_rows().len() * self.granularity;
         if len != want {
-            return Err(Error::InvalidArgument(format!(
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
                 "rank {} owns {} rows of {} bytes ({want} bytes); the buffer has {len}",
                 self.comm.world_rank(),
                 self.local_rows().len(),
                 self.granularity
-            )));
+            ))));
         }
         Ok(())
     }
@@ -241,7 +244,7 @@ impl WholeMemory {
     fn row_run(&self, first: usize, bytes: usize) -> Result<usize> {
         let g = self.granularity;
         if bytes % g != 0 {
-            return Err(Error::InvalidArgument(format!("{bytes} bytes is not a whole number of {g}-byte rows")));
+            return Err(Error::Common(CommonError::InvalidArgument(format!("{bytes} bytes is not a whole number of {g}-byte rows"))));
         }
         let n = bytes / g;
         if first.checked_add(n).is_none_or(|end| end > self.rows()) {

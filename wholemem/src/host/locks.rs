@@ -20,7 +20,7 @@
 //!
 //! **A live holder that does not let go** (stopped, hung): waiting is
 //! bounded by `WM_TIMEOUT_S`, after which [`RowLocks::lock`] fails with
-//! [`Error::Timeout`] instead of spinning forever.
+//! [`crate::CommonError::Timeout`] instead of spinning forever.
 //!
 //! **Write generations.** After the lock words the same memfd holds one
 //! 64-bit counter per rank: how often rows of that rank were written, by
@@ -39,6 +39,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::map::{self, Region};
+use crate::CommonError;
 use crate::{Error, Result};
 
 /// Lock words per table: rows map to words by `row % STRIPES`.
@@ -161,7 +162,7 @@ impl RowLocks {
     /// taken over, and the guard says so ([`RowGuard::owner_died`]).
     ///
     /// # Errors
-    /// [`Error::Timeout`] when another process held the stripe for the whole
+    /// [`crate::CommonError::Timeout`] when another process held the stripe for the whole
     /// timeout.
     pub fn lock(&self, row: usize) -> Result<RowGuard<'_>> {
         match self.try_lock(row) {
@@ -209,10 +210,10 @@ impl RowLocks {
                         }
                     }
                     if now.duration_since(since) >= self.timeout {
-                        return Err(Error::Timeout {
+                        return Err(Error::Common(CommonError::Timeout {
                             what: format!("waiting for the lock of row {row} (rank {} of the table holds it)", holder.wrapping_sub(1)),
                             secs: self.timeout.as_secs_f64(),
-                        });
+                        }));
                     }
                 }
             }
@@ -259,7 +260,10 @@ mod tests {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let e = locks.lock(7 + STRIPES).unwrap_err();
-                assert!(matches!(&e, Error::Timeout { what, .. } if what.contains(&format!("row {}", 7 + STRIPES))), "{e}");
+                assert!(
+                    matches!(&e, Error::Common(CommonError::Timeout { what, .. }) if what.contains(&format!("row {}", 7 + STRIPES))),
+                    "{e}"
+                );
                 drop(locks.lock(8).unwrap());
             });
         });
@@ -294,7 +298,7 @@ mod tests {
         // A holder whose death cannot be seen (no pidfd) is only waited for.
         let blind = table(0, vec![None, None], Duration::from_millis(100));
         blind.word(5).store(2, Ordering::Release);
-        assert!(matches!(blind.lock(5), Err(Error::Timeout { .. })));
+        assert!(matches!(blind.lock(5), Err(Error::Common(CommonError::Timeout { .. }))));
     }
 
     #[test]

@@ -25,6 +25,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use map::{Region, page_size};
 use wm_comm::Communicator;
 
+use crate::CommonError;
 use crate::partition::Partition;
 use crate::types::MemoryType;
 use crate::{Error, Result};
@@ -124,7 +125,7 @@ pub(crate) fn create_portion(ty: MemoryType, p: &Partition, granularity: usize, 
 pub(crate) fn received(fd: OwnedFd, len: usize, from: usize, what: &str) -> Result<OwnedFd> {
     match map::check_received(fd.as_fd(), len) {
         Ok(()) => Ok(fd),
-        Err(detail) => Err(Error::Malformed { rank: from, detail: format!("as its {what}, {detail}") }),
+        Err(detail) => Err(Error::Common(CommonError::Malformed { rank: from, detail: format!("as its {what}, {detail}") })),
     }
 }
 
@@ -232,13 +233,21 @@ pub(crate) fn exchange_portions(comm: &dyn Communicator, mine: OwnedFd, host: Op
         return Ok(Err(e));
     }
     if is_host && lock_fd.is_none() {
-        return Ok(Err(Error::Malformed { rank: comm.world_ranks()[0], detail: "no row-lock table with its portion".into() }));
+        return Ok(Err(Error::Common(CommonError::Malformed {
+            rank: comm.world_ranks()[0],
+            detail: "no row-lock table with its portion".into(),
+        })));
     }
     let mut fds = Vec::with_capacity(n);
     for (r, fd) in all.into_iter().enumerate() {
         match fd {
             Some(fd) => fds.push(fd),
-            None => return Ok(Err(Error::Malformed { rank: comm.world_ranks()[r], detail: "no descriptor for its portion".into() })),
+            None => {
+                return Ok(Err(Error::Common(CommonError::Malformed {
+                    rank: comm.world_ranks()[r],
+                    detail: "no descriptor for its portion".into(),
+                })));
+            }
         }
     }
     Ok(Ok(Exchanged { fds, pidfds, locks: lock_fd }))
@@ -361,12 +370,12 @@ mod tests {
         // A sealed portion one page short: the size check refuses it.
         let short = map::memfd("wholemem-test-short", want - page, false).unwrap();
         let e = received(short, want, 7, "table portion").unwrap_err();
-        assert!(matches!(&e, Error::Malformed { rank: 7, detail } if detail.contains("table portion")), "{e}");
+        assert!(matches!(&e, Error::Common(CommonError::Malformed { rank: 7, detail }) if detail.contains("table portion")), "{e}");
         assert!(e.to_string().starts_with("rank 7 sent malformed data"), "{e}");
         // An unsealed one of the right size: it could shrink under the
         // mapping later, so it is refused too.
         let e = received(map::unsealed_memfd(want), want, 3, "row-lock table").unwrap_err();
-        assert!(matches!(&e, Error::Malformed { rank: 3, detail } if detail.contains("without its seals")), "{e}");
+        assert!(matches!(&e, Error::Common(CommonError::Malformed { rank: 3, detail }) if detail.contains("without its seals")), "{e}");
     }
 
     #[test]

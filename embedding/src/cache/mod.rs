@@ -28,70 +28,18 @@
 
 use std::sync::Mutex;
 
-use wm_gather::cache::{Bypass, CacheStats, NodeCache, WriteMark};
+use wm_gather::cache::{Bypass, CacheStats, NodeCache};
 use wm_gather::{DType, Ids};
 
 #[cfg(feature = "cuda")]
+use wholemem::CommonError;
 use wholemem::WholeTensor;
 
+use self::state::poisoned;
 use crate::table::{Embedding, EmbeddingElement};
 use crate::{Error, Result};
 
-/// The caches of one embedding.
-#[derive(Debug, Default)]
-pub(crate) struct Caches {
-    /// The node cache; a mutex because gathers take `&self`.
-    node: Option<Mutex<NodeCache>>,
-    /// This rank's device cache of its own rows and their state.
-    #[cfg(feature = "cuda")]
-    device: Option<wm_gather::cache::DeviceCache>,
-}
-
-fn poisoned() -> Error {
-    Error::InvalidArgument("the node cache's lock was poisoned by a panic in another thread".into())
-}
-
-impl Caches {
-    /// Whether a node cache is enabled.
-    pub(crate) fn node_enabled(&self) -> bool {
-        self.node.is_some()
-    }
-
-    /// Whether a device cache is enabled.
-    pub(crate) fn device_enabled(&self) -> bool {
-        #[cfg(feature = "cuda")]
-        return self.device.is_some();
-        #[cfg(not(feature = "cuda"))]
-        false
-    }
-
-    /// This rank's device cache forgets every row (the host rows changed).
-    pub(crate) fn forget_device(&mut self) {
-        #[cfg(feature = "cuda")]
-        if let Some(d) = &mut self.device {
-            d.clear();
-        }
-    }
-
-    /// Drops every rank's `rows` of `table` from every node's cache, the
-    /// rows this rank wrote since `since` (collective; nothing without a
-    /// cache).
-    pub(crate) fn invalidate_node_written(&mut self, table: &wholemem::WholeMemory, rows: Ids<'_>, since: WriteMark) -> Result<()> {
-        if let Some(c) = &mut self.node {
-            c.get_mut().map_err(|_| poisoned())?.invalidate_written(table, rows, since)?;
-        }
-        Ok(())
-    }
-
-    /// Frees the caches (collective). A device cache has no dirty rows
-    /// between calls (`apply_gradients` writes them back).
-    pub(crate) fn free(self) -> Result<()> {
-        if let Some(c) = self.node {
-            c.into_inner().map_err(|_| poisoned())?.free()?;
-        }
-        Ok(())
-    }
-}
+pub(crate) mod state;
 
 impl<T: EmbeddingElement> Embedding<T> {
     /// Keeps up to `ratio` of the rows — of those ranks of other nodes own —
@@ -202,7 +150,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             return Ok(());
         }
         let _ = (own, w, s);
-        Err(Error::InvalidArgument("no device cache".into()))
+        Err(Error::Common(CommonError::InvalidArgument("no device cache".into())))
     }
 
     /// Writes own rows `own` and their state through the device cache, then
@@ -218,7 +166,7 @@ impl<T: EmbeddingElement> Embedding<T> {
             return Ok(());
         }
         let _ = (own, w, s);
-        Err(Error::InvalidArgument("no device cache".into()))
+        Err(Error::Common(CommonError::InvalidArgument("no device cache".into())))
     }
 
     /// The gather through the node cache (which first drops what was
