@@ -480,44 +480,6 @@ pub fn scatter_from<T: Element, S: Element, I: Index>(t: &mut wholemem::WholeTen
     scatter(t.memory_mut(), &layout, I::ids(ids), bytemuck::cast_slice(src), S::DTYPE)
 }
 
-/// The collective gather of distributed and hierarchy memory, with this
-/// rank's checks already made (`checked`: their outcome, which every rank
-/// learns in the first exchange), running `while_rows_travel` once while the rows travel
-/// (unless the call fails before they do): the caller's own work overlaps
-/// the exchange on the calling thread.
-pub(crate) fn gather_collective(
-    mem: &wholemem::WholeMemory,
-    layout: &RowLayout,
-    checked: Result<kernel::RowConv>,
-    ids: Ids<'_>,
-    out: &mut [u8],
-    while_rows_travel: &mut dyn FnMut(),
-) -> Result<()> {
-    match mem.memory_type() {
-        wholemem::MemoryType::Distributed => {
-            exchange::gather_distributed(mem, layout, checked, ids, out, profile::Clock::start(), while_rows_travel)
-        }
-        wholemem::MemoryType::Hierarchy => {
-            exchange::gather_hierarchy(mem, layout, checked, ids, out, profile::Clock::start(), while_rows_travel)
-        }
-        // Not collective: nothing to tell the other ranks.
-        other => checked.and(Err(Error::Common(CommonError::InvalidArgument(format!("{other} memory has no collective gather"))))),
-    }
-}
-
-/// The collective scatter of distributed and hierarchy memory, with this
-/// rank's checks already made (`checked`, which every rank learns in the
-/// first exchange, as in [`gather_collective`]).
-pub(crate) fn scatter_collective(
-    mem: &mut wholemem::WholeMemory,
-    layout: &RowLayout,
-    checked: Result<kernel::RowConv>,
-    ids: Ids<'_>,
-    src: &[u8],
-) -> Result<()> {
-    exchange::scatter_distributed(mem, layout, checked, ids, src, profile::Clock::start())
-}
-
 /// Checks one rank's arguments; the conversion from table to buffer rows.
 fn check_call(
     mem: &wholemem::WholeMemory,

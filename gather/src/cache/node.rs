@@ -480,9 +480,9 @@ impl NodeCache {
         });
         let done = match (checked, path) {
             // Every rank learns it in the table's own exchange.
-            (Err(e), _) => crate::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
+            (Err(e), _) => crate::exchange::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
             // The table's own gather.
-            (Ok(conv), Path::Plain) => crate::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || {}),
+            (Ok(conv), Path::Plain) => crate::exchange::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || {}),
             (Ok(conv), Path::Cached) => self.gather_cached(mem, ids, out, conv),
         };
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -595,7 +595,7 @@ impl NodeCache {
             (copied, decided, t.elapsed())
         };
         let mut done = None;
-        let result = crate::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut || {
+        let result = crate::exchange::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut || {
             if done.is_none() {
                 done = Some(hits());
             }

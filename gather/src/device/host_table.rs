@@ -12,8 +12,10 @@ use wholemem::WholeMemory;
 use wholemem::device::DeviceBuffer;
 use wholemem::device::raw::cudarc::driver::CudaEvent;
 
+use super::checks;
+use super::launch::{DeviceIds, IdsAt, OutAt, ids_down};
+use super::mapping::mapped_gather;
 use super::staging::{Host, Lease, cuda};
-use super::{DeviceIds, IdsAt, OutAt, checks, ids_down};
 use crate::cuda::StreamCopy;
 use crate::kernel::RowConv;
 use crate::profile::Clock;
@@ -63,7 +65,7 @@ pub(crate) fn gather(
     // The mapped way needs the rows registered with CUDA; where the driver
     // refused that (`WholeMemory::host_registration`), they are staged.
     if way()? == Way::Mapped && mem.host_registration().is_ok() {
-        return super::mapped_gather(mem, layout, IdsAt::Device(ids), OutAt::Device(out.addr()), out_dtype, clock);
+        return mapped_gather(mem, layout, IdsAt::Device(ids), OutAt::Device(out.addr()), out_dtype, clock);
     }
     let conv = RowConv::new(layout.dtype(), out_dtype, layout.cols())?;
     let rb = conv.dst_bytes();

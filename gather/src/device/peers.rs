@@ -42,13 +42,14 @@ use wholemem::agree::{Rule, agree};
 use wholemem::device::DeviceBuffer;
 use wm_comm::nccl::DeviceCommunicator;
 
+use super::checks;
+use super::launch::{
+    DevIds, DeviceIds, IdsAt, OutAt, Reach, Rows, SrcAt, check_ids, dense, gather_rows, ids_on_device, name_bad_id, out_on_device, owners,
+    read_id, reset_status, resolve_repeats, rows_down, scatter_rows, src_on_device, wait_for_status,
+};
 use super::plan::Plan;
 use super::staging::{Dev, Host, Lease, cuda};
 use super::timing::Marks;
-use super::{
-    DevIds, DeviceIds, IdsAt, OutAt, Reach, Rows, SrcAt, check_ids, checks, dense, gather_rows, ids_on_device, name_bad_id, out_on_device,
-    owners, read_id, reset_status, resolve_repeats, rows_down, scatter_rows, src_on_device, wait_for_status,
-};
 use crate::cuda::{BucketArgs, IdType, StreamCopy};
 use crate::kernel::RowConv;
 use crate::profile::Clock;

@@ -85,9 +85,9 @@ pub(super) fn read_local(
     }
     #[cfg(feature = "cuda")]
     if mem.location() == wholemem::Location::Device {
-        let Some(positions) = positions else { return crate::device::gather_local(mem, layout, conv, rows, out) };
+        let Some(positions) = positions else { return crate::device::launch::gather_local(mem, layout, conv, rows, out) };
         let mut dense = scratch(rows.len() * conv.dst_bytes());
-        crate::device::gather_local(mem, layout, conv, rows, &mut dense)?;
+        crate::device::launch::gather_local(mem, layout, conv, rows, &mut dense)?;
         place(out, &dense, positions, conv.dst_bytes());
         give_back(vec![dense]);
         return Ok(());
@@ -125,7 +125,7 @@ pub(crate) fn gather_owned(mem: &WholeMemory, layout: &RowLayout, conv: RowConv,
 pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, rows: &[usize], src: &[u8]) -> Result<()> {
     #[cfg(feature = "cuda")]
     if mem.location() == wholemem::Location::Device {
-        return crate::device::scatter_local(mem, layout, conv, rows, src);
+        return crate::device::launch::scatter_local(mem, layout, conv, rows, src);
     }
     let n = mem.local_rows().len();
     if let Some(bad) = rows.iter().find(|&&r| r >= n) {

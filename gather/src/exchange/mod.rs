@@ -29,3 +29,42 @@ pub(crate) use distributed::gather_distributed;
 pub(crate) use hierarchy::gather_hierarchy;
 pub(crate) use local::{gather_owned, scatter_owned};
 pub(crate) use scatter::scatter_distributed;
+
+use crate::kernel::RowConv;
+use crate::profile::Clock;
+use crate::{Error, Ids, Result, RowLayout};
+use wholemem::{CommonError, MemoryType, WholeMemory};
+
+/// The collective gather of distributed and hierarchy memory, with this
+/// rank's checks already made (`checked`: their outcome, which every rank
+/// learns in the first exchange), running `while_rows_travel` once while the rows travel
+/// (unless the call fails before they do): the caller's own work overlaps
+/// the exchange on the calling thread.
+pub(crate) fn gather_collective(
+    mem: &WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    out: &mut [u8],
+    while_rows_travel: &mut dyn FnMut(),
+) -> Result<()> {
+    match mem.memory_type() {
+        MemoryType::Distributed => gather_distributed(mem, layout, checked, ids, out, Clock::start(), while_rows_travel),
+        MemoryType::Hierarchy => gather_hierarchy(mem, layout, checked, ids, out, Clock::start(), while_rows_travel),
+        // Not collective: nothing to tell the other ranks.
+        other => checked.and(Err(Error::Common(CommonError::InvalidArgument(format!("{other} memory has no collective gather"))))),
+    }
+}
+
+/// The collective scatter of distributed and hierarchy memory, with this
+/// rank's checks already made (`checked`, which every rank learns in the
+/// first exchange, as in [`gather_collective`]).
+pub(crate) fn scatter_collective(
+    mem: &mut WholeMemory,
+    layout: &RowLayout,
+    checked: Result<RowConv>,
+    ids: Ids<'_>,
+    src: &[u8],
+) -> Result<()> {
+    scatter_distributed(mem, layout, checked, ids, src, Clock::start())
+}

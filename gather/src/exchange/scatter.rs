@@ -167,7 +167,7 @@ fn own_rows_bitmap(incoming: &[Vec<usize>], me: usize, count: usize) -> Vec<u64>
 #[cfg(feature = "cuda")]
 fn write_device_rows(mem: &WholeMemory, layout: &RowLayout, rows: &[usize], data: &[u8]) -> Result<()> {
     let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
-    crate::device::scatter_local(mem, layout, same, rows, data)
+    crate::device::launch::scatter_local(mem, layout, same, rows, data)
 }
 
 /// Without CUDA no table is on a device: nothing to write.
