@@ -25,10 +25,10 @@ use crate::{Error, Result};
 /// calling different collectives) fails on the ranks that notice it and
 /// leaves that communicator failing from then on; the others stay usable.
 ///
-/// All communicators of a process share its connections: drive them from
-/// one thread at a time. Collectives issued concurrently from several
-/// threads on different communicators serialize, and can wait on each other
-/// across processes until the timeout.
+/// All communicators of a process share its connections. Several threads
+/// may run collectives at once, each on a different communicator (the
+/// socket endpoint hands itself over between frames to a thread waiting
+/// for it); one communicator is used by one thread at a time.
 pub trait Communicator: Send + Sync + fmt::Debug {
     /// This rank within the communicator.
     fn rank(&self) -> usize;

@@ -1,7 +1,9 @@
-//! Grouping ids: what de-duplicating a request list (the hierarchy's
-//! exchange) and summing a batch's repeated gradients (`wm_embedding`) both
-//! need — every position of a list visited in order of its id, positions
-//! of one id in the order they come.
+//! Grouping ids: positions grouped by a small key such as an owner rank
+//! ([`bucket`], [`Buckets`]: the exchanges' routing, the graph samplers'),
+//! and what de-duplicating a request list (the hierarchy's exchange) and
+//! summing a batch's repeated gradients (`wm_embedding`) both need — every
+//! position of a list visited in order of its id ([`for_each_by_id`]),
+//! positions of one id in the order they come.
 
 thread_local! {
     /// Key buffers (of [`for_each_by_id`], the radix sort's second buffer,
