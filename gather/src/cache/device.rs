@@ -403,7 +403,9 @@ impl DeviceCache {
             (Some(p), Some(s)) => read_cached(p, s, n, &plan, side_out, buf_dtype)?,
             (None, None) => {}
             _ => {
-                return Err(Error::Common(CommonError::InvalidArgument("pass the side table exactly when the cache holds its rows".into())));
+                return Err(Error::Common(CommonError::InvalidArgument(
+                    "pass the side table exactly when the cache holds its rows".into(),
+                )));
             }
         }
         self.stats.lookups += rows.len() as u64;
@@ -462,7 +464,9 @@ impl DeviceCache {
             }
             (None, None) => {}
             _ => {
-                return Err(Error::Common(CommonError::InvalidArgument("pass the side table exactly when the cache holds its rows".into())));
+                return Err(Error::Common(CommonError::InvalidArgument(
+                    "pass the side table exactly when the cache holds its rows".into(),
+                )));
             }
         }
         for &(s, _) in &cached {
