@@ -95,7 +95,7 @@ impl Baseline {
         }
         for (r, row) in table.chunks_mut(row_bytes).enumerate() {
             for c in 0..dim {
-                values::put(dtype, &mut row[c * es..][..es], values::at(r, c, dtype));
+                dtype.write_f64(&mut row[c * es..][..es], values::at(r, c, dtype));
             }
         }
         let buf = vec![0u8; batch * dim * out.size()];
@@ -121,12 +121,12 @@ impl Baseline {
                 (Op::Scatter, true) => t.copy_from_slice(o),
                 (Op::Gather, false) => {
                     for c in 0..dim {
-                        values::put(self.out, &mut o[c * os..][..os], values::get(self.dtype, &t[c * es..][..es]));
+                        self.out.write_f64(&mut o[c * os..][..os], self.dtype.read_f64(&t[c * es..][..es]));
                     }
                 }
                 (Op::Scatter, false) => {
                     for c in 0..dim {
-                        values::put(self.dtype, &mut t[c * es..][..es], values::get(self.out, &o[c * os..][..os]));
+                        self.dtype.write_f64(&mut t[c * es..][..es], self.out.read_f64(&o[c * os..][..os]));
                     }
                 }
             }

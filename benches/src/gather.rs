@@ -321,8 +321,8 @@ impl<'a> Run<'a> {
             values::row(id as usize + self.rows, dim, dtype, out_dt, &mut self.expect);
             // What the table holds after converting the buffer's row back.
             for c in 0..dim {
-                let v = values::get(out_dt, &self.expect[c * out_dt.size()..][..out_dt.size()]);
-                values::put(dtype, &mut stored[c * dtype.size()..][..dtype.size()], v);
+                let v = out_dt.read_f64(&self.expect[c * out_dt.size()..][..out_dt.size()]);
+                dtype.write_f64(&mut stored[c * dtype.size()..][..dtype.size()], v);
             }
             wrong += u64::from(back[i * row_bytes..][..row_bytes] != stored[..]);
         }

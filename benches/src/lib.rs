@@ -30,10 +30,10 @@ pub use ranks::{default_ranks, run_as_ranks, under_launcher};
 pub use report::Spread;
 pub use wm_gather::cache::CacheStats;
 
-/// Element encoding for benchmark tables, written independently of the
-/// library's kernels so that verification checks them.
+/// Values of benchmark tables, encoded one element at a time by
+/// [`DType::write_f64`](wholemem::DType::write_f64) and not by the
+/// gather's conversion kernels, so that verification checks those kernels.
 pub mod values {
-    use half::{bf16, f16};
     use wholemem::WholeMemory;
     use wm_gather::DType;
 
@@ -44,42 +44,14 @@ pub mod values {
         if d.is_float() { base * 0.5 - 100.25 } else { base - 100.0 }
     }
 
-    /// Writes `v` as one element of `d` into `out` (ints as `as` casts do).
-    pub fn put(d: DType, out: &mut [u8], v: f64) {
-        match d {
-            DType::F16 => out.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
-            DType::Bf16 => out.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
-            DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
-            DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
-            DType::I8 => out.copy_from_slice(&((v as i64) as i8).to_le_bytes()),
-            DType::I16 => out.copy_from_slice(&((v as i64) as i16).to_le_bytes()),
-            DType::I32 => out.copy_from_slice(&((v as i64) as i32).to_le_bytes()),
-            DType::I64 => out.copy_from_slice(&(v as i64).to_le_bytes()),
-        }
-    }
-
-    /// Reads one element of `d` (exactly, as f64).
-    pub fn get(d: DType, b: &[u8]) -> f64 {
-        match d {
-            DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
-            DType::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-            DType::F32 => f64::from(f32::from_le_bytes(b[..4].try_into().expect("4 bytes"))),
-            DType::F64 => f64::from_le_bytes(b[..8].try_into().expect("8 bytes")),
-            DType::I8 => f64::from(b[0] as i8),
-            DType::I16 => f64::from(i16::from_le_bytes([b[0], b[1]])),
-            DType::I32 => f64::from(i32::from_le_bytes(b[..4].try_into().expect("4 bytes"))),
-            DType::I64 => i64::from_le_bytes(b[..8].try_into().expect("8 bytes")) as f64,
-        }
-    }
-
     /// One row of `cols` elements of `d` as stored in a table, then read as
     /// `out`: the bytes a correct gather produces.
     pub fn row(row: usize, cols: usize, table: DType, out: DType, buf: &mut [u8]) {
         let (ts, os) = (table.size(), out.size());
         let mut stored = [0u8; 8];
         for c in 0..cols {
-            put(table, &mut stored[..ts], at(row, c, table));
-            put(out, &mut buf[c * os..][..os], get(table, &stored[..ts]));
+            table.write_f64(&mut stored[..ts], at(row, c, table));
+            out.write_f64(&mut buf[c * os..][..os], table.read_f64(&stored[..ts]));
         }
     }
 
@@ -99,7 +71,7 @@ pub mod values {
             chunk.resize(n * row_bytes, 0);
             for (i, row) in chunk.chunks_mut(row_bytes).enumerate() {
                 for c in 0..dim {
-                    put(dtype, &mut row[c * es..][..es], at(first + i, c, dtype));
+                    dtype.write_f64(&mut row[c * es..][..es], at(first + i, c, dtype));
                 }
             }
             mem.write_rows(first, &chunk)?;
@@ -115,8 +87,8 @@ pub mod values {
         fn put_get_round_trip() {
             for d in DType::ALL {
                 let mut b = [0u8; 8];
-                put(d, &mut b[..d.size()], -7.0);
-                assert_eq!(get(d, &b[..d.size()]), -7.0, "{d}");
+                d.write_f64(&mut b[..d.size()], -7.0);
+                assert_eq!(d.read_f64(&b[..d.size()]), -7.0, "{d}");
             }
         }
     }

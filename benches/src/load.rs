@@ -132,7 +132,7 @@ fn write_shard(path: &Path, first: usize, count: usize, dim: usize, dtype: DType
     let mut row = vec![0u8; dim * es];
     for r in first..first + count {
         for c in 0..dim {
-            values::put(dtype, &mut row[c * es..][..es], values::at(r, c, dtype));
+            dtype.write_f64(&mut row[c * es..][..es], values::at(r, c, dtype));
         }
         f.write_all(&row)?;
     }

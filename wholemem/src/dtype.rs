@@ -71,6 +71,45 @@ impl DType {
         }
     }
 
+    /// Writes `v` into `out` as one element of this type, little-endian:
+    /// floats rounded to the nearest value, integers as Rust's `as` casts
+    /// make them (to `i64`, saturating, then cut to the width).
+    ///
+    /// # Panics
+    /// If `out` is not [`size`](Self::size) bytes long.
+    pub fn write_f64(self, out: &mut [u8], v: f64) {
+        match self {
+            Self::F16 => out.copy_from_slice(&half::f16::from_f64(v).to_le_bytes()),
+            Self::Bf16 => out.copy_from_slice(&half::bf16::from_f64(v).to_le_bytes()),
+            Self::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
+            Self::F64 => out.copy_from_slice(&v.to_le_bytes()),
+            Self::I8 => out.copy_from_slice(&((v as i64) as i8).to_le_bytes()),
+            Self::I16 => out.copy_from_slice(&((v as i64) as i16).to_le_bytes()),
+            Self::I32 => out.copy_from_slice(&((v as i64) as i32).to_le_bytes()),
+            Self::I64 => out.copy_from_slice(&(v as i64).to_le_bytes()),
+        }
+    }
+
+    /// Reads the element of this type at the start of `b` (little-endian)
+    /// as an `f64`: exact for every type, and for `i64` up to 2^53.
+    ///
+    /// # Panics
+    /// If `b` is shorter than [`size`](Self::size).
+    pub fn read_f64(self, b: &[u8]) -> f64 {
+        let mut w = [0u8; 8];
+        w[..self.size()].copy_from_slice(&b[..self.size()]);
+        match self {
+            Self::F16 => half::f16::from_le_bytes([w[0], w[1]]).to_f64(),
+            Self::Bf16 => half::bf16::from_le_bytes([w[0], w[1]]).to_f64(),
+            Self::F32 => f64::from(f32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            Self::F64 => f64::from_le_bytes(w),
+            Self::I8 => f64::from(w[0] as i8),
+            Self::I16 => f64::from(i16::from_le_bytes([w[0], w[1]])),
+            Self::I32 => f64::from(i32::from_le_bytes([w[0], w[1], w[2], w[3]])),
+            Self::I64 => i64::from_le_bytes(w) as f64,
+        }
+    }
+
     /// Whether gather and scatter may convert `self` into `to`.
     ///
     /// # Errors
@@ -123,6 +162,21 @@ mod tests {
         }
         let e = DType::F32.check_conversion(DType::I32).unwrap_err();
         assert_eq!(e.to_string(), "cannot convert f32 to i32: floating and integer types do not convert into each other");
+    }
+
+    #[test]
+    fn values_written_read_back_as_written() {
+        for d in DType::ALL {
+            for v in [-100.5, -1.0, 0.0, 3.5, 100.0] {
+                let mut b = vec![0u8; d.size()];
+                d.write_f64(&mut b, v);
+                let want = if d.is_float() { v } else { v.trunc() };
+                assert_eq!(d.read_f64(&b), want, "{d} {v}");
+            }
+        }
+        let mut b = [0u8; 1];
+        DType::I8.write_f64(&mut b, 300.0);
+        assert_eq!(DType::I8.read_f64(&b), 44.0, "300 cut to 8 bits");
     }
 
     #[test]

@@ -55,7 +55,6 @@ use std::time::{Duration, Instant};
 use wm_comm::session::Sealed;
 
 use anyhow::{Context, Result, bail, ensure};
-use half::{bf16, f16};
 use wholemem::CommonError;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory, query};
 use wm_comm::{Communicator, JobKey, Rendezvous};
@@ -106,42 +105,14 @@ fn value(row: usize, col: usize, epoch: u64) -> f64 {
     ((row * 37 + col * 3 + epoch as usize * 1009) % 8191) as f64 - 4000.0
 }
 
-/// Writes `v` as one element of `d` (ints as `as` casts do).
-fn put(d: DType, out: &mut [u8], v: f64) {
-    match d {
-        DType::F16 => out.copy_from_slice(&f16::from_f64(v).to_le_bytes()),
-        DType::Bf16 => out.copy_from_slice(&bf16::from_f64(v).to_le_bytes()),
-        DType::F32 => out.copy_from_slice(&(v as f32).to_le_bytes()),
-        DType::F64 => out.copy_from_slice(&v.to_le_bytes()),
-        DType::I8 => out.copy_from_slice(&((v as i64) as i8).to_le_bytes()),
-        DType::I16 => out.copy_from_slice(&((v as i64) as i16).to_le_bytes()),
-        DType::I32 => out.copy_from_slice(&((v as i64) as i32).to_le_bytes()),
-        DType::I64 => out.copy_from_slice(&(v as i64).to_le_bytes()),
-    }
-}
-
-/// Reads one element of `d` as f64 (exactly).
-fn get(d: DType, b: &[u8]) -> f64 {
-    match d {
-        DType::F16 => f16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::Bf16 => bf16::from_le_bytes([b[0], b[1]]).to_f64(),
-        DType::F32 => f64::from(f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DType::F64 => f64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])),
-        DType::I8 => f64::from(b[0] as i8),
-        DType::I16 => f64::from(i16::from_le_bytes([b[0], b[1]])),
-        DType::I32 => f64::from(i32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        DType::I64 => i64::from_le_bytes(b[..8].try_into().unwrap_or([0; 8])) as f64,
-    }
-}
-
 /// The bytes a correct read of `row` produces: the table's element, then
 /// converted to `out` (the half crate rounds, ints cast).
 fn expected(row: usize, cols: usize, epoch: u64, table: DType, out: DType) -> Vec<u8> {
     let mut b = vec![0u8; cols * out.size()];
     let mut stored = [0u8; 8];
     for c in 0..cols {
-        put(table, &mut stored[..table.size()], value(row, c, epoch));
-        put(out, &mut b[c * out.size()..][..out.size()], get(table, &stored[..table.size()]));
+        table.write_f64(&mut stored[..table.size()], value(row, c, epoch));
+        out.write_f64(&mut b[c * out.size()..][..out.size()], table.read_f64(&stored[..table.size()]));
     }
     b
 }
@@ -152,7 +123,7 @@ fn fill(mem: &mut WholeMemory, cols: usize, dtype: DType, epoch: u64) -> Result<
     let mut bytes = vec![0u8; own.len() * cols * dtype.size()];
     for (i, r) in own.clone().enumerate() {
         for c in 0..cols {
-            put(dtype, &mut bytes[(i * cols + c) * dtype.size()..][..dtype.size()], value(r, c, epoch));
+            dtype.write_f64(&mut bytes[(i * cols + c) * dtype.size()..][..dtype.size()], value(r, c, epoch));
         }
     }
     mem.write_local(&bytes)?;
