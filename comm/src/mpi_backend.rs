@@ -24,20 +24,46 @@ use crate::plan::{Delivery, ExchangePlan, ReceivedPart};
 use crate::socket::SocketComm;
 use crate::{Error, Result};
 
-/// Keeps MPI initialised while any communicator lives; finalises after the
-/// last one.
-struct Runtime(#[allow(dead_code)] Universe);
-// SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and every call goes
-// through a communicator's mutex, so the universe is never used from two
-// threads at once.
+/// Keeps MPI initialised while any communicator lives (finalises after the
+/// last one), and knows what threading the library granted.
+struct Runtime {
+    universe: Universe,
+    /// `Some` where the library offers only `MPI_THREAD_SERIALIZED`: the
+    /// lock that every MPI call of the process holds, on any communicator.
+    /// `None` under `MPI_THREAD_MULTIPLE`, where threads may call MPI at
+    /// once on different communicators and each communicator's own lock
+    /// keeps the calls on it in order.
+    serial: Option<Mutex<()>>,
+    /// How long a call waits for another thread's MPI call under `serial`.
+    timeout: std::time::Duration,
+}
+// SAFETY: the universe is only dropped (MPI_Finalize), after the last
+// communicator; every MPI call goes through a communicator's mutex, and
+// under MPI_THREAD_SERIALIZED through `serial` too, so MPI is never called
+// in a way its granted threading level forbids.
 unsafe impl Send for Runtime {}
 // SAFETY: as above.
 unsafe impl Sync for Runtime {}
 
 /// An MPI communicator handle, used only under its mutex.
 struct Handle(SimpleCommunicator);
-// SAFETY: serialised by the owning Mutex, with MPI_THREAD_SERIALIZED.
+// SAFETY: used only under the owning Mutex (and the runtime's `serial`
+// lock where MPI granted only MPI_THREAD_SERIALIZED).
 unsafe impl Send for Handle {}
+
+/// A communicator's handle, held for one MPI call (or a few in a row):
+/// its own lock, and the process's where MPI serialises threads.
+struct Held<'a> {
+    handle: MutexGuard<'a, Handle>,
+    _process: Option<MutexGuard<'a, ()>>,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Handle;
+    fn deref(&self) -> &Handle {
+        &self.handle
+    }
+}
 
 /// A communicator of the MPI backend.
 #[derive(Clone)]
@@ -165,24 +191,34 @@ impl MpiComm {
     /// The world communicator: initialises MPI and the socket mesh.
     ///
     /// # Errors
-    /// [`Error::Bootstrap`] when MPI is already initialised or does not
-    /// offer serialised threading.
+    /// [`Error::Bootstrap`] when MPI is already initialised or offers
+    /// less than serialised threading.
+    ///
+    /// MPI is asked for `MPI_THREAD_MULTIPLE`, under which two threads may
+    /// run collectives on two communicators at once (a prefetch thread
+    /// beside the training loop). A library that grants only
+    /// `MPI_THREAD_SERIALIZED` is used with one lock for every MPI call of
+    /// the process; a call that waits for it longer than `WM_TIMEOUT_S`
+    /// fails naming the cause (two threads in collectives at once can wait
+    /// on each other there).
     pub fn from_env() -> Result<Self> {
-        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+        let timeout = wm_topology::env::timeout().map_err(Error::Bootstrap)?;
+        let (universe, threading) = mpi::initialize_with_threading(mpi::Threading::Multiple)
             .ok_or_else(|| Error::Bootstrap("MPI is already initialised in this process".into()))?;
         if threading < mpi::Threading::Serialized {
             return Err(Error::Bootstrap(format!("the MPI library offers only {threading:?} threading; wholemem needs Serialized")));
         }
-        let world = universe.world();
+        let serial = (threading < mpi::Threading::Multiple).then(|| Mutex::new(()));
+        let runtime = Arc::new(Runtime { universe, serial, timeout });
+        let world = runtime.universe.world();
         let (rank, size) = (world.rank() as usize, world.size() as usize);
-        let timeout = wm_topology::env::timeout().map_err(Error::Bootstrap)?;
         let handle = Handle(world);
         let key = job_key(&handle.0)?;
         let sock = {
             let mut ex = |mine: &[u8]| allgatherv(&handle.0, mine);
             SocketComm::bootstrap_with(rank, size, timeout, &key, &mut ex)?
         };
-        Ok(Self::wrap(handle, sock, Arc::new(Runtime(universe))))
+        Ok(Self::wrap(handle, sock, runtime))
     }
 
     fn wrap(h: Handle, sock: SocketComm, runtime: Arc<Runtime>) -> Self {
@@ -198,19 +234,60 @@ impl MpiComm {
         }
     }
 
-    fn mpi(&self) -> MutexGuard<'_, Handle> {
-        self.inner.mpi.lock().unwrap_or_else(|p| p.into_inner())
+    /// Whether the MPI library granted `MPI_THREAD_MULTIPLE` (else every
+    /// MPI call of the process is serialised by one lock).
+    pub fn threads_multiple(&self) -> bool {
+        self.inner.runtime.serial.is_none()
     }
 
-    /// Runs `f` with this communicator's raw MPI handle, holding the lock
-    /// that serialises the communicator's MPI calls (MPI is initialised
-    /// with serialised threading). The seam through which `wm-onesided`
-    /// opens and uses MPI RMA windows — the one public signature of this
-    /// crate with an FFI type, documented in ARCHITECTURE.md.
-    pub fn with_raw<R>(&self, f: impl FnOnce(mpi::ffi::MPI_Comm) -> R) -> R {
+    /// This communicator's handle for an MPI call. Under
+    /// `MPI_THREAD_SERIALIZED`, also the process's MPI lock, waited for at
+    /// most the timeout.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when another thread's MPI call held the
+    /// process's lock for the whole timeout.
+    fn mpi(&self) -> Result<Held<'_>> {
+        let handle = self.inner.mpi.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(serial) = &self.inner.runtime.serial else {
+            return Ok(Held { handle, _process: None });
+        };
+        let deadline = std::time::Instant::now() + self.inner.runtime.timeout;
+        loop {
+            match serial.try_lock() {
+                Ok(g) => return Ok(Held { handle, _process: Some(g) }),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Ok(Held { handle, _process: Some(p.into_inner()) }),
+                Err(std::sync::TryLockError::WouldBlock) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    return Err(Error::Unsupported {
+                        what: "MPI calls from two threads at once".into(),
+                        reason: format!(
+                            "this MPI library grants only MPI_THREAD_SERIALIZED, and another thread's MPI call held MPI for \
+                             {:.0} s (WM_TIMEOUT_S); two threads in collectives on two communicators can wait on each other \
+                             there: use an MPI built with MPI_THREAD_MULTIPLE, or one thread per rank (WM_THREADS=1)",
+                            self.inner.runtime.timeout.as_secs_f64()
+                        ),
+                    });
+                }
+            }
+        }
+    }
+
+    /// Runs `f` with this communicator's raw MPI handle, holding the locks
+    /// that keep MPI calls within the threading MPI granted (see
+    /// [`MpiComm::from_env`]). The seam through which `wm-onesided` opens
+    /// and uses MPI RMA windows — the one public signature of this crate
+    /// with an FFI type, documented in ARCHITECTURE.md.
+    ///
+    /// # Errors
+    /// As a collective's, when another thread held MPI for the whole
+    /// timeout under `MPI_THREAD_SERIALIZED`; then `f` does not run.
+    pub fn with_raw<R>(&self, f: impl FnOnce(mpi::ffi::MPI_Comm) -> R) -> Result<R> {
         use mpi::raw::AsRaw;
-        let h = self.mpi();
-        f(h.0.as_raw())
+        let h = self.mpi()?;
+        Ok(f(h.0.as_raw()))
     }
 
     /// The MPI half of [`Communicator::exchange`]: the parts for
@@ -242,7 +319,7 @@ impl MpiComm {
         for r in (0..n).filter(|&r| remote[r]) {
             fill(r, &mut sbuf[sdispl[r]..sdispl[r + 1]]);
         }
-        let h = self.mpi();
+        let h = self.mpi()?;
         // To each rank: the count of its part, and this rank's largest part
         // and send total, so every rank can plan the rounds from what it
         // receives, without a reduction of its own.
@@ -320,7 +397,7 @@ impl MpiComm {
     /// A sub-communicator: the MPI communicator split by colour and key,
     /// paired with the socket communicator of the same members.
     fn sub(&self, color: i32, key: i32, sock: SocketComm) -> Result<Arc<dyn Communicator>> {
-        let split = self.mpi().0.split_by_color_with_key(Color::with_value(color), key);
+        let split = self.mpi()?.0.split_by_color_with_key(Color::with_value(color), key);
         let h = split.ok_or_else(|| Error::Bootstrap("MPI split returned no communicator".into()))?;
         Ok(Arc::new(Self::wrap(Handle(h), sock, self.inner.runtime.clone())))
     }
@@ -405,7 +482,7 @@ impl Communicator for MpiComm {
     }
 
     fn barrier(&self) -> Result<()> {
-        self.mpi().0.barrier();
+        self.mpi()?.0.barrier();
         Ok(())
     }
 
@@ -413,7 +490,7 @@ impl Communicator for MpiComm {
         if root >= self.size() {
             return Err(Error::InvalidArgument(format!("broadcast root {root} is not a rank of a communicator of {} ranks", self.size())));
         }
-        let h = self.mpi();
+        let h = self.mpi()?;
         let p = h.0.process_at_rank(root as i32);
         let mut len = data.len() as u64;
         p.broadcast_into(&mut len);
@@ -430,7 +507,7 @@ impl Communicator for MpiComm {
     }
 
     fn allgatherv(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        allgatherv(&self.mpi().0, data)
+        allgatherv(&self.mpi()?.0, data)
     }
 
     fn alltoallv(&self, send: &[&[u8]]) -> Result<Vec<Vec<u8>>> {
@@ -438,7 +515,7 @@ impl Communicator for MpiComm {
         if send.len() != n {
             return Err(Error::InvalidArgument(format!("alltoallv got {} send buffers for a communicator of {n} ranks", send.len())));
         }
-        let h = self.mpi();
+        let h = self.mpi()?;
         let scounts: Vec<u64> = send.iter().map(|s| s.len() as u64).collect();
         let mut rcounts = vec![0u64; n];
         h.0.all_to_all_into(&scounts[..], &mut rcounts[..]);
@@ -541,7 +618,7 @@ impl Communicator for MpiComm {
                 let sock = self.inner.sock.local_socket();
                 let nodes = self.nodes();
                 if nodes.iter().all(|n| !n.overridden()) {
-                    let shared = self.mpi().0.split_shared(self.rank() as i32);
+                    let shared = self.mpi().expect("MPI for the node's communicator").0.split_shared(self.rank() as i32);
                     // The MPI library's idea of a node and ours (host name +
                     // boot id) must agree on every rank, or descriptors would
                     // go to ranks that cannot receive them; decided together.

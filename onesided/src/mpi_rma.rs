@@ -35,7 +35,7 @@ use crate::{Error, Method, Result};
 struct RawWin(ffi::MPI_Win);
 
 // SAFETY: the handle is used only inside `MpiComm::with_raw`, which holds
-// the lock serialising the communicator's MPI calls (MPI_THREAD_SERIALIZED).
+// the locks that keep MPI calls within the threading MPI granted.
 unsafe impl Send for RawWin {}
 // SAFETY: as above.
 unsafe impl Sync for RawWin {}
@@ -105,22 +105,25 @@ impl Window {
         let m = mpi_of(comm)?;
         let size = ffi::MPI_Aint::try_from(rows.bytes())
             .map_err(|_| Error::Common(CommonError::InvalidArgument(format!("{} bytes of rows for one window", rows.bytes()))))?;
-        let opened = m.with_raw(|raw| -> Result<RawWin> {
-            let mut win = ffi::MPI_Win(std::ptr::null_mut());
-            // SAFETY: every rank calls this together (the method is agreed);
-            // the base is this rank's rows, mapped (read-only: the window is
-            // only read from) for as long as the window lives, which holds
-            // `rows`; the out pointer is a local.
-            unsafe {
-                check(
-                    "MPI_Win_create",
-                    ffi::MPI_Win_create(rows.first_row().cast_mut().cast(), size, 1, ffi::RSMPI_INFO_NULL, raw, &mut win),
-                )?;
-                check("MPI_Win_set_errhandler", ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN))?;
-                check("MPI_Win_lock_all", ffi::MPI_Win_lock_all(ffi::MPI_MODE_NOCHECK as c_int, win))?;
-            }
-            Ok(RawWin(win))
-        });
+        let opened = m
+            .with_raw(|raw| -> Result<RawWin> {
+                let mut win = ffi::MPI_Win(std::ptr::null_mut());
+                // SAFETY: every rank calls this together (the method is agreed);
+                // the base is this rank's rows, mapped (read-only: the window is
+                // only read from) for as long as the window lives, which holds
+                // `rows`; the out pointer is a local.
+                unsafe {
+                    check(
+                        "MPI_Win_create",
+                        ffi::MPI_Win_create(rows.first_row().cast_mut().cast(), size, 1, ffi::RSMPI_INFO_NULL, raw, &mut win),
+                    )?;
+                    check("MPI_Win_set_errhandler", ffi::MPI_Win_set_errhandler(win, ffi::RSMPI_ERRORS_RETURN))?;
+                    check("MPI_Win_lock_all", ffi::MPI_Win_lock_all(ffi::MPI_MODE_NOCHECK as c_int, win))?;
+                }
+                Ok(RawWin(win))
+            })
+            .map_err(Error::from)
+            .and_then(|opened| opened);
         let win = agree(comm.as_ref(), opened, Rule::Lowest)?;
         let mut first = Vec::with_capacity(counts.len());
         let mut at = 0;
@@ -144,23 +147,26 @@ impl Window {
     pub(crate) fn sync(&self) -> Result<()> {
         let m = mpi_of(&self.comm)?;
         // SAFETY: the window is open; under the communicator's MPI lock.
-        m.with_raw(|_| check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(self.win.0) }))
+        m.with_raw(|_| check("MPI_Win_sync", unsafe { ffi::MPI_Win_sync(self.win.0) }))?
     }
 
     /// Ends the epoch and frees the window (collective).
     pub(crate) fn free(self: Arc<Self>, comm: &dyn Communicator) -> Result<()> {
         let m = mpi_of(&self.comm)?;
         let mut win = self.win.0;
-        let r = m.with_raw(|_| {
-            self.freed.store(true, std::sync::atomic::Ordering::Release);
-            // SAFETY: the window is open and locked by this rank's
-            // lock_all; every rank frees it together (free is collective);
-            // no reader touches it after `freed` (checked under this lock).
-            unsafe {
-                check("MPI_Win_unlock_all", ffi::MPI_Win_unlock_all(win))?;
-                check("MPI_Win_free", ffi::MPI_Win_free(&mut win))
-            }
-        });
+        let r = m
+            .with_raw(|_| {
+                self.freed.store(true, std::sync::atomic::Ordering::Release);
+                // SAFETY: the window is open and locked by this rank's
+                // lock_all; every rank frees it together (free is collective);
+                // no reader touches it after `freed` (checked under this lock).
+                unsafe {
+                    check("MPI_Win_unlock_all", ffi::MPI_Win_unlock_all(win))?;
+                    check("MPI_Win_free", ffi::MPI_Win_free(&mut win))
+                }
+            })
+            .map_err(Error::from)
+            .and_then(|freed| freed);
         agree(comm, r, Rule::Lowest)
     }
 }
@@ -256,7 +262,7 @@ impl Transport for Window {
                 p.add(Span::Wait, t);
             }
             first_err.and(flushed)
-        });
+        })?;
         posted?;
         if !direct {
             let src = RowSource::from_slice(&staging, len)?;

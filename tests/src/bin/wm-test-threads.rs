@@ -96,6 +96,6 @@ fn two_threads(world: &Comm) -> Result<()> {
     exchanged?;
     world.barrier()?;
     t.free()?;
-    println!("rank {me}: {ROUNDS} gathers and {ROUNDS} exchanges from two threads at once, all checked");
+    println!("rank {me}: {ROUNDS} gathers and {ROUNDS} exchanges from two threads at once, all checked (backend {})", world.backend());
     Ok(())
 }
