@@ -405,6 +405,9 @@ fn each_batch(
         // One batch waits while the step runs: the next one is being made.
         let (tx, rx) = std::sync::mpsc::sync_channel::<Result<Prepared>>(1);
         let producer = s.spawn(move || {
+            // This thread has one core of the rank's budget: its sampling
+            // and gathers start no helpers that would wait for the step's.
+            wholemem::cores::cap_this_thread(Some(1));
             let mut t = Split::default();
             for (seeds, seed) in batches {
                 let made = prepare(graph, features, &seeds, fanouts, seed, &mut t).map(|(mb, x)| (seeds, mb, x));

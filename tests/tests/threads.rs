@@ -19,3 +19,13 @@ fn two_threads_on_two_communicators_do_not_wait_on_each_other() {
 fn two_threads_on_two_communicators_across_nodes() {
     World::new(2).nodes_of(1).env("WM_TIMEOUT_S", "20").run_ok(THREADS, &[]);
 }
+
+/// A prefetch thread beside a training step gets one core of the rank's
+/// `WM_THREADS`: with 2, its gathers started a helper that waited for the
+/// step's core (GraphSAGE's prefetched gathers took 6× as long). The
+/// gathering thread caps itself at one thread and checks that its gathers
+/// use one, while the rank has two.
+#[test]
+fn a_prefetch_thread_capped_at_one_thread_gathers_on_one() {
+    World::new(2).env("WM_TIMEOUT_S", "20").env("WM_THREADS", "2").run_ok(THREADS, &[]);
+}

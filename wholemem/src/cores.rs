@@ -1,6 +1,7 @@
 //! The cores a rank may use for its own threads: how many the process
 //! has, and how many of them are idle now.
 
+use std::cell::Cell;
 use std::sync::Mutex;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
@@ -33,5 +34,42 @@ pub fn idle_threads_now() -> usize {
             *last = Some((Instant::now(), idle));
             idle
         }
+    }
+}
+
+thread_local! {
+    /// The cap [`cap_this_thread`] set on this thread.
+    static CAP: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Caps the threads that CPU-bound calls made on the calling thread use
+/// (gather, scatter and sampling through
+/// [`WholeMemory::compute_threads`](crate::WholeMemory::compute_threads)),
+/// `WM_THREADS` included; `None` lifts the cap. Returns the cap it
+/// replaces. For a thread of the caller's that has a core of its own and
+/// no more: a prefetch thread beside a training step, whose calls would
+/// otherwise start helpers that wait for the step's core.
+pub fn cap_this_thread(threads: Option<usize>) -> Option<usize> {
+    CAP.with(|c| c.replace(threads.map(|n| n.max(1))))
+}
+
+/// The cap [`cap_this_thread`] set on the calling thread, if any.
+pub fn this_threads_cap() -> Option<usize> {
+    CAP.with(Cell::get)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_holds_on_its_own_thread_only() {
+        assert_eq!(cap_this_thread(Some(1)), None);
+        assert_eq!(this_threads_cap(), Some(1));
+        assert_eq!(std::thread::spawn(this_threads_cap).join().ok(), Some(None), "another thread has no cap");
+        assert_eq!(cap_this_thread(Some(0)), Some(1), "the old cap comes back");
+        assert_eq!(this_threads_cap(), Some(1), "a cap of 0 is one thread");
+        assert_eq!(cap_this_thread(None), Some(1));
+        assert_eq!(this_threads_cap(), None);
     }
 }

@@ -586,8 +586,11 @@ impl WholeMemory {
     /// cores are idle now ([`idle_threads_now`](crate::cores::idle_threads_now)). On cores that other work
     /// keeps busy, a second thread does not run beside the first: it waits
     /// its turn, and the call waits for it — slower than one thread.
+    /// At most the calling thread's cap
+    /// ([`cap_this_thread`](crate::cores::cap_this_thread)), if it has one.
     pub fn compute_threads(&self) -> usize {
         let share = self.copy_threads();
+        let share = crate::cores::this_threads_cap().map_or(share, |cap| share.min(cap));
         if share <= 1 || matches!(wm_topology::env::WM_THREADS.parse::<usize>(), Ok(Some(_))) {
             return share;
         }

@@ -4,7 +4,8 @@
 //! in the output), the other exchanges frames of more than a megabyte,
 //! several records each, on a communicator split from the world. Even ranks
 //! start with the exchanges and odd ranks with the gathers, the other
-//! thread a moment later: when an operation held the process's connections
+//! thread a moment later (the gathering thread capped at one thread of the
+//! rank's `WM_THREADS`, as a prefetch thread is): when an operation held the process's connections
 //! for all of its wait, each rank's first operation waited for a peer
 //! whose first operation was the other one, and both threads of every rank
 //! stood still until the timeout. Every row and byte is checked.
@@ -57,6 +58,12 @@ fn two_threads(world: &Comm) -> Result<()> {
     let table = &t;
     let (gathered, exchanged) = std::thread::scope(|s| {
         let gathers = s.spawn(move || -> Result<()> {
+            // A thread with one core of the rank's budget (a prefetch
+            // thread): its gathers start no helper threads, whatever
+            // WM_THREADS says for the rank.
+            wholemem::cores::cap_this_thread(Some(1));
+            let threads = table.memory().compute_threads();
+            ensure!(threads == 1, "rank {me}: a thread capped at one thread would gather with {threads}");
             if me % 2 == 0 {
                 std::thread::sleep(later);
             }
