@@ -30,7 +30,8 @@
 //!
 //! Threads: a rank has `WM_THREADS` of them (default: its share of the
 //! cores). With two or more, a prefetch thread samples and gathers the next
-//! mini-batch while the current one computes (one batch ahead), and
+//! mini-batch while the current one computes (one batch ahead), its own
+//! calls capped at one thread (`wholemem::cores::cap_this_thread`), and
 //! candle's matmuls keep to one thread unless three or more are left for
 //! them: the matmuls here are a few million multiply-adds, which two
 //! threads of gemm finish no sooner than one while the prefetch thread
