@@ -14,7 +14,7 @@
 //! [`Table::publish_from`].
 //!
 //! Transports, one per owner, chosen automatically ([`Method`]; override
-//! with `WM_ONE_SIDED` or [`Options::method`]):
+//! with `WM_ONE_SIDED` or the `method` field of [`Options`]):
 //!
 //! - **shm** — an owner on the reader's node: its portion (a sealed memfd)
 //!   mapped read-only, rows copied straight from it;

@@ -329,7 +329,7 @@ impl Reader {
     }
 
     /// The profile since this reader was opened, when profiling is on
-    /// (`WM_PROFILE=1` or [`Options::profile`]).
+    /// (`WM_PROFILE=1` or the `profile` field of [`Options`](crate::Options)).
     pub fn profile(&self) -> Option<Profile> {
         self.inner.profile.as_ref().map(Counters::snapshot)
     }

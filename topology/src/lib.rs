@@ -5,7 +5,7 @@
 //! ([`record::TopologyRecord`]: CPUs, NUMA, PCI, NICs, GPUs and their P2P
 //! matrix, from sysfs and NVML or from a JSON fixture), which ranks can map
 //! each other's memory ([`domains`]), and the table of every `WM_*`
-//! environment variable the project reads ([`env`]). It knows nothing of CUDA
+//! environment variable the project reads ([`env`](mod@env)). It knows nothing of CUDA
 //! contexts or communicators.
 #![forbid(unsafe_code)]
 
