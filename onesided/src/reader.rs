@@ -611,7 +611,7 @@ fn choose(origin: &Origin, o: &crate::record::OwnerRecord, _r: usize, same_node:
 
 #[cfg(feature = "fabric")]
 fn fabric_transport(record: &TableRecord, c: &Checked, first: &[usize], methods: &[Method], origin: &Origin) -> Result<Arc<dyn Transport>> {
-    Ok(Arc::new(crate::fabric::FabricTransport::new(record, c, first, methods, origin)?))
+    Ok(Arc::new(crate::fabric::FabricTransport::new(record, c, first, methods, origin.id.timeout)?))
 }
 
 #[cfg(not(feature = "fabric"))]

@@ -233,3 +233,241 @@ fn shared_memory_slices_and_registrations_are_unsafe_fns_with_a_safety_section()
         assert!(doc, "{file}: unsafe fn {name} has no # Safety section");
     }
 }
+
+// ------------------------------------------------------------ file loops
+
+/// The module path of a source file of a crate's `src/` (`lib.rs` and
+/// `main.rs` are the root, `a/mod.rs` is `a`), or `None` for a file that
+/// roots a crate of its own (`src/bin/`).
+fn module_of(src: &Path, f: &Path) -> Option<Vec<String>> {
+    let rel = f.strip_prefix(src).ok()?;
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    if parts.first().is_some_and(|p| p == "bin") {
+        return None;
+    }
+    let last = parts.pop()?;
+    match last.as_str() {
+        "mod.rs" => {}
+        "lib.rs" | "main.rs" if parts.is_empty() => {}
+        _ => parts.push(last.trim_end_matches(".rs").to_owned()),
+    }
+    Some(parts)
+}
+
+/// `text` without its comments (line comments, doc comments included, and
+/// block comments), so that doc links do not count as uses.
+fn code_only(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while !rest.is_empty() {
+        if let Some(after) = rest.strip_prefix("/*") {
+            rest = after.find("*/").map_or("", |e| &after[e + 2..]);
+        } else if rest.starts_with("//") {
+            rest = rest.find('\n').map_or("", |e| &rest[e..]);
+        } else {
+            let c = rest.chars().next().expect("not empty");
+            out.push(c);
+            rest = &rest[c.len_utf8()..];
+        }
+    }
+    out
+}
+
+/// Every path a `use` tree names, its braces expanded:
+/// `crate::{a, b::{self, C}}` gives `crate::a`, `crate::b` and `crate::b::C`.
+fn use_paths(tree: &str) -> Vec<String> {
+    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+    let Some(open) = tree.find('{') else { return vec![tree.trim_end_matches("::self").to_owned()] };
+    let prefix = tree[..open].trim_end_matches("::");
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let (mut depth, mut start, mut out) = (0usize, 0usize, Vec::new());
+    for (i, c) in inner.char_indices().chain(std::iter::once((inner.len(), ','))) {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                let item = &inner[start..i];
+                start = i + 1;
+                if item.is_empty() {
+                    continue;
+                }
+                for p in use_paths(item) {
+                    out.push(if p == "self" { prefix.to_owned() } else { format!("{prefix}::{p}") });
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The paths `code` names that start with `crate::`, `super::`, `self::`
+/// or one of `children` (modules declared in the file): from its `use`
+/// items, expanded, and from paths written in place.
+fn named_paths(code: &str, children: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for stmt in code.split(';') {
+        let s = stmt.trim_start();
+        let s = s.strip_prefix("pub(crate) ").or_else(|| s.strip_prefix("pub(super) ")).or_else(|| s.strip_prefix("pub ")).unwrap_or(s);
+        if let Some(tree) = s.strip_prefix("use ") {
+            out.extend(use_paths(tree));
+        }
+    }
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let starts: Vec<&str> = ["crate", "super", "self"].into_iter().chain(children.iter().map(String::as_str)).collect();
+    for (i, _) in code.match_indices("::") {
+        // The identifier chain that ends here, back to its first segment.
+        let mut b = i;
+        loop {
+            let seg_start = code[..b].rfind(|c: char| !word(c)).map_or(0, |p| p + 1);
+            if seg_start >= 2 && &code[seg_start - 2..seg_start] == "::" {
+                b = seg_start - 2;
+            } else {
+                b = seg_start;
+                break;
+            }
+        }
+        let first_end = code[b..].find("::").map_or(b, |e| b + e);
+        if b > 0 && code[..b].ends_with(['\'', '"']) {
+            continue;
+        }
+        if !starts.contains(&&code[b..first_end]) {
+            continue;
+        }
+        let end = code[i + 2..].find(|c: char| !(word(c) || c == ':')).map_or(code.len(), |e| i + 2 + e);
+        out.push(code[b..end].trim_end_matches(':').to_owned());
+    }
+    out
+}
+
+/// The module of this crate a `path` named in module `at` leads to: the
+/// longest prefix of it that is a module with a file of its own.
+fn resolve(path: &str, at: &[String], children: &[String], modules: &[Vec<String>]) -> Option<Vec<String>> {
+    let segs: Vec<&str> = path.split("::").collect();
+    let mut full: Vec<String> = match segs.first()? {
+        &"crate" => Vec::new(),
+        &"self" => at.to_vec(),
+        &"super" => at[..at.len().checked_sub(1)?].to_vec(),
+        first if children.iter().any(|c| c == first) => {
+            let mut v = at.to_vec();
+            v.push((*first).to_owned());
+            v
+        }
+        _ => return None,
+    };
+    let skip = usize::from(matches!(segs[0], "crate" | "self" | "super") || !children.iter().any(|c| c == segs[0]));
+    let mut rest = segs.iter().skip(skip).peekable();
+    while rest.peek() == Some(&&"super") {
+        full.pop();
+        rest.next();
+    }
+    full.extend(rest.map(|s| (*s).to_owned()));
+    (0..=full.len()).rev().map(|n| full[..n].to_vec()).find(|m| modules.contains(m))
+}
+
+/// Issue 33: the files of a crate depend on each other in one direction.
+/// A file may use what the modules above it define (its parent, the crate
+/// root); every other use is an arrow between two files, and no file may
+/// come back to itself along those arrows. The six loops the issue found
+/// (comm's communicator, MPI backend and socket backend; its bootstrap and
+/// rendezvous; wholemem's handle and storage; embedding's cache and
+/// table; graph's route and sample; wm-bench's cached and gather) each
+/// failed this.
+#[test]
+fn no_file_of_a_crate_comes_back_to_itself_through_its_uses() {
+    let root = root();
+    let mut loops = Vec::new();
+    for krate in CRATES.iter().copied().chain(["python"]) {
+        let src = root.join(krate).join("src");
+        let files: Vec<(Vec<String>, PathBuf)> = sources(&src).into_iter().filter_map(|f| module_of(&src, &f).map(|m| (m, f))).collect();
+        let modules: Vec<Vec<String>> = files.iter().map(|(m, _)| m.clone()).collect();
+        let mut arrows: Vec<(usize, usize, String)> = Vec::new();
+        for (i, (at, f)) in files.iter().enumerate() {
+            let code = code_only(&std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{}: {e}", f.display())));
+            let children: Vec<String> =
+                modules.iter().filter(|m| m.len() == at.len() + 1 && m.starts_with(at)).map(|m| m[at.len()].clone()).collect();
+            for p in named_paths(&code, &children) {
+                let Some(to) = resolve(&p, at, &children, &modules) else { continue };
+                // Its own module or one above it: not an arrow.
+                if at.starts_with(&to) {
+                    continue;
+                }
+                let j = modules.iter().position(|m| *m == to).expect("a module of the crate");
+                if !arrows.iter().any(|(a, b, _)| (*a, *b) == (i, j)) {
+                    arrows.push((i, j, p));
+                }
+            }
+        }
+        // A loop is a file that reaches itself: search from each file.
+        for start in 0..files.len() {
+            let mut trail = vec![start];
+            let mut seen = vec![false; files.len()];
+            if let Some(found) = back_to(start, start, &arrows, &mut seen, &mut trail) {
+                let names: Vec<String> = found
+                    .windows(2)
+                    .map(|w| {
+                        format!(
+                            "{} (uses {})",
+                            relative(&root, &files[w[0]].1),
+                            arrows.iter().find(|(a, b, _)| (*a, *b) == (w[0], w[1])).map_or("", |x| x.2.as_str())
+                        )
+                    })
+                    .collect();
+                let key = {
+                    let mut k = found[..found.len() - 1].to_vec();
+                    k.sort_unstable();
+                    k
+                };
+                if !loops.iter().any(|(k, _): &(Vec<usize>, String)| *k == key) {
+                    loops.push((key, format!("{krate}: {}", names.join(" -> "))));
+                }
+            }
+        }
+    }
+    assert!(
+        loops.is_empty(),
+        "files that come back to themselves through their uses:\n{}",
+        loops.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n")
+    );
+}
+
+/// A trail of arrows from `at` back to `start`, depth first.
+fn back_to(start: usize, at: usize, arrows: &[(usize, usize, String)], seen: &mut [bool], trail: &mut Vec<usize>) -> Option<Vec<usize>> {
+    for (_, to, _) in arrows.iter().filter(|(a, _, _)| *a == at) {
+        if *to == start {
+            let mut t = trail.clone();
+            t.push(start);
+            return Some(t);
+        }
+        if !seen[*to] {
+            seen[*to] = true;
+            trail.push(*to);
+            if let Some(t) = back_to(start, *to, arrows, seen, trail) {
+                return Some(t);
+            }
+            trail.pop();
+        }
+    }
+    None
+}
+
+/// The loop check sees a loop where there is one, through grouped `use`
+/// items, `super::` and child modules named in place, and none where a
+/// file only uses its parent.
+#[test]
+fn the_loop_check_reads_uses_as_rust_does() {
+    assert_eq!(use_paths("crate::{Error, kernel::{self, RowAddr}}"), vec!["crate::Error", "crate::kernel", "crate::kernel::RowAddr"]);
+    let modules: Vec<Vec<String>> = vec![vec![], vec!["a".into()], vec!["a".into(), "b".into()], vec!["c".into()]];
+    let at = vec!["a".to_owned(), "b".to_owned()];
+    assert_eq!(resolve("super::Thing", &at, &[], &modules), Some(vec!["a".to_owned()]));
+    assert_eq!(resolve("crate::c::f", &at, &[], &modules), Some(vec!["c".to_owned()]));
+    assert_eq!(resolve("super::super::c::g", &at, &[], &modules), Some(vec!["c".to_owned()]));
+    assert_eq!(resolve("b::h", &["a".to_owned()], &["b".to_owned()], &modules), Some(at.clone()));
+    let code = code_only("/// [`crate::c::x`]\nuse crate::{c::{self, y}};\nfn f() { super::z(); b::w(); \"crate::q::r\"; }");
+    let named = named_paths(&code, &["b".to_owned()]);
+    assert!(
+        named.contains(&"crate::c".to_owned()) && named.contains(&"super::z".to_owned()) && named.contains(&"b::w".to_owned()),
+        "{named:?}"
+    );
+    assert!(!named.iter().any(|p| p.contains("::x")), "a doc link is not a use: {named:?}");
+}

@@ -14,7 +14,6 @@ use wm_gather::rows::{RowSource, gather_from};
 
 use super::{Endpoint, Fabric, Mr, strerror};
 use crate::profile::{Counters, Span, timed};
-use crate::reader::Origin;
 use crate::record::{Checked, TableRecord, unhex};
 use crate::transport::{ReadRequest, Registration, Transport};
 use crate::{Error, Method, Result};
@@ -83,8 +82,8 @@ impl std::fmt::Debug for FabricTransport {
 
 impl FabricTransport {
     /// Opens a fabric of the owners' provider and inserts the addresses of
-    /// the owners whose rows come this way.
-    pub(crate) fn new(record: &TableRecord, c: &Checked, first: &[usize], methods: &[Method], origin: &Origin) -> Result<Self> {
+    /// the owners whose rows come this way; a read waits at most `timeout`.
+    pub(crate) fn new(record: &TableRecord, c: &Checked, first: &[usize], methods: &[Method], timeout: Duration) -> Result<Self> {
         let routed: Vec<usize> = (0..methods.len()).filter(|&r| methods[r] == Method::Fabric && c.partition.count(r) > 0).collect();
         let provider = routed
             .iter()
@@ -122,7 +121,7 @@ impl FabricTransport {
             owners,
             first: first.to_vec(),
             row_bytes: c.row_bytes,
-            timeout: origin.id.timeout,
+            timeout,
         })
     }
 
