@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
+use wholemem::agree::{Rule, agree};
 use wholemem::files::npy::Header;
 use wholemem::files::{RowFormat, ShardSet};
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
@@ -166,15 +167,11 @@ impl Drop for Cleanup {
     }
 }
 
-/// Every rank learns whether every rank succeeded; the first failure is
-/// an error everywhere.
+/// Every rank learns whether every rank succeeded; the lowest failing
+/// rank's error is the error everywhere ([`wholemem::agree::agree`]).
 fn all_ok(world: &Arc<dyn Communicator>, r: Result<()>) -> Result<()> {
-    let msg = r.as_ref().err().map(|e| format!("{e:#}")).unwrap_or_default();
-    let all = world.allgatherv(msg.as_bytes())?;
-    if let Some((rank, m)) = all.iter().enumerate().find(|(_, m)| !m.is_empty()) {
-        bail!("rank {rank}: {}", String::from_utf8_lossy(m));
-    }
-    Ok(())
+    let mine = r.map_err(|e| wholemem::Error::from(wholemem::CommonError::InvalidArgument(format!("{e:#}"))));
+    Ok(agree(world.as_ref(), mine, Rule::Lowest)?)
 }
 
 /// The shards' directory: `--dir`, or rank 0's fresh one, told to the
