@@ -7,7 +7,7 @@
 
 use std::io;
 use std::mem;
-use std::os::fd::{FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Most descriptors carried by one message.
 pub(crate) const MAX_FDS: usize = 32;
@@ -125,6 +125,47 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usiz
         if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) }
     } else {
         Ok(n as usize)
+    }
+}
+
+/// A doorbell between the threads of one process: an eventfd one thread
+/// rings and another finds among the descriptors it polls, so a thread
+/// asleep in `poll(2)` wakes as soon as another needs it.
+#[derive(Debug)]
+pub(crate) struct Doorbell(OwnedFd);
+
+impl Doorbell {
+    /// A new doorbell (a non-blocking, close-on-exec eventfd).
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a non-negative result is a new
+        // descriptor this process owns.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        Ok(Self(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// The descriptor to poll for `POLLIN`.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Rings: the next (or current) poll of [`fd`](Self::fd) returns.
+    pub(crate) fn ring(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64. A full counter (EAGAIN,
+        // after 2^64 - 2 rings nobody answered) is still readable: ignored.
+        let _ = unsafe { libc::write(self.fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// Answers every ring so far: the descriptor stops being readable.
+    pub(crate) fn answer(&self) {
+        let mut count: u64 = 0;
+        // SAFETY: reads at most 8 bytes into a valid u64. Nothing to read
+        // (EAGAIN) is fine: someone answered already.
+        let _ = unsafe { libc::read(self.fd(), (&raw mut count).cast(), 8) };
     }
 }
 

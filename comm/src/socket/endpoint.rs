@@ -380,6 +380,18 @@ pub(crate) struct Endpoint {
     /// otherwise one that holds the endpoint waits on a peer whose own
     /// holder waits on this process's other thread, and neither moves.
     waiting: AtomicUsize,
+    /// Rung by a thread that starts waiting for `state`, so that the holder,
+    /// asleep in its poll of the peers, wakes and hands the endpoint over
+    /// at once rather than when its poll times out (up to a second: the
+    /// other thread's frames, which the peers may be waiting for, would sit
+    /// that long). `None` when no eventfd could be had: then a holder polls
+    /// in short turns whenever the endpoint is shared.
+    doorbell: Option<sys::Doorbell>,
+    /// Polls of 100 ms or more that ran their full length, finding nothing,
+    /// while another thread waited for the endpoint (what the doorbell
+    /// prevents).
+    #[cfg(test)]
+    slept_through: AtomicUsize,
 }
 
 /// What a read from one peer produced.
@@ -400,7 +412,17 @@ impl Endpoint {
     ) -> Self {
         let peers = conns.into_iter().map(Peer::new).collect();
         let state = Mutex::new(State { peers, broken: None, poisoned: Vec::new(), spare: crate::BufferPool::new(SPARE_MIN, SPARE_MAX) });
-        Self { world_rank, nodes, timeout, max_frame, state, waiting: AtomicUsize::new(0) }
+        Self {
+            world_rank,
+            nodes,
+            timeout,
+            max_frame,
+            state,
+            waiting: AtomicUsize::new(0),
+            doorbell: sys::Doorbell::new().ok(),
+            #[cfg(test)]
+            slept_through: AtomicUsize::new(0),
+        }
     }
 
     /// Number of ranks in the world.
@@ -409,6 +431,16 @@ impl Endpoint {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
+        self.lock_ringing(true)
+    }
+
+    /// Takes the endpoint; with `ring`, a holder asleep in its poll is woken
+    /// to hand it over. [`hand_over`](Self::hand_over) takes it back without
+    /// ringing: the thread it let in then has a turn of its own (a short
+    /// poll, [`HANDOVER_POLL_MS`]) before handing back, where a ring would
+    /// pass the endpoint to and fro at once while both threads wait on their
+    /// peers, burning the cores the rest of the program needs.
+    fn lock_ringing(&self, ring: bool) -> MutexGuard<'_, State> {
         // A panic while holding the lock leaves frames half read; the state
         // is still memory-safe, and `broken` will usually be set by then.
         match self.state.try_lock() {
@@ -417,6 +449,9 @@ impl Endpoint {
             Err(std::sync::TryLockError::WouldBlock) => {}
         }
         self.waiting.fetch_add(1, Ordering::SeqCst);
+        if let Some(bell) = self.doorbell.as_ref().filter(|_| ring) {
+            bell.ring();
+        }
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         self.waiting.fetch_sub(1, Ordering::SeqCst);
         st
@@ -438,7 +473,7 @@ impl Endpoint {
         while self.waiting.load(Ordering::SeqCst) >= waiting && Instant::now() < until {
             std::thread::yield_now();
         }
-        let st = held.insert(self.lock());
+        let st = held.insert(self.lock_ringing(false));
         match &st.broken {
             Some(b) => Err(Error::PeerLost { rank: b.rank, op: "a collective", detail: b.detail.clone() }),
             None => Ok(()),
@@ -591,13 +626,30 @@ impl Endpoint {
                     who.push(rank);
                 }
             }
+            if let Some(bell) = &self.doorbell {
+                pfds.push(libc::pollfd { fd: bell.fd(), events: libc::POLLIN, revents: 0 });
+            }
             let left = self.timeout.saturating_sub(last_progress.elapsed());
             // Another thread waits for the endpoint: look briefly, then let
-            // it have its turn (below).
+            // it have its turn (below). A thread that starts waiting during
+            // the poll rings the doorbell, which ends it.
             let others = self.waiting.load(Ordering::SeqCst) > 0;
+            let turn = if others || self.doorbell.is_none() { HANDOVER_POLL_MS } else { 1000 };
             // With work left, only look: the next step is ready to run.
-            let wait_ms = if working { 0 } else { left.as_millis().clamp(1, if others { HANDOVER_POLL_MS } else { 1000 }) as i32 };
-            sys::poll(&mut pfds, wait_ms).map_err(|e| Error::io("poll on peer sockets", e))?;
+            let wait_ms = if working { 0 } else { left.as_millis().clamp(1, turn) as i32 };
+            let events = sys::poll(&mut pfds, wait_ms).map_err(|e| Error::io("poll on peer sockets", e))?;
+            #[cfg(test)]
+            if events == 0 && wait_ms >= 100 && self.waiting.load(Ordering::SeqCst) > 0 {
+                self.slept_through.fetch_add(1, Ordering::SeqCst);
+            }
+            #[cfg(not(test))]
+            let _ = events;
+            if let Some(bell) = &self.doorbell {
+                if pfds.pop().is_some_and(|p| p.revents != 0) {
+                    bell.answer();
+                }
+            }
+            let others = self.waiting.load(Ordering::SeqCst) > 0;
             for (pfd, &rank) in pfds.iter().zip(&who) {
                 if pfd.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0 {
                     progress |= self.read_peer(st, rank, op, land)?;
@@ -1202,6 +1254,48 @@ mod tests {
         ep.transact("send", &mut out, &[]).unwrap();
         assert_eq!(reader.join().unwrap(), data);
         assert_ne!(buf, data, "sealed in place: the buffer holds ciphertext");
+    }
+
+    /// A thread that needs the endpoint while another holds it, asleep in
+    /// its poll, wakes the holder: here the holder's frame comes only once
+    /// the peer has the waiting thread's. The holder used to sleep in its
+    /// poll until its own timeout (here 0.9 s, under the poll's second) and
+    /// fail; a GraphSAGE epoch whose prefetch thread and training step
+    /// shared a rank's connections so took 10 s instead of 0.1 s. (It then
+    /// woke at the timeout's edge and went on: the test counts such sleeps.)
+    #[test]
+    fn a_thread_waiting_for_the_endpoint_wakes_the_thread_that_holds_it() {
+        let (mut ep, mut peer) = endpoint();
+        ep.timeout = Duration::from_millis(900);
+        let frame = |comm: u64, op: Op| {
+            let h = Header { kind: Kind::Data, op, nfds: 0, comm, seq: 0, len: 1 };
+            [&h.encode()[..], b"x"].concat()
+        };
+        let answer = frame(7, Op::Barrier);
+        let peer = std::thread::spawn(move || {
+            // Rank 1 answers the holder only after the other thread's frame.
+            let mut hdr = [0u8; HEADER_LEN];
+            std::io::Read::read_exact(&mut peer, &mut hdr).unwrap();
+            let hdr = Header::decode(&hdr).unwrap();
+            let mut body = vec![0u8; hdr.len as usize];
+            std::io::Read::read_exact(&mut peer, &mut body).unwrap();
+            peer.write_all(&answer).unwrap();
+            (hdr.comm, body)
+        });
+        std::thread::scope(|s| {
+            let holder = s.spawn(|| barrier_from_peer(&ep));
+            // Most often the holder is asleep in its poll by now; if not,
+            // this thread simply goes first.
+            std::thread::sleep(Duration::from_millis(50));
+            let mut payload = b"y".to_vec();
+            let hdr = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 9, seq: 0, len: 1 };
+            let mut out = [Outgoing { to: 1, hdr, payload: Payload::Spent(&mut payload), fds: &[] }];
+            ep.transact("send", &mut out, &[]).unwrap();
+            let got = holder.join().unwrap().unwrap();
+            assert_eq!(got[0].payload, b"x");
+        });
+        assert_eq!(ep.slept_through.load(Ordering::SeqCst), 0, "the holder slept through its poll while this thread waited");
+        assert_eq!(peer.join().unwrap(), (9, b"y".to_vec()));
     }
 
     #[test]
