@@ -14,7 +14,15 @@
 //! built collectively and made undirected. A node's features are its class
 //! as a one-hot vector times `--signal` plus Gaussian noise of standard
 //! deviation 1, so its own features say little and its neighbours' say
-//! much more.
+//! much more. With `--degree-skew s` the far end of each edge is drawn
+//! from a Zipf law of exponent s (within the class, or over all nodes), so
+//! a few nodes become hubs and sampling meets them again and again.
+//!
+//! `--cache-ratio R` gathers the features through a node cache of `R` of
+//! the rows (`wm_gather::cache::NodeCache`): across nodes the rows other
+//! nodes own are served from this node's memory once they were read. The
+//! values are the same, so is the training; rank 0 prints the cache's hit
+//! rate after each epoch.
 //!
 //! The model is a 2-layer GraphSAGE-mean (`h' = W_self·h + W_neigh·mean of
 //! sampled neighbours`, ReLU between). One mini-batch: `--batch` training
@@ -39,7 +47,7 @@
 //! `--prefetch off` turns the prefetch thread off. The batches, and so the
 //! loss and the accuracy, are the same either way.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::{Context, Result, ensure};
@@ -49,7 +57,9 @@ use candle_nn::{AdamW, Linear, Optimizer, ParamsAdamW, VarBuilder, VarMap};
 use clap::Parser;
 use wholemem::{Location, MemoryType, WholeTensor};
 use wm_comm::{CommExt, Communicator};
-use wm_graph::candle_bridge::{gather_tensor, mean_aggregate};
+use wm_gather::RowLayout;
+use wm_gather::cache::{Bypass, NodeCache};
+use wm_graph::candle_bridge::{gather_tensor, gather_tensor_cached, mean_aggregate};
 use wm_graph::{BuildOptions, CsrGraph, EdgeList, MiniBatch, build, sample_blocks};
 
 /// GraphSAGE node classification on a synthetic community graph (see the
@@ -107,6 +117,22 @@ struct Args {
     /// `off`.
     #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
     prefetch: String,
+    /// How unevenly the edges pick their far end: 0 (the default) draws it
+    /// uniformly; s > 0 from a Zipf law of exponent s over the candidates
+    /// (placed by a fixed shuffle, so the hubs are spread over the ranks),
+    /// which gives the graph hubs of high degree, as real graphs have.
+    #[arg(long, default_value_t = 0.0)]
+    degree_skew: f64,
+    /// Keep this fraction of the feature table's rows (of those other
+    /// nodes own) in a node cache shared by the ranks of each node
+    /// (distributed or hierarchy tables whose ranks span nodes): the
+    /// features never change, so the rows gathered most stay there.
+    #[arg(long)]
+    cache_ratio: Option<f64>,
+    /// Which path the cached gathers take: `auto` (measure both, take the
+    /// faster), `off` (always through the cache) or `always` (never).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "off", "always"])]
+    cache_bypass: String,
 }
 
 /// How a rank spends its threads.
@@ -191,6 +217,8 @@ fn split(v: usize) -> usize {
 fn run() -> Result<()> {
     let a = Args::parse();
     ensure!(a.dim >= a.classes && a.classes >= 2, "--dim must be at least --classes, which must be at least 2");
+    ensure!(a.nodes >= a.classes, "--nodes {} is fewer than --classes {}", a.nodes, a.classes);
+    ensure!(a.degree_skew.is_finite() && a.degree_skew >= 0.0, "--degree-skew {} is not a number of 0 or more", a.degree_skew);
     let world = wm_comm::init().context("bootstrap")?;
     let (me, ranks) = (world.rank(), world.size());
     let say = |s: String| {
@@ -211,6 +239,21 @@ fn run() -> Result<()> {
         t.elapsed().as_secs_f64()
     ));
     let features = feature_table(&world, &a, &graph)?;
+    let cache = match a.cache_ratio {
+        None => None,
+        Some(r) => {
+            let mut c = NodeCache::new(features.memory(), &RowLayout::of(&features)?, r).with_context(|| format!("--cache-ratio {r}"))?;
+            c.set_bypass(match a.cache_bypass.as_str() {
+                "off" => Bypass::Off,
+                "always" => Bypass::Always,
+                _ => Bypass::Auto,
+            });
+            say(format!("node cache: ratio {r}, {} slots per node for {} rows other nodes own", c.capacity(), c.remote_rows()));
+            Some(c)
+        }
+    };
+    let cache = Mutex::new(cache);
+    let data = Data { graph: &graph, features: &features, cache: &cache };
 
     let own = graph.local_nodes();
     let pick = |kind: usize, n: usize| -> Vec<i64> { own.clone().filter(|&v| split(v) == kind).take(n).map(|v| v as i64).collect() };
@@ -230,12 +273,15 @@ fn run() -> Result<()> {
     // gathers use the tables' — two threads never share one.
     let steps = world.split(0, me as u32).context("a communicator for the training steps")?;
     let zero = vec![0; a.fanouts.len()];
-    let base = train_model(&world, &steps, &a, threads, &graph, &features, &train, &val, &zero, "baseline (fanout 0)")?;
-    let base_acc = accuracy(&world, &a, &graph, &features, &base, &test, &zero)?;
+    let base = train_model(&world, &steps, &a, threads, data, &train, &val, &zero, "baseline (fanout 0)")?;
+    let base_acc = accuracy(&world, &a, data, &base, &test, &zero)?;
     say(format!("baseline_acc={base_acc:.4}"));
-    let sage = train_model(&world, &steps, &a, threads, &graph, &features, &train, &val, &a.fanouts, "graphsage")?;
-    let acc = accuracy(&world, &a, &graph, &features, &sage, &test, &a.fanouts)?;
+    let sage = train_model(&world, &steps, &a, threads, data, &train, &val, &a.fanouts, "graphsage")?;
+    let acc = accuracy(&world, &a, data, &sage, &test, &a.fanouts)?;
     say(format!("graphsage test accuracy {acc:.4}, baseline {base_acc:.4}, gain {:.4}", acc - base_acc));
+    if let Some(c) = cache.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        c.free()?;
+    }
     features.free()?;
     graph.free()?;
     if me == 0 {
@@ -250,16 +296,63 @@ fn community_graph(world: &Comm, a: &Args) -> Result<CsrGraph> {
     let own = nodes.range(me);
     let count = a.edges / ranks + usize::from(me < a.edges % ranks);
     let per_class = a.nodes / a.classes;
+    let (in_class, anywhere) = (Pick::new(a.degree_skew, per_class), Pick::new(a.degree_skew, a.nodes));
     let mut rng = Rng(a.seed ^ (me as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F));
     let (mut src, mut dst) = (Vec::with_capacity(count), Vec::with_capacity(count));
     for _ in 0..count.min(if own.is_empty() { 0 } else { usize::MAX }) {
         let s = own.start + rng.below(own.len());
-        let d = if rng.uniform() < a.p_in { rng.below(per_class) * a.classes + s % a.classes } else { rng.below(a.nodes) };
+        let d = if rng.uniform() < a.p_in { in_class.pick(&mut rng) * a.classes + s % a.classes } else { anywhere.pick(&mut rng) };
         src.push(s as i64);
         dst.push(d as i64);
     }
     let opts = BuildOptions::new(a.nodes, a.r#type, Location::Host).undirected(true);
     Ok(build(world, &opts, EdgeList::new(&src, &dst))?)
+}
+
+/// Draws one of `n` candidates: uniformly, or with a skew `s` > 0 the
+/// candidate of rank `k` (from 1) with a probability in proportion to
+/// `k^-s`, the ranks placed on the candidates by a fixed shuffle.
+struct Pick {
+    n: usize,
+    /// The law's cumulative weights (empty: uniform).
+    cdf: Vec<f64>,
+    /// The shuffle: rank `k` (from 0) is candidate `(k × step + 1) % n`,
+    /// `step` coprime with `n`.
+    step: usize,
+}
+
+impl Pick {
+    fn new(s: f64, n: usize) -> Self {
+        let cdf = if s > 0.0 {
+            let mut total = 0.0;
+            (1..=n)
+                .map(|k| {
+                    total += (k as f64).powf(-s);
+                    total
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let gcd = |mut x: usize, mut y: usize| {
+            while y != 0 {
+                (x, y) = (y, x % y);
+            }
+            x
+        };
+        let mut step = (0x9E37_79B9 % n.max(1)) | 1;
+        while gcd(step, n) > 1 {
+            step += 2;
+        }
+        Self { n, cdf, step }
+    }
+
+    fn pick(&self, rng: &mut Rng) -> usize {
+        let Some(&total) = self.cdf.last() else { return rng.below(self.n) };
+        let u = rng.uniform() * total;
+        let k = self.cdf.partition_point(|&c| c < u).min(self.n - 1);
+        (k * self.step + 1) % self.n
+    }
 }
 
 fn feature_table(world: &Comm, a: &Args, graph: &CsrGraph) -> Result<WholeTensor<f32>> {
@@ -279,6 +372,33 @@ fn feature_table(world: &Comm, a: &Args, graph: &CsrGraph) -> Result<WholeTensor
     }
     world.barrier()?;
     Ok(t)
+}
+
+/// The graph, its features, and the node cache the features are gathered
+/// through, if any (one thread gathers at a time: the prefetch thread
+/// during an epoch, the main thread between epochs).
+#[derive(Clone, Copy)]
+struct Data<'a> {
+    graph: &'a CsrGraph,
+    features: &'a WholeTensor<f32>,
+    cache: &'a Mutex<Option<NodeCache>>,
+}
+
+impl Data<'_> {
+    /// Rows `ids` of the features as a tensor, through the cache if any.
+    fn gather(&self, ids: &[i64]) -> Result<Tensor> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(match cache.as_mut() {
+            Some(c) => gather_tensor_cached(c, self.features, ids, &Device::Cpu)?,
+            None => gather_tensor(self.features, ids, &Device::Cpu)?,
+        })
+    }
+
+    /// The cache's lookups and hits so far (zeros without one).
+    fn cache_counts(&self) -> (u64, u64) {
+        let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        cache.as_ref().map_or((0, 0), |c| (c.stats().lookups, c.stats().hits))
+    }
 }
 
 /// Two GraphSAGE-mean layers.
@@ -361,18 +481,17 @@ struct Split {
 
 /// Sampled blocks and input features of `seeds`, timed.
 fn prepare(
-    graph: &CsrGraph,
-    features: &WholeTensor<f32>,
+    data: Data<'_>,
     seeds: &[i64],
     fanouts: &[usize],
     seed: u64,
     t: &mut Split,
 ) -> Result<(MiniBatch, Tensor)> {
     let s = Instant::now();
-    let mb = sample_blocks(graph, seeds, fanouts, seed, false)?;
+    let mb = sample_blocks(data.graph, seeds, fanouts, seed, false)?;
     t.sample += s.elapsed().as_secs_f64();
     let s = Instant::now();
-    let x = gather_tensor(features, &mb.nodes, &Device::Cpu)?;
+    let x = data.gather(&mb.nodes)?;
     t.gather += s.elapsed().as_secs_f64();
     Ok((mb, x))
 }
@@ -387,8 +506,7 @@ type Prepared = (Vec<i64>, MiniBatch, Tensor);
 /// tables' communicator meanwhile; `step` must use another. Returns the
 /// time spent preparing (in whichever thread did it).
 fn each_batch(
-    graph: &CsrGraph,
-    features: &WholeTensor<f32>,
+    data: Data<'_>,
     fanouts: &[usize],
     batches: Vec<(Vec<i64>, u64)>,
     prefetch: bool,
@@ -397,7 +515,7 @@ fn each_batch(
     let mut t = Split::default();
     if !prefetch {
         for (seeds, seed) in batches {
-            let (mb, x) = prepare(graph, features, &seeds, fanouts, seed, &mut t)?;
+            let (mb, x) = prepare(data, &seeds, fanouts, seed, &mut t)?;
             step((seeds, mb, x))?;
         }
         return Ok(t);
@@ -411,7 +529,7 @@ fn each_batch(
             wholemem::cores::cap_this_thread(Some(1));
             let mut t = Split::default();
             for (seeds, seed) in batches {
-                let made = prepare(graph, features, &seeds, fanouts, seed, &mut t).map(|(mb, x)| (seeds, mb, x));
+                let made = prepare(data, &seeds, fanouts, seed, &mut t).map(|(mb, x)| (seeds, mb, x));
                 let failed = made.is_err();
                 // A closed channel: the step failed, and says why.
                 if tx.send(made).is_err() || failed {
@@ -455,8 +573,7 @@ fn train_model(
     steps: &Comm,
     a: &Args,
     threads: Threads,
-    graph: &CsrGraph,
-    features: &WholeTensor<f32>,
+    data: Data<'_>,
     train: &[i64],
     val: &[i64],
     fanouts: &[usize],
@@ -469,6 +586,7 @@ fn train_model(
     let loss_key = if fanouts.iter().all(|&f| f == 0) { "xent" } else { "loss" };
     for epoch in 1..=a.epochs {
         let epoch_start = Instant::now();
+        let (lookups0, hits0) = data.cache_counts();
         let batches: Vec<(Vec<i64>, u64)> = (0..a.batches)
             .map(|b| {
                 let mut seeds: Vec<i64> = (0..a.batch.min(train.len())).map(|_| train[rng.below(train.len().max(1))]).collect();
@@ -478,7 +596,7 @@ fn train_model(
             })
             .collect();
         let (mut loss_sum, mut right, mut seen, mut compute) = (0f64, 0u64, 0u64, 0f64);
-        let mut t = each_batch(graph, features, fanouts, batches, threads.prefetch, |(seeds, mb, x)| {
+        let mut t = each_batch(data, fanouts, batches, threads.prefetch, |(seeds, mb, x)| {
             let s = Instant::now();
             let logits = model.forward(&x, &mb)?;
             let y = labels(&seeds, a.classes)?;
@@ -494,13 +612,19 @@ fn train_model(
         })?;
         t.compute = compute;
         let wall = epoch_start.elapsed().as_secs_f64();
+        let (lookups, hits) = data.cache_counts();
+        let cached = if lookups > lookups0 {
+            format!(" cache_hit_rate={:.3}", (hits - hits0) as f64 / (lookups - lookups0) as f64)
+        } else {
+            String::new()
+        };
         let losses = world.allgather_value(loss_sum / a.batches.max(1) as f64)?;
         let loss = losses.iter().sum::<f64>() / losses.len() as f64;
         let train_acc = global_ratio(world, right, seen)?;
-        let val_acc = accuracy(world, a, graph, features, &model, val, fanouts)?;
+        let val_acc = accuracy(world, a, data, &model, val, fanouts)?;
         if me == 0 {
             println!(
-                "{name} epoch {epoch}: {loss_key}={loss:.4} train_acc={train_acc:.4} val_acc={val_acc:.4} epoch_s={wall:.3} (sampling {:.3} s, gather {:.3} s, compute {:.3} s{})",
+                "{name} epoch {epoch}: {loss_key}={loss:.4} train_acc={train_acc:.4} val_acc={val_acc:.4} epoch_s={wall:.3}{cached} (sampling {:.3} s, gather {:.3} s, compute {:.3} s{})",
                 t.sample,
                 t.gather,
                 t.compute,
@@ -515,8 +639,7 @@ fn train_model(
 fn accuracy(
     world: &Comm,
     a: &Args,
-    graph: &CsrGraph,
-    features: &WholeTensor<f32>,
+    data: Data<'_>,
     model: &Sage,
     nodes: &[i64],
     fanouts: &[usize],
@@ -528,7 +651,7 @@ fn accuracy(
     let mut t = Split::default();
     for b in 0..batches {
         let chunk = nodes.chunks(a.batch).nth(b).unwrap_or(&[]);
-        let (mb, x) = prepare(graph, features, chunk, fanouts, a.seed ^ 0xe7a1 ^ b as u64, &mut t)?;
+        let (mb, x) = prepare(data, chunk, fanouts, a.seed ^ 0xe7a1 ^ b as u64, &mut t)?;
         if chunk.is_empty() {
             continue;
         }

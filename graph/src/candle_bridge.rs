@@ -1,5 +1,5 @@
 //! The candle bridge (feature `candle`): gathered wholemem rows as candle
-//! tensors, sampled blocks as index tensors, GraphSAGE's mean aggregation,
+//! tensors (through a node cache where one is given), sampled blocks as index tensors, GraphSAGE's mean aggregation,
 //! and `wm-embedding` tables trained through candle.
 //!
 //! Learnable node embeddings: [`EmbeddingVar::lookup`] gathers the rows of
@@ -32,6 +32,7 @@ use candle_core::{Device, Tensor, Var};
 use wholemem::CommonError;
 use wholemem::{Element, WholeTensor};
 use wm_embedding::{Embedding, EmbeddingElement};
+use wm_gather::cache::NodeCache;
 
 use crate::multihop::Block;
 use crate::{Error, Result};
@@ -46,6 +47,29 @@ use crate::{Error, Result};
 /// [`wholemem::CommonError::InvalidArgument`] for an output that cannot be allocated;
 /// [`Error::Candle`].
 pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &Device) -> Result<Tensor> {
+    let (mut rows, cols) = output_rows(table, ids)?;
+    wm_gather::gather_into(table, ids, &mut rows)?;
+    Ok(Tensor::from_vec(rows, (ids.len(), cols), device)?)
+}
+
+/// [`gather_tensor`] through a node cache made for `table`
+/// ([`NodeCache::new`] over `table.memory()` with the table's whole row,
+/// `RowLayout::of(table)`): the rows other nodes own come from the cache
+/// where it holds them. Collective, as the cache's gather is; the same
+/// values as [`gather_tensor`].
+///
+/// # Errors
+/// As [`gather_tensor`] and [`NodeCache::gather`] (a cache of another
+/// table or layout among them).
+pub fn gather_tensor_cached<T: Element>(cache: &mut NodeCache, table: &WholeTensor<T>, ids: &[i64], device: &Device) -> Result<Tensor> {
+    let (mut rows, cols) = output_rows(table, ids)?;
+    cache.gather(table.memory(), wm_gather::Ids::I64(ids), bytemuck::cast_slice_mut(&mut rows), wm_gather::DType::F32)?;
+    Ok(Tensor::from_vec(rows, (ids.len(), cols), device)?)
+}
+
+/// A zeroed f32 output of `ids.len()` rows of `table`'s columns, and the
+/// columns.
+fn output_rows<T: Element>(table: &WholeTensor<T>, ids: &[i64]) -> Result<(Vec<f32>, usize)> {
     let cols = match table.desc().dims() {
         1 => 1,
         _ => table.desc().sizes()[1],
@@ -57,8 +81,7 @@ pub fn gather_tensor<T: Element>(table: &WholeTensor<T>, ids: &[i64], device: &D
         Error::Common(CommonError::InvalidArgument(format!("gather_tensor's output of {} ids × {cols} f32 columns: {e}", ids.len())))
     })?;
     rows.resize(len, 0f32);
-    wm_gather::gather_into(table, ids, &mut rows)?;
-    Ok(Tensor::from_vec(rows, (ids.len(), cols), device)?)
+    Ok((rows, cols))
 }
 
 /// Indices as a `u32` tensor (candle's index type).
