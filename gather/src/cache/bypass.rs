@@ -23,6 +23,15 @@
 //! so a settled choice costs a probe of the losing path once in hundreds of
 //! calls. The other path takes over only when its median is more than
 //! [`MARGIN`] below the winner's.
+//!
+//! A new workload starts the schedule afresh (warm, then probe): when the
+//! ids of a call (all ranks' together, which every rank learns in the same
+//! allgather) are more than [`RESIZE`] times as many or as few as those of
+//! the call that began the schedule, or when the program says so
+//! (`NodeCache::rechoose`). Times of calls of other sizes say nothing of
+//! this one's, and a cache that lost while its rows were of no use (a
+//! phase of small batches, say) would otherwise be tried again only cold,
+//! in probes too short to warm it, and never win.
 
 /// Which path the gathers of a node cache take.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -88,6 +97,9 @@ pub(crate) const SAMPLES: usize = 5;
 /// How much faster than the last winner the other path must be to take
 /// over (a near tie keeps the winner; the first winner is the cache).
 pub(crate) const MARGIN: f64 = 0.05;
+/// How many times as many (or as few) ids a call may have as the call that
+/// began the schedule before the schedule starts afresh.
+pub(crate) const RESIZE: u64 = 2;
 
 /// The newest call times of one path, in nanoseconds.
 #[derive(Debug, Clone, Default)]
@@ -137,6 +149,9 @@ pub(crate) struct Chooser {
     stretch: u32,
     /// Calls that took the uncached path.
     bypassed: u64,
+    /// The ids of the first call measured since the schedule began (all
+    /// ranks' together), once known.
+    size: Option<u64>,
 }
 
 impl Default for Chooser {
@@ -152,6 +167,7 @@ impl Default for Chooser {
             probing: false,
             stretch: FIRST_STRETCH / 2,
             bypassed: 0,
+            size: None,
         }
     }
 }
@@ -168,6 +184,30 @@ impl Chooser {
     /// Calls that took the uncached path.
     pub(crate) fn bypassed(&self) -> u64 {
         self.bypassed
+    }
+
+    /// Starts the schedule afresh: the cache warms, then both paths are
+    /// measured again (the mode and the count of bypassed calls stay).
+    pub(crate) fn restart(&mut self) {
+        *self = Self { mode: self.mode, bypassed: self.bypassed, ..Self::default() };
+    }
+
+    /// The ids of the previous call, all ranks' together: a size more than
+    /// [`RESIZE`] times off the schedule's starts it afresh, and then says
+    /// so (the previous call's time is then no sample of the new schedule).
+    pub(crate) fn resized(&mut self, ids: u64) -> bool {
+        match self.size {
+            None => {
+                self.size = Some(ids);
+                false
+            }
+            Some(s) if ids > s.saturating_mul(RESIZE) || ids.saturating_mul(RESIZE) < s => {
+                self.restart();
+                self.size = Some(ids);
+                true
+            }
+            Some(_) => false,
+        }
     }
 
     /// Whether the next call takes the uncached path whatever the samples
@@ -350,6 +390,46 @@ mod tests {
             paths.push(p);
         }
         assert!(plain_share(&paths[200..]) < 0.02, "{:.3}", plain_share(&paths[200..]));
+    }
+
+    /// A phase in which the cache lost (small batches, no use for it), then
+    /// batches 50 times larger in which it pays: the schedule starts afresh
+    /// at the first call of the new size, and the cache wins at once.
+    #[test]
+    fn a_new_size_of_calls_starts_the_schedule_afresh() {
+        let mut c = Chooser::default();
+        let mut last = None;
+        for _ in 0..300 {
+            if !c.quiet() && c.resized(512) {
+                last = None;
+            }
+            let sample = if c.quiet() { None } else { last };
+            let p = c.next(sample);
+            last = Some((p, if p == Path::Cached { 2_000 } else { 1_000 }));
+        }
+        assert_eq!(c.current, Path::Plain, "the cache lost the small calls");
+        // Only calls that exchange learn the size: the stretch runs out first.
+        let mut paths = Vec::new();
+        for _ in 0..3000 {
+            if !c.quiet() && c.resized(25_600) {
+                last = None;
+            }
+            let sample = if c.quiet() { None } else { last };
+            let p = c.next(sample);
+            last = Some((p, if p == Path::Cached { 50_000 } else { 100_000 }));
+            paths.push(p);
+        }
+        let back = paths.iter().position(|&p| p == Path::Cached).unwrap_or(usize::MAX);
+        assert!(back <= LAST_STRETCH as usize, "the cache is tried again after {back} calls");
+        assert!(paths[back..back + WARM_CALLS as usize].iter().all(|&p| p == Path::Cached), "and warms before the probe");
+        assert!(plain_share(&paths[back + 100..]) < 0.01, "{:.3}", plain_share(&paths[back + 100..]));
+        // A size within the bound keeps the schedule.
+        assert!(!c.resized(25_600 * 3 / 2) && !c.resized(25_600 * 2 / 3));
+        // The mode and the count of bypassed calls outlive a restart.
+        let bypassed = c.bypassed();
+        c.set_mode(Bypass::Off);
+        c.restart();
+        assert_eq!((c.mode(), c.bypassed(), c.calls), (Bypass::Off, bypassed, 0));
     }
 
     #[test]

@@ -5,10 +5,10 @@
 //! the gather it replaces):
 //!
 //! 0. **Writes.** Every rank learns every rank's write generation of the
-//!    table (one allgather of two words each) and drops the rows of every rank
+//!    table (one allgather of five words each) and drops the rows of every rank
 //!    whose generation moved since the cache last saw it (see
 //!    [`NodeCache`], "Coherence").
-//!    The same allgather carries each rank's path and time of its previous
+//!    The same allgather carries each rank's path, time and ids of its previous
 //!    gather, from which every rank alike chooses whether this call goes
 //!    through the cache or straight to the table's own gather
 //!    ([`Bypass`](super::Bypass)); steps 1 to 3 are the cached path.
@@ -65,7 +65,7 @@ use crate::{DType, Error, Ids, Result, RowLayout, mapped};
 /// [`write_generation`](WholeMemory::write_generation) (scatters,
 /// `apply_gradients`, `files::load`, `write_rows`, `write_local`, in-place
 /// slices), and every cached gather opens with every rank's generation
-/// (an allgather of two words per rank), dropping on every node the rows of
+/// (an allgather of five words per rank), dropping on every node the rows of
 /// each rank whose generation moved since the cache last saw it.
 ///
 /// **The rule.** A cached gather returns no row older than the writes that
@@ -133,6 +133,8 @@ pub struct NodeCache {
     last: Option<(Path, u64)>,
     /// This rank's times of its uncached calls since the last exchange.
     plain_times: Vec<u64>,
+    /// The ids of this rank's previous call.
+    last_ids: u64,
 }
 
 /// The table a cache belongs to: its allocation number, which no other
@@ -319,6 +321,7 @@ impl NodeCache {
             chooser: Chooser::default(),
             last: None,
             plain_times: Vec::new(),
+            last_ids: 0,
             comm,
             local,
         })
@@ -398,25 +401,29 @@ impl NodeCache {
     /// alike. Collective.
     fn follow_writes(&mut self, mem: &WholeMemory) -> Result<Path> {
         let (path, ns) = self.last.map_or((0, 0), |(p, ns)| (p.word(), ns));
+        let ids = self.last_ids;
         let mine = match self.check_table(mem) {
-            Ok(()) => [1, mem.write_generation(), path, ns],
+            Ok(()) => [1, mem.write_generation(), path, ns, ids],
             // The call fails (every rank learns why in its checks): leave
             // the rows as they are.
-            Err(_) => [0, 0, path, ns],
+            Err(_) => [0, 0, path, ns, ids],
         };
         let all = self.comm.allgather_pod(&mine)?;
         // The previous call's sample: its slowest rank, when every rank
-        // took the same path and succeeded.
-        let paths: Vec<Option<Path>> = all.chunks_exact(4).map(|w| Path::of_word(w[2])).collect();
+        // took the same path and succeeded — unless its size (every rank's
+        // ids) starts the schedule afresh.
+        let paths: Vec<Option<Path>> = all.chunks_exact(5).map(|w| Path::of_word(w[2])).collect();
         let sample = match paths.first().copied().flatten() {
-            Some(p) if paths.iter().all(|&q| q == Some(p)) => Some((p, all.chunks_exact(4).map(|w| w[3]).max().unwrap_or(0))),
+            Some(p) if paths.iter().all(|&q| q == Some(p)) => Some((p, all.chunks_exact(5).map(|w| w[3]).max().unwrap_or(0))),
             _ => None,
         };
-        let chosen = self.chooser.next(sample);
-        if all.chunks_exact(4).any(|w| w[0] != 1) {
+        let size = all.chunks_exact(5).fold(0u64, |t, w| t.saturating_add(w[4]));
+        let resized = sample.is_some() && self.chooser.resized(size);
+        let chosen = self.chooser.next(if resized { None } else { sample });
+        if all.chunks_exact(5).any(|w| w[0] != 1) {
             return Ok(chosen);
         }
-        for (r, w) in all.chunks_exact(4).enumerate() {
+        for (r, w) in all.chunks_exact(5).enumerate() {
             if self.seen[r] != w[1] {
                 if let Some(rows) = self.space.rank_rows(r) {
                     self.tags.invalidate_range(rows);
@@ -438,6 +445,18 @@ impl NodeCache {
     /// The path gathers take (see [`set_bypass`](Self::set_bypass)).
     pub fn bypass(&self) -> Bypass {
         self.chooser.mode()
+    }
+
+    /// Measures the two paths afresh, as for a new cache: the next
+    /// gathers go through the cache (it warms), then both paths are timed
+    /// and the faster taken. For a program whose gathers change (a new
+    /// phase of training, other batches): the cache's own check starts
+    /// afresh only when the number of ids changes more than twofold. Every
+    /// rank must call it before the same gather. Not collective.
+    pub fn rechoose(&mut self) {
+        self.chooser.restart();
+        self.last = None;
+        self.plain_times.clear();
     }
 
     /// The gathers of this cache that took the uncached path.
@@ -486,6 +505,7 @@ impl NodeCache {
             (Ok(conv), Path::Cached) => self.gather_cached(mem, ids, out, conv),
         };
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.last_ids = ids.len() as u64;
         self.last = match (&done, path) {
             (Err(_), _) => {
                 self.plain_times.clear();
