@@ -480,13 +480,7 @@ struct Split {
 }
 
 /// Sampled blocks and input features of `seeds`, timed.
-fn prepare(
-    data: Data<'_>,
-    seeds: &[i64],
-    fanouts: &[usize],
-    seed: u64,
-    t: &mut Split,
-) -> Result<(MiniBatch, Tensor)> {
+fn prepare(data: Data<'_>, seeds: &[i64], fanouts: &[usize], seed: u64, t: &mut Split) -> Result<(MiniBatch, Tensor)> {
     let s = Instant::now();
     let mb = sample_blocks(data.graph, seeds, fanouts, seed, false)?;
     t.sample += s.elapsed().as_secs_f64();
@@ -636,14 +630,7 @@ fn train_model(
 }
 
 /// Accuracy over every rank's `nodes`, in batches.
-fn accuracy(
-    world: &Comm,
-    a: &Args,
-    data: Data<'_>,
-    model: &Sage,
-    nodes: &[i64],
-    fanouts: &[usize],
-) -> Result<f64> {
+fn accuracy(world: &Comm, a: &Args, data: Data<'_>, model: &Sage, nodes: &[i64], fanouts: &[usize]) -> Result<f64> {
     // Every rank runs as many batches as the rank with the most nodes, so the
     // collective sampling and gathers stay in step.
     let batches = world.allgather_value(nodes.len().div_ceil(a.batch) as u64)?.into_iter().max().unwrap_or(0) as usize;
