@@ -418,9 +418,16 @@ impl Sage {
             let n = candle_nn::linear_no_bias(dims[l], dims[l + 1], vb.pp(format!("l{l}.neigh")))?;
             layers.push((s, n));
         }
-        // Every rank starts from rank 0's parameters.
+        // The parameters come from `--seed`, not from candle's own random
+        // numbers (a fresh seed each run), so a run repeats bit for bit;
+        // uniform in ±1/√(last dimension). Every rank starts
+        // from rank 0's.
+        let mut rng = Rng(a.seed ^ 0x1417_5e7d);
         for var in sorted_vars(&varmap) {
-            let mut v: Vec<f32> = var.as_tensor().flatten_all()?.to_vec1()?;
+            let dims = var.as_tensor().dims().to_vec();
+            let bound = 1.0 / (*dims.last().unwrap_or(&1)).max(1) as f64;
+            let bound = bound.sqrt();
+            let mut v: Vec<f32> = (0..var.as_tensor().elem_count()).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect();
             world.broadcast_pod(0, &mut v)?;
             var.set(&Tensor::from_vec(v, var.as_tensor().shape(), &Device::Cpu)?)?;
         }
