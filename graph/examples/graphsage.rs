@@ -394,6 +394,14 @@ impl Data<'_> {
         })
     }
 
+    /// A new phase of training (other batches): the cache measures its
+    /// two paths afresh (every rank calls this at the same point).
+    fn new_phase(&self) {
+        if let Some(c) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            c.rechoose();
+        }
+    }
+
     /// The cache's lookups and hits so far (zeros without one).
     fn cache_counts(&self) -> (u64, u64) {
         let cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
@@ -582,6 +590,7 @@ fn train_model(
 ) -> Result<Sage> {
     let me = world.rank();
     let model = Sage::new(world, a)?;
+    data.new_phase();
     let mut opt = AdamW::new(model.varmap.all_vars(), ParamsAdamW { lr: a.lr, weight_decay: 0.0, ..Default::default() })?;
     let mut rng = Rng(a.seed ^ 0x5a6e ^ (me as u64) << 32);
     let loss_key = if fanouts.iter().all(|&f| f == 0) { "xent" } else { "loss" };
