@@ -17,7 +17,7 @@ def main(path):
         if line:
             j = json.loads(line)
             rounds.setdefault(j["round"], {})[j["bench"]] = j
-    rows = []
+    rows, pages = [], {}
     for r, runs in sorted(rounds.items()):
         wb, pg, gb = runs.get("wm-bench gather"), runs.get("python gather"), runs.get("python get_batch")
         if not (wb and pg and gb):
@@ -35,6 +35,9 @@ def main(path):
         m["method 0 / wm-bench"] = m["method 0"] / m["wm-bench gather"]
         m["method 0 / numpy"] = m["method 0"] / m["numpy np.take"]
         rows.append(m)
+        for k, v in gb.get("huge_pages_rank0", {}).items():
+            if v is not None:
+                pages.setdefault(k, []).append(v)
     if not rows:
         sys.exit(f"{path}: no complete round")
     print(f"{len(rows)} rounds; GB/s per rank (median over ranks), then ratios within a round")
@@ -42,6 +45,9 @@ def main(path):
     for k in rows[0]:
         v = [x[k] for x in rows]
         print(f"  {k:26s} {statistics.median(v):8.2f} {min(v):8.2f} {max(v):8.2f}")
+    if pages:
+        print("huge pages, rank 0 (lowest over the rounds): "
+              + ", ".join(f"{k} {min(v):.0%}" for k, v in pages.items()))
 
 
 if __name__ == "__main__":

@@ -74,3 +74,6 @@ def test_the_benchmark_runs_and_verifies(what):
     else:
         assert set(j["gbps_per_rank"]) == {"method 0", "method 1", "method 2", "numpy full[ids]"}
         assert all(v["min"] > 0 for v in j["gbps_per_rank"].values())
+        # Both sides' huge pages are reported, so the ratio can be read.
+        assert set(j["huge_pages_rank0"]) == set(j["gbps_per_rank"])
+        assert j["numpy_huge_pages_rank0"] is None or 0 <= j["numpy_huge_pages_rank0"] <= 1

@@ -1,14 +1,19 @@
 """Benchmarks of the Python face, each verified and beside a baseline from
 the same run.
 
-    mpirun -np 2 python -m wholemem.bench get_batch [--rows 4194304] [--dim 128] [--batch 8192] [--iters 20]
+    mpirun -np 2 python -m wholemem.bench get_batch [--rows 4194304] [--dim 128] [--batch 8192] [--iters 20] [--warmup 3]
     mpirun -np 2 python -m wholemem.bench gather [--type distributed] [--rows 4194304] [--batch 8192] [--iters 20]
 
 ``get_batch``: every rank adds its shard of a float32 table to a PyDDStore,
-then for each method times ``iters`` batches of random ids (after one
-warm-up), verifies every row moved, and prints GB/s per rank beside
+then for each method times ``iters`` batches of random ids after
+``warmup`` untimed ones (3, as ``wm-bench``: the first calls on a fresh
+store grow the exchange's buffers, and one warm-up batch left method 0
+at 1.03-1.10 of numpy where three gave 1.14-1.18), verifies every row
+moved, and prints GB/s per rank beside
 ``full[ids]`` (``np.take``) over a private copy of the whole table, every
-rank at once.
+rank at once. Both sides' huge-page fractions are printed: wholemem's
+tables are built from huge pages, numpy's array gets transparent huge
+pages, so the comparison is of the copies, not of TLB reach.
 
 ``gather``: ``Table.gather`` as ``wm-bench gather`` runs ``wm_gather::gather``
 (same table type, shape, id type and timing: a barrier, then the call alone
@@ -43,6 +48,27 @@ def _values(ids, dim):
 
 def _spread(v):
     return {"min": min(v), "median": statistics.median(v), "max": max(v)}
+
+
+def _huge_fraction(arr):
+    """Fraction of ``arr``'s bytes this process maps with transparent huge
+    pages (``AnonHugePages`` of every mapping it overlaps, from
+    ``/proc/self/smaps``; numpy asks for them with ``MADV_HUGEPAGE`` on
+    large arrays), or ``None`` where that file cannot be read."""
+    lo, hi = arr.ctypes.data, arr.ctypes.data + arr.nbytes
+    huge, inside = 0, False
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(maxsplit=1)[0]
+                if "-" in head and not head.endswith(":"):
+                    start, end = (int(x, 16) for x in head.split("-"))
+                    inside = start < hi and end > lo
+                elif inside and head == "AnonHugePages:":
+                    huge += int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return min(1.0, huge / max(1, arr.nbytes))
 
 
 def _world():
@@ -155,7 +181,7 @@ def get_batch(a):
     lo, hi = min(rank * per, a.rows), min((rank + 1) * per, a.rows)
     rows = _values(np.arange(lo, hi), a.dim)
     rng = np.random.default_rng([a.seed, rank])
-    batches = [rng.integers(0, a.rows, a.batch) for _ in range(a.iters + 1)]
+    batches = [rng.integers(0, a.rows, a.batch) for _ in range(a.warmup + a.iters)]
     out = np.empty((a.batch, a.dim), np.float32)
     gb = a.batch * a.dim * 4 / 1e9
     results, huge = {}, {}
@@ -177,12 +203,13 @@ def get_batch(a):
             dt = time.perf_counter() - t0
             if not np.array_equal(out, _values(ids, a.dim)):
                 sys.exit(f"method {m}: batch {i} moved wrong rows")
-            if i:
+            if i >= a.warmup:
                 times.append(dt)
         s.free()
         results[f"method {m}"] = gb * len(times) / sum(times)
     del rows
     full = _values(np.arange(a.rows), a.dim)
+    huge["numpy full[ids]"] = _huge_fraction(full)
     times = []
     for i, ids in enumerate(batches):
         job.barrier()
@@ -191,7 +218,7 @@ def get_batch(a):
         dt = time.perf_counter() - t0
         if not np.array_equal(out, _values(ids, a.dim)):
             sys.exit(f"numpy: batch {i} took wrong rows")
-        if i:
+        if i >= a.warmup:
             times.append(dt)
     results["numpy full[ids]"] = gb * len(times) / sum(times)
     every = comm.gather(results, 0)
@@ -201,13 +228,14 @@ def get_batch(a):
     if a.json:
         print(json.dumps({"bench": "python get_batch", "ranks": size, "rows": a.rows, "dim": a.dim, "batch": a.batch,
                           "iters": a.iters, "gbps_per_rank": {k: _spread([r[k] for r in every]) for k in results},
-                          "numpy_gbps_median": numpy_median, "huge_pages_rank0": huge}))
+                          "numpy_gbps_median": numpy_median, "huge_pages_rank0": huge,
+                          "numpy_huge_pages_rank0": huge["numpy full[ids]"]}))
         return
     print(f"get_batch {a.rows}x{a.dim} f32, batch {a.batch}, {a.iters} batches, {size} ranks "
           f"(GB/s per rank: min / median / max; ratio: median over numpy's median)")
     for k in results:
         s = _spread([r[k] for r in every])
-        pages = f"   huge pages {huge[k]:.0%}" if k in huge else ""
+        pages = f"   huge pages {huge[k]:.0%}" if huge.get(k) is not None else ""
         print(f"  {k:16s} {s['min']:7.2f} / {s['median']:7.2f} / {s['max']:7.2f}   {s['median'] / numpy_median:5.2f}{pages}")
 
 
@@ -224,7 +252,7 @@ def main(argv=None):
     p.add_argument("--handshake-dir", default="", help="get_batch: method 2's directory (default: a fresh one)")
     p.add_argument("--type", default="distributed", help="gather: continuous, chunked, distributed or hierarchy")
     p.add_argument("--ids", choices=["i32", "i64"], default="i64", help="gather: the ids' integer type")
-    p.add_argument("--warmup", type=int, default=3, help="gather: untimed batches first")
+    p.add_argument("--warmup", type=int, default=3, help="untimed batches first (get_batch: of each method and numpy)")
     p.add_argument("--profile", action="store_true", help="gather: the time of each phase per call (wm_gather::profile)")
     a = p.parse_args(argv)
     if a.rows <= 0 or a.dim <= 0 or a.batch <= 0 or a.iters <= 0:
