@@ -327,9 +327,8 @@ impl NodeCache {
         })
     }
 
-    /// How fast the access counts fade: the node's leader halves the count
-    /// of every row asked for since the last time (and drops the others')
-    /// once the node has counted `periods_per_slot` × [`capacity`]
+    /// How fast the access counts fade: the node's leader halves every
+    /// count once the node has counted `periods_per_slot` × [`capacity`]
     /// accesses since the last halving (the default is
     /// [`AGEING_PER_SLOT`](super::AGEING_PER_SLOT), 4); `None` keeps
     /// every count growing (pure LFU, which never

@@ -22,13 +22,11 @@
 //!   copies in the tags).
 //!
 //! Counts **age**: once the node has counted [`AGEING_PER_SLOT`] accesses
-//! per slot of the cache (by default; [`Tags::set_ageing`]), the count of
-//! every row asked for since the last time is halved, and every other
-//! row's count dropped, before the next decision. Order among rows asked
-//! at a steady rate is kept, while a row that stopped being asked loses its
-//! weight at the first period it was not asked for, so a hot set that
-//! moves takes the slots of the one it left within a period or two (LFU
-//! with ageing, as in TinyLFU's reset).
+//! per slot of the cache (by default; [`Tags::set_ageing`]), every count is halved
+//! before the next decision. Order among rows asked at a steady rate is
+//! kept, while a row that stopped being asked loses half its weight every
+//! period, so a hot set that moves takes the slots of the one it left
+//! within a period or two (LFU with ageing, as in TinyLFU's reset).
 
 /// Ways per set.
 pub const WAYS: usize = 32;
@@ -37,10 +35,6 @@ pub const WAYS: usize = 32;
 /// Zipf hot set that moves every 10 or 25 batches, 4 kept more hits than
 /// 0.25, 1, 8 and 16, and than no ageing (docs/cache.md, "Ageing").
 pub const AGEING_PER_SLOT: usize = 4;
-
-/// The bit of a row's count that says it was asked for since the last
-/// halving; the count is the other 31 bits.
-const ASKED: u32 = 1 << 31;
 
 /// A tag for a slot that holds nothing.
 const EMPTY: u64 = u64::MAX;
@@ -166,10 +160,8 @@ impl Tags {
     fn age_if_due(&mut self) -> bool {
         match (&mut self.counts, self.ageing) {
             (Some(counts), Some(every)) if self.counted >= every => {
-                // A row asked for in the period keeps half its count; one
-                // nobody asked for since the last halving loses it all.
                 for c in counts.iter_mut() {
-                    *c = if *c & ASKED != 0 { (*c & !ASKED) >> 1 } else { 0 };
+                    *c >>= 1;
                 }
                 self.counted = 0;
                 true
@@ -239,14 +231,14 @@ impl Tags {
     #[inline]
     pub(crate) fn count(&mut self, r: usize, n: u32) {
         if let Some(c) = &mut self.counts {
-            c[r] = ((c[r] & !ASKED).saturating_add(n).min(!ASKED)) | ASKED;
+            c[r] = c[r].saturating_add(n);
             self.counted += u64::from(n);
         }
     }
 
     /// Row `r`'s access count (0 where counts are not kept).
     fn count_of(&self, r: usize) -> u32 {
-        self.counts.as_ref().map_or(0, |c| c[r] & !ASKED)
+        self.counts.as_ref().map_or(0, |c| c[r])
     }
 
     /// The leader's decision for the rows that missed (`missed`, distinct,
@@ -489,7 +481,7 @@ mod tests {
     }
 
     #[test]
-    fn ageing_halves_counts_once_a_period_and_drops_those_not_asked_for() {
+    fn ageing_halves_counts_once_a_period_and_keeps_their_order() {
         let mut t = Tags::new(Placement::Sets { sets: 1 }, 100, true);
         assert_eq!(t.ageing, Some((AGEING_PER_SLOT * WAYS) as u64), "the default period is per slot");
         t.set_ageing(Some(1000));
@@ -502,11 +494,6 @@ mod tests {
         t.count(1, 3);
         t.decide(&[]);
         assert_eq!(t.count_of(1), 5, "not due again before a period");
-        // The next halving: row 1 was asked for since the last one and
-        // keeps half; row 99, not asked for since, loses its count.
-        t.count(2, 1000);
-        t.decide(&[]);
-        assert_eq!((t.count_of(1), t.count_of(2), t.count_of(99)), (2, 502, 0));
         let mut f = Tags::new(Placement::Sets { sets: 1 }, 100, false);
         f.count(3, 5000);
         f.decide(&[]);
