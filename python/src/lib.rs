@@ -115,6 +115,7 @@ fn _wholemem(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     m.add_class::<comm::Comm>()?;
     m.add_class::<table::Table>()?;
+    m.add_class::<table::LocalView>()?;
     m.add_class::<embedding::Embedding>()?;
     m.add_class::<graph::Graph>()?;
     m.add_class::<onesided::OneSided>()?;

@@ -1,11 +1,12 @@
 //! `Table`: one row-partitioned table of any of the four memory types.
 
-use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use wholemem::{AllocRequest, Location, MemoryType, WholeMemory};
-use wm_comm::Communicator;
+use wm_comm::{CommExt, Communicator};
 use wm_gather::RowLayout;
 
 use crate::buffers::{Elem, IdArray, array_elem, as_array, elem_of, numpy, with_bytes, with_bytes_mut, writable};
@@ -18,6 +19,24 @@ use crate::errors::{IntoPy, Kind, raise, value};
 #[pyclass(module = "wholemem._wholemem", name = "Table", frozen)]
 pub struct Table {
     mem: RwLock<Option<WholeMemory>>,
+    /// Live [`LocalView`]s of this table in this process.
+    ///
+    /// **Local views and `free`.** [`Table::local_view`] hands numpy a pointer
+    /// into this rank's rows, which stays valid only while the memory is
+    /// mapped. Each view's base object ([`LocalView`]) holds a reference to
+    /// the table (so dropping the table cannot unmap under it) and counts
+    /// itself in `views` until numpy drops it (the last array made from the
+    /// view gone). `free` refuses while any rank counts a live view: the
+    /// ranks agree on it first (an allgather of their counts), so every rank
+    /// raises the same `ValueError`, nothing is freed, and the table stays
+    /// usable; `del` the views (and arrays made from them) and call `free`
+    /// again. While `free` agrees, `closing` refuses new views, so a count of
+    /// zero cannot grow before the memory goes. Refusing rather than
+    /// deferring keeps `free` what it is everywhere else: collective, done
+    /// when it returns.
+    views: AtomicUsize,
+    /// Set while `free` agrees with the other ranks: no new views.
+    closing: AtomicBool,
     pub(crate) elem: Elem,
     pub(crate) cols: usize,
     rows: usize,
@@ -137,7 +156,17 @@ impl Table {
         let req = AllocRequest { ty, loc, total, granularity, partition };
         let c = comm.inner.clone();
         let mem = py.detach(|| WholeMemory::allocate(&c, &req)).py()?;
-        Ok(Self { mem: RwLock::new(Some(mem)), elem, cols, rows, ty, loc, comm: comm.inner.clone() })
+        Ok(Self {
+            mem: RwLock::new(Some(mem)),
+            views: AtomicUsize::new(0),
+            closing: AtomicBool::new(false),
+            elem,
+            cols,
+            rows,
+            ty,
+            loc,
+            comm: comm.inner.clone(),
+        })
     }
 
     /// The element type, as a numpy dtype.
@@ -298,6 +327,79 @@ impl Table {
         with_bytes(&src, "rows", |b| py.detach(|| mem.write_local(b)).py())
     }
 
+    /// This rank's rows, `(local rows, cols)` in the table's dtype, as a
+    /// numpy array over the table's memory: no copy. Host tables only (a
+    /// device table raises `UnsupportedError`: its rows have no host
+    /// address; use `read_local`/`write_local`). An empty shard gives an
+    /// empty `(0, cols)` array.
+    ///
+    /// Read-only unless `writable=True` (numpy refuses assignments, and
+    /// refuses to set `flags.writeable` later). A writable view is allowed
+    /// wherever `write_local` is (every host table); writing through it
+    /// is like `write_local` without the copy and without row locks:
+    ///
+    /// - Other ranks see the writes after a barrier (continuous and
+    ///   chunked tables map these rows on every rank of the node; the
+    ///   other types serve them from this process). Keep other ranks'
+    ///   writes to these rows (scatter, load) and their reads from
+    ///   overlapping writes through the view apart with a barrier, as for
+    ///   `write_local`; rows read meanwhile may be torn.
+    /// - Caches of the table notice rows changing through the write
+    ///   generation, which moves when a writable view is taken and again
+    ///   when it is released (its last array deleted). A cache that copies
+    ///   rows while a writable view is alive may keep rows written after
+    ///   that copy until the view is released; release writable views (and
+    ///   barrier) before relying on cached reads.
+    ///
+    /// The array's `base` keeps the table alive. `free()` refuses (every
+    /// rank raises `ValueError`, the table stays usable) while any rank
+    /// holds a view: `del` the views and arrays made from them first.
+    #[pyo3(signature = (writable=false))]
+    fn local_view<'py>(slf: &Bound<'py, Self>, writable: bool) -> PyResult<Bound<'py, PyUntypedArray>> {
+        let py = slf.py();
+        let t = slf.get();
+        let g = t.read()?;
+        let mem = g.as_ref().expect("checked by read");
+        if t.loc != Location::Host {
+            return Err(raise(
+                Kind::Unsupported,
+                format!(
+                    "local_view: a {} table's rows live in GPU memory, which has no host address for numpy to view; use read_local() and write_local(rows), which copy",
+                    t.loc.name()
+                ),
+            ));
+        }
+        let me = t.comm.rank();
+        let ptr = mem.rank_ptr(me).ok_or_else(|| {
+            raise(Kind::Unsupported, format!("local_view: rank {me} does not map its own rows of this {} table", t.ty.name()))
+        })?;
+        let typestr: String = numpy(py)?.getattr("dtype")?.call1((t.elem.name(),))?.getattr("str")?.extract()?;
+        let n = mem.local_rows().len();
+        // Counted first, then `closing` checked (both SeqCst), while `free`
+        // sets `closing` and then reads the count: either `free` sees this
+        // view, or this call sees `free` and refuses.
+        t.views.fetch_add(1, Ordering::SeqCst);
+        if t.closing.load(Ordering::SeqCst) {
+            t.views.fetch_sub(1, Ordering::SeqCst);
+            return Err(value("local_view: the table is being freed"));
+        }
+        if writable {
+            // Before the writes, as `local_bytes_mut` counts them; again
+            // when the view goes (`LocalView::drop`).
+            mem.note_written(mem.local_rows());
+        }
+        // From here `LocalView::drop` gives the count back, also when
+        // `Bound::new` fails. The address handed to numpy stays mapped,
+        // `(n, cols)` elements long, as long as the view lives: the rows
+        // are mapped once at allocation and unmapped only when the
+        // `WholeMemory` goes, which is by `free` (refused while the count
+        // is above 0) or by dropping the table (which the view holds).
+        let view = LocalView { table: slf.clone().unbind(), addr: ptr as usize, shape: (n, t.cols), typestr, writable };
+        drop(g);
+        let holder = Bound::new(py, view)?;
+        Ok(numpy(py)?.getattr("asarray")?.call1((holder,))?.cast_into::<PyUntypedArray>()?)
+    }
+
     /// Overwrites rows `first..first + n` of this rank's reach with raw
     /// bytes of `rows` (any dtype; its size a whole number of rows). Not
     /// collective.
@@ -372,8 +474,32 @@ impl Table {
         crate::onesided::OneSided::create(py, mem, name, self.elem, method, publish_at, profile)
     }
 
-    /// Frees the table (collective). Idempotent.
+    /// Frees the table (collective). Idempotent. Refused on every rank,
+    /// with a `ValueError` and the table left usable, while any rank holds
+    /// a `local_view` (see [`Table`]).
     fn free(&self, py: Python<'_>) -> PyResult<()> {
+        if self.mem.read().map_err(|_| raise(Kind::Other, "a call on this table panicked"))?.is_none() {
+            return Ok(());
+        }
+        // No new views while the ranks agree; the count can only fall.
+        self.closing.store(true, Ordering::SeqCst);
+        let mine = self.views.load(Ordering::SeqCst) as u64;
+        let agreed = py.detach(|| self.comm.allgather_value(mine)).py();
+        let counts = match agreed {
+            Ok(c) => c,
+            Err(e) => {
+                self.closing.store(false, Ordering::Release);
+                return Err(e);
+            }
+        };
+        if counts.iter().any(|&c| c > 0) {
+            self.closing.store(false, Ordering::Release);
+            let holders: Vec<String> = counts.iter().enumerate().filter(|(_, c)| **c > 0).map(|(r, c)| format!("rank {r}: {c}")).collect();
+            return Err(value(format!(
+                "free() refused: numpy views of the local rows (local_view) are alive ({}); del them and the arrays made from them, then free again (nothing was freed; the table is still usable)",
+                holders.join(", ")
+            )));
+        }
         let taken = self.mem.write().map_err(|_| raise(Kind::Other, "a call on this table panicked"))?.take();
         match taken {
             Some(m) => py.detach(|| m.free()).py(),
@@ -383,6 +509,78 @@ impl Table {
 
     fn __repr__(&self) -> String {
         format!("Table(shape=({}, {}), dtype={}, type={}, location={})", self.rows, self.cols, self.elem.name(), self.ty, self.loc)
+    }
+}
+
+/// The base object of a [`Table::local_view`] array: numpy builds the array
+/// from its `__array_interface__` and keeps it as the array's `base`, so
+/// it lives as long as any array sharing the memory. It holds the table
+/// (the memory stays mapped: `free` refuses while it lives, and the table
+/// cannot be dropped under it) and gives back its count in `Table::views`
+/// when numpy drops it.
+#[pyclass(module = "wholemem._wholemem", name = "LocalView", frozen)]
+pub struct LocalView {
+    table: Py<Table>,
+    /// This rank's first row, in this process's mapping.
+    addr: usize,
+    shape: (usize, usize),
+    /// numpy's `dtype.str` of the table's elements.
+    typestr: String,
+    writable: bool,
+}
+
+#[pymethods]
+impl LocalView {
+    /// numpy's array interface (version 3) over this rank's rows.
+    #[getter]
+    fn __array_interface__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
+        let d = pyo3::types::PyDict::new(py);
+        d.set_item("version", 3)?;
+        d.set_item("shape", self.shape)?;
+        d.set_item("typestr", &self.typestr)?;
+        // (address, read-only): numpy makes the array read-only, and
+        // refuses `flags.writeable = True` later, unless `writable`.
+        d.set_item("data", (self.addr, !self.writable))?;
+        Ok(d)
+    }
+
+    /// Whether arrays over this view may write the rows.
+    #[getter]
+    fn writable(&self) -> bool {
+        self.writable
+    }
+
+    fn __repr__(&self) -> String {
+        format!("LocalView(shape={:?}, writable={})", self.shape, self.writable)
+    }
+}
+
+impl Drop for LocalView {
+    fn drop(&mut self) {
+        Python::attach(|py| {
+            let t = self.table.get();
+            if self.writable {
+                // The writes through the view are done: count them again,
+                // so a cache that copied rows meanwhile lets them go.
+                let note = |g: &Option<WholeMemory>| {
+                    if let Some(m) = g {
+                        m.note_written(m.local_rows());
+                    }
+                };
+                match t.mem.try_read() {
+                    Ok(g) => note(&g),
+                    // A call holding the write lock may wait for the GIL
+                    // to return: wait for the lock without it.
+                    Err(TryLockError::WouldBlock) => py.detach(|| {
+                        if let Ok(g) = t.mem.read() {
+                            note(&g);
+                        }
+                    }),
+                    Err(TryLockError::Poisoned(_)) => {}
+                }
+            }
+            t.views.fetch_sub(1, Ordering::SeqCst);
+        });
     }
 }
 

@@ -1,6 +1,8 @@
 """The core API: Comm, Table of the four types, gather/scatter, one-sided
 reads, probe, exceptions. Runs at 1..4 ranks (mpi4py communicator)."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -217,4 +219,110 @@ def test_load_refuses_files_of_another_shape_on_every_rank(comm, shared_dir):
         t.load(shared_dir, kind="hdf5")
     # Still usable: a collective call after the failure works.
     assert t.gather([0]).shape == (1, 4)
+    t.free()
+
+
+# ---- local_view: this rank's rows as a numpy view --------------------------
+
+
+def wholemem_maps():
+    """This process's mappings of wholemem's memfds (table rows, row locks)."""
+    with open("/proc/self/maps") as f:
+        return sum("/memfd:wholemem" in line for line in f)
+
+
+def shm_entries():
+    return sorted(n for n in os.listdir("/dev/shm") if "wholemem" in n or n.startswith("wm")) if os.path.isdir("/dev/shm") else []
+
+
+@pytest.mark.parametrize("ty", TYPES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_local_view_is_read_local_without_a_copy(comm, ty, dtype):
+    rows, cols = 50 + comm.size, 3
+    t = filled(comm, rows, cols, dtype, ty)
+    start, stop = t.local_rows
+    v = t.local_view()
+    assert isinstance(v, np.ndarray) and isinstance(v.base, wholemem.LocalView)
+    assert v.shape == (stop - start, cols) and v.dtype == np.dtype(dtype)
+    assert np.array_equal(v, t.read_local()) and bytes(v) == bytes(t.read_local())
+    assert np.array_equal(v, values(rows, cols, dtype)[start:stop])
+    # Read-only by default, and numpy will not make it writable.
+    assert not v.flags.writeable
+    with pytest.raises(ValueError):
+        v[...] = v[0] if len(v) else 0
+    with pytest.raises(ValueError):
+        v.flags.writeable = True
+    # A view, not a copy: writes through the table show in it.
+    t.write_local(values(rows, cols, dtype)[start:stop][::-1].copy())
+    assert np.array_equal(v, t.read_local())
+    del v
+    comm.barrier()
+    t.free()
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_writable_local_view_writes_are_gathered_by_every_rank(comm, ty):
+    rows, cols = 40 * comm.size + 1, 4
+    t = filled(comm, rows, cols, "float32", ty)
+    start, stop = t.local_rows
+    w = t.local_view(writable=True)
+    assert w.flags.writeable and w.base.writable
+    w *= -3
+    w[:, 0] = np.arange(start, stop)
+    comm.barrier()
+    ref = values(rows, cols, "float32") * -3
+    ref[:, 0] = np.arange(rows)
+    assert np.array_equal(t.gather(np.arange(rows)), ref)
+    assert np.array_equal(t.read_local(), ref[start:stop])
+    del w
+    comm.barrier()
+    t.free()
+
+
+def test_local_view_of_an_empty_shard(comm):
+    if comm.size == 1:
+        pytest.skip("an empty shard needs a second rank")
+    part = [0] + [1] * (comm.size - 1)
+    for ty in TYPES:
+        t = wholemem.Table(comm, comm.size - 1, 5, "int16", ty, partition=part)
+        v = t.local_view(writable=True)
+        want = (0, 5) if comm.rank == 0 else (1, 5)
+        assert v.shape == want and v.dtype == np.int16
+        del v
+        comm.barrier()
+        t.free()
+
+
+@pytest.mark.parametrize("ty", TYPES)
+def test_free_refuses_on_every_rank_while_a_view_lives(comm, ty):
+    maps, shm = wholemem_maps(), shm_entries()
+    rows, cols = 10 * comm.size, 2
+    t = filled(comm, rows, cols, "int32", ty)
+    # Rank 0 alone holds views; every rank's free is refused alike.
+    views = [t.local_view(), t.local_view(writable=True)[1:]] if comm.rank == 0 else []
+    with pytest.raises(ValueError, match="local_view"):
+        t.free()
+    # Nothing was freed: the table still serves every rank.
+    assert np.array_equal(t.gather(np.arange(rows)), values(rows, cols, "int32"))
+    if comm.rank == 0:
+        assert np.array_equal(views[0], t.read_local())
+    kept = views[1:]  # one view left alive on rank 0: still refused
+    del views
+    with pytest.raises(ValueError, match="rank 0: 1"):
+        t.free()
+    del kept
+    t.free()
+    t.free()
+    with pytest.raises(ValueError, match="freed"):
+        t.local_view()
+    assert wholemem_maps() == maps
+    assert shm_entries() == shm
+
+
+def test_local_view_of_a_device_table_is_unsupported(comm):
+    if not wholemem.probe(comm)["support"]["distributed/device"]["supported"]:
+        pytest.skip("no device tables on this machine")
+    t = wholemem.Table(comm, 8 * comm.size, 2, "float32", "distributed", location="device")
+    with pytest.raises(NotImplementedError, match="GPU memory"):
+        t.local_view()
     t.free()

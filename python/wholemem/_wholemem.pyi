@@ -66,6 +66,27 @@ class Table:
     def scatter(self, ids: Ids, rows: Any) -> None: ...
     def read_local(self) -> npt.NDArray[Any]: ...
     def write_local(self, rows: Any) -> None: ...
+    def local_view(self, writable: bool = False) -> npt.NDArray[Any]:
+        """This rank's rows, ``(local rows, cols)`` in the table's dtype, as a
+        numpy view of the table's memory (no copy; ``base`` is a
+        :class:`LocalView` that keeps the table alive). Host tables only: a
+        device table raises ``UnsupportedError`` (``NotImplementedError``).
+
+        Read-only unless ``writable=True`` (assignments raise ``ValueError``;
+        ``flags.writeable`` cannot be set later). Writable views are allowed
+        on every host table, as ``write_local`` is: other ranks see the
+        writes after a barrier; keep other ranks' writes to these rows, and
+        their reads overlapping the view's writes, apart with a barrier (no
+        row locks are taken). Caches see the writes through the write
+        generation, which moves when a writable view is taken and again when
+        it is released (its last array deleted): release writable views
+        before relying on cached reads.
+
+        ``free()`` raises ``ValueError`` on every rank, freeing nothing,
+        while any rank holds a view: ``del`` the views (and arrays made from
+        them) first.
+        """
+        ...
     def write_rows_bytes(self, first: int, rows: Any) -> None: ...
     def load(self, source: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]], kind: str = "npy") -> Dict[str, int]: ...
     def store(self, path: Union[str, "os.PathLike[str]"], kind: str = "npy") -> None: ...
@@ -73,6 +94,15 @@ class Table:
         self, name: str, method: Optional[str] = None, publish_at: Optional[str] = None, profile: Optional[bool] = None
     ) -> OneSided: ...
     def free(self) -> None: ...
+
+class LocalView:
+    """The ``base`` of a :meth:`Table.local_view` array: keeps the table
+    alive and counts as a live view until numpy drops it."""
+
+    @property
+    def __array_interface__(self) -> Dict[str, Any]: ...
+    @property
+    def writable(self) -> bool: ...
 
 class Embedding:
     def __init__(
