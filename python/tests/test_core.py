@@ -326,3 +326,38 @@ def test_local_view_of_a_device_table_is_unsupported(comm):
     with pytest.raises(NotImplementedError, match="GPU memory"):
         t.local_view()
     t.free()
+
+
+class DlpackOnly:
+    """An input that offers only the DLPack protocol (as a framework's
+    tensor does): no buffer protocol, no __array__."""
+
+    def __init__(self, a):
+        self._a = a
+
+    def __dlpack__(self, *args, **kwargs):
+        return self._a.__dlpack__(*args, **kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_outputs_and_inputs(comm):
+    rows, cols = 200 + comm.size, 6
+    t = filled(comm, rows, cols, "float32", "distributed")
+    ref = values(rows, cols, "float32")
+    ids = np.arange(rows - 1, -1, -3, dtype=np.int64)
+    got = t.gather(ids)
+    # An output is taken by np.from_dlpack (and so torch.from_dlpack)
+    # without a copy: the same memory.
+    taken = np.from_dlpack(got)
+    assert np.shares_memory(taken, got) and np.array_equal(taken, ref[ids])
+    # Ids and rows given through DLPack alone.
+    assert not hasattr(DlpackOnly(ids), "__array__")
+    assert np.array_equal(t.gather(DlpackOnly(ids)), ref[ids])
+    mine = np.array([comm.rank], dtype=np.int64)
+    t.scatter(DlpackOnly(mine), DlpackOnly(np.full((1, cols), -1.0 - comm.rank, dtype=np.float32)))
+    comm.barrier()
+    back = t.gather(np.arange(comm.size, dtype=np.int64))
+    assert np.array_equal(back, -1.0 - np.arange(comm.size, dtype=np.float32)[:, None].repeat(cols, 1))
+    t.free()
