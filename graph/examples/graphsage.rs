@@ -428,13 +428,14 @@ impl Sage {
         }
         // The parameters come from `--seed`, not from candle's own random
         // numbers (a fresh seed each run), so a run repeats bit for bit;
-        // uniform in ±1/√(last dimension). Every rank starts
+        // uniform in ±1/√fan-in (the layer's input width, for its weights
+        // and its bias alike, as candle draws them). Every rank starts
         // from rank 0's.
         let mut rng = Rng(a.seed ^ 0x1417_5e7d);
-        for var in sorted_vars(&varmap) {
-            let dims = var.as_tensor().dims().to_vec();
-            let bound = 1.0 / (*dims.last().unwrap_or(&1)).max(1) as f64;
-            let bound = bound.sqrt();
+        for (name, var) in sorted_named_vars(&varmap) {
+            // Named `l{layer}.…`.
+            let layer: usize = name.trim_start_matches('l').split('.').next().and_then(|l| l.parse().ok()).unwrap_or(0);
+            let bound = (1.0 / dims[layer.min(dims.len() - 1)].max(1) as f64).sqrt();
             let mut v: Vec<f32> = (0..var.as_tensor().elem_count()).map(|_| ((rng.uniform() * 2.0 - 1.0) * bound) as f32).collect();
             world.broadcast_pod(0, &mut v)?;
             var.set(&Tensor::from_vec(v, var.as_tensor().shape(), &Device::Cpu)?)?;
@@ -456,11 +457,15 @@ impl Sage {
     }
 }
 
-fn sorted_vars(varmap: &VarMap) -> Vec<candle_core::Var> {
+fn sorted_named_vars(varmap: &VarMap) -> Vec<(String, candle_core::Var)> {
     let data = varmap.data().lock().unwrap_or_else(|p| p.into_inner());
     let mut named: Vec<(String, candle_core::Var)> = data.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
     named.sort_by(|x, y| x.0.cmp(&y.0));
-    named.into_iter().map(|(_, v)| v).collect()
+    named
+}
+
+fn sorted_vars(varmap: &VarMap) -> Vec<candle_core::Var> {
+    sorted_named_vars(varmap).into_iter().map(|(_, v)| v).collect()
 }
 
 /// Averages every parameter's gradient across the ranks.

@@ -24,10 +24,11 @@
 //! calls. The other path takes over only when its median is more than
 //! [`MARGIN`] below the winner's.
 //!
-//! A new workload starts the schedule afresh (warm, then probe): when the
-//! ids of a call (all ranks' together, which every rank learns in the same
-//! allgather) are more than [`RESIZE`] times as many or as few as those of
-//! the call that began the schedule, or when the program says so
+//! A new workload starts the schedule afresh (warm, then probe): when two
+//! calls in a row (of those that exchange) have more than [`RESIZE`] times
+//! as many ids, or as few, as the call that began the schedule (all ranks'
+//! ids together, which every rank learns in the same allgather), once the
+//! cache has warmed — or when the program says so
 //! (`NodeCache::rechoose`). Times of calls of other sizes say nothing of
 //! this one's, and a cache that lost while its rows were of no use (a
 //! phase of small batches, say) would otherwise be tried again only cold,
@@ -152,6 +153,10 @@ pub(crate) struct Chooser {
     /// The ids of the first call measured since the schedule began (all
     /// ranks' together), once known.
     size: Option<u64>,
+    /// Whether the previous call whose size was learned was more than
+    /// [`RESIZE`] times larger (`Some(true)`) or smaller (`Some(false)`)
+    /// than `size`.
+    off: Option<bool>,
 }
 
 impl Default for Chooser {
@@ -168,6 +173,7 @@ impl Default for Chooser {
             stretch: FIRST_STRETCH / 2,
             bypassed: 0,
             size: None,
+            off: None,
         }
     }
 }
@@ -192,22 +198,34 @@ impl Chooser {
         *self = Self { mode: self.mode, bypassed: self.bypassed, ..Self::default() };
     }
 
-    /// The ids of the previous call, all ranks' together: a size more than
-    /// [`RESIZE`] times off the schedule's starts it afresh, and then says
-    /// so (the previous call's time is then no sample of the new schedule).
+    /// The ids of the previous call, all ranks' together: the second such
+    /// call in a row more than [`RESIZE`] times off the schedule's size, on
+    /// the same side, once the cache has warmed, starts the schedule
+    /// afresh, and then says so (the previous call's time is then no sample
+    /// of the new schedule). One call off the size (a short last batch)
+    /// does not, nor do sizes that alternate call by call, which would
+    /// otherwise restart the schedule at every call and never let it
+    /// measure.
     pub(crate) fn resized(&mut self, ids: u64) -> bool {
-        match self.size {
-            None => {
-                self.size = Some(ids);
-                false
-            }
-            Some(s) if ids > s.saturating_mul(RESIZE) || ids.saturating_mul(RESIZE) < s => {
-                self.restart();
-                self.size = Some(ids);
-                true
-            }
-            Some(_) => false,
+        let Some(s) = self.size else {
+            self.size = Some(ids);
+            return false;
+        };
+        let off = if ids > s.saturating_mul(RESIZE) {
+            Some(true)
+        } else if ids.saturating_mul(RESIZE) < s {
+            Some(false)
+        } else {
+            None
+        };
+        let again = off.is_some() && off == self.off;
+        self.off = off;
+        if again && self.calls > WARM_CALLS {
+            self.restart();
+            self.size = Some(ids);
+            return true;
         }
+        false
     }
 
     /// Whether the next call takes the uncached path whatever the samples
@@ -408,7 +426,8 @@ mod tests {
             last = Some((p, if p == Path::Cached { 2_000 } else { 1_000 }));
         }
         assert_eq!(c.current, Path::Plain, "the cache lost the small calls");
-        // Only calls that exchange learn the size: the stretch runs out first.
+        // Only calls that exchange learn the size, and the second of them
+        // off the size restarts: the stretch runs out first.
         let mut paths = Vec::new();
         for _ in 0..3000 {
             if !c.quiet() && c.resized(25_600) {
@@ -420,11 +439,18 @@ mod tests {
             paths.push(p);
         }
         let back = paths.iter().position(|&p| p == Path::Cached).unwrap_or(usize::MAX);
-        assert!(back <= LAST_STRETCH as usize, "the cache is tried again after {back} calls");
+        assert!(back <= 2 * LAST_STRETCH as usize + 8, "the cache is tried again after {back} calls");
         assert!(paths[back..back + WARM_CALLS as usize].iter().all(|&p| p == Path::Cached), "and warms before the probe");
         assert!(plain_share(&paths[back + 100..]) < 0.01, "{:.3}", plain_share(&paths[back + 100..]));
-        // A size within the bound keeps the schedule.
+        // A size within the bound keeps the schedule, and so do one call
+        // off it and sizes that alternate.
         assert!(!c.resized(25_600 * 3 / 2) && !c.resized(25_600 * 2 / 3));
+        assert!(!c.resized(512) && !c.resized(25_600));
+        for _ in 0..10 {
+            assert!(!c.resized(512) && !c.resized(100_000), "alternating sizes restart nothing");
+        }
+        // Two calls in a row off the same side, after the warm-up, do.
+        assert!(!c.resized(512) && c.resized(512));
         // The mode and the count of bypassed calls outlive a restart.
         let bypassed = c.bypassed();
         c.set_mode(Bypass::Off);
