@@ -1273,6 +1273,7 @@ mod tests {
             [&h.encode()[..], b"x"].concat()
         };
         let answer = frame(7, Op::Barrier);
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let peer = std::thread::spawn(move || {
             // Rank 1 answers the holder only after the other thread's frame.
             let mut hdr = [0u8; HEADER_LEN];
@@ -1281,6 +1282,9 @@ mod tests {
             let mut body = vec![0u8; hdr.len as usize];
             std::io::Read::read_exact(&mut peer, &mut body).unwrap();
             peer.write_all(&answer).unwrap();
+            // Open until the holder has its frame: a closed connection
+            // read in the same turn as the frame is a lost peer.
+            let _ = done_rx.recv();
             (hdr.comm, body)
         });
         std::thread::scope(|s| {
@@ -1292,8 +1296,9 @@ mod tests {
             let hdr = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 9, seq: 0, len: 1 };
             let mut out = [Outgoing { to: 1, hdr, payload: Payload::Spent(&mut payload), fds: &[] }];
             ep.transact("send", &mut out, &[]).unwrap();
-            let got = holder.join().unwrap().unwrap();
-            assert_eq!(got[0].payload, b"x");
+            let got = holder.join().unwrap();
+            let _ = done_tx.send(());
+            assert_eq!(got.unwrap()[0].payload, b"x");
         });
         assert_eq!(ep.slept_through.load(Ordering::SeqCst), 0, "the holder slept through its poll while this thread waited");
         assert_eq!(peer.join().unwrap(), (9, b"y".to_vec()));
