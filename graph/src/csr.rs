@@ -279,6 +279,59 @@ impl CsrGraph {
         Ok(out)
     }
 
+    /// The `k` nodes of the highest degree (edges from them), highest
+    /// first, ties to the lower id; every rank gets the same list. On an
+    /// undirected graph these are the nodes that sampling meets most —
+    /// what a node cache of features should hold before the first batch
+    /// (`wm_gather::cache::NodeCache::preload`). Collective: each rank
+    /// ranks its own nodes and sends at most `k` of them (16 bytes each).
+    ///
+    /// # Errors
+    /// [`Error::Comm`] for a lost peer; [`Error::Memory`] when this rank's
+    /// part of `row_ptr` cannot be read.
+    pub fn highest_degree(&self, k: usize) -> Result<Vec<i64>> {
+        let me = self.comm.rank();
+        let own = self.local_nodes();
+        let mut starts = vec![0i64; own.len()];
+        if !own.is_empty() {
+            self.row_ptr.memory().read_rows(own.start, bytemuck::cast_slice_mut(&mut starts))?;
+        }
+        let end = self.edges.offset(me + 1) as i64;
+        // (degree, node), ordered highest degree first, then lowest node.
+        let key = |&[d, v]: &[u64; 2]| (std::cmp::Reverse(d), v);
+        let mut mine: Vec<[u64; 2]> = (0..own.len())
+            .map(|i| {
+                let next = starts.get(i + 1).copied().unwrap_or(end);
+                [next.saturating_sub(starts[i]).max(0) as u64, (own.start + i) as u64]
+            })
+            .collect();
+        if k < mine.len() {
+            mine.select_nth_unstable_by_key(k, key);
+            mine.truncate(k);
+        }
+        let flat: Vec<u64> = mine.iter().flatten().copied().collect();
+        let parts = wm_comm::CommExt::allgatherv_pod(self.comm.as_ref(), &flat)?;
+        let mut all: Vec<[u64; 2]> = Vec::with_capacity(parts.iter().map(Vec::len).sum::<usize>() / 2);
+        for (r, part) in parts.iter().enumerate() {
+            let range = self.nodes.range(r);
+            for w in part.chunks(2) {
+                // A peer's list is input: nodes it owns, whole pairs.
+                match *w {
+                    [d, v] if range.contains(&(v as usize)) => all.push([d, v]),
+                    _ => {
+                        return Err(Error::Common(CommonError::Malformed {
+                            rank: self.comm.world_ranks()[r],
+                            detail: format!("a degree ranking entry {w:?} outside its nodes {range:?}"),
+                        }));
+                    }
+                }
+            }
+        }
+        all.sort_unstable_by_key(key);
+        all.truncate(k);
+        Ok(all.into_iter().map(|[_, v]| v as i64).collect())
+    }
+
     /// Frees the tables collectively.
     ///
     /// # Errors

@@ -28,6 +28,19 @@ fn embeddings_with_a_node_cache_train_and_read_like_without() {
     World::new(6).nodes_of(2).run_ok(CACHE, &["embedding"]);
 }
 
+/// Issue 35: a cache filled before its first gather (the graph example
+/// fills it with the nodes of the highest degree) serves what it was
+/// given, stays coherent, and refuses a bad id on every rank.
+#[test]
+fn a_preloaded_cache_serves_its_rows_fresh() {
+    for world in [World::new(2).nodes_of(1), World::new(4).nodes_of(2), World::new(6).nodes_of(2)] {
+        let dir = wm_tests::Scratch::new("cache-preload");
+        let report = world.run_ok(CACHE, &["preload", dir.0.to_str().expect("a UTF-8 temp path")]);
+        let out = wm_tests::transcript(&report);
+        assert_eq!(out.matches("case preload ").count(), 4, "{out}");
+    }
+}
+
 #[test]
 fn bad_ratios_fail_on_every_rank_naming_the_value() {
     World::new(4).nodes_of(2).run_ok(CACHE, &["bad-ratio"]);

@@ -78,6 +78,17 @@ fn blocks_chain_and_append_unique_maps_every_neighbour() {
     World::new(4).nodes_of(2).run_ok(GRAPH, &["blocks"]);
 }
 
+/// The node cache's preload ranks nodes by degree (issue 35): every rank
+/// gets the reference's ranking, whatever the memory type and rank count.
+#[test]
+fn nodes_ranked_by_degree_equal_the_reference() {
+    for n in [1, 3] {
+        let report = World::new(n).run_ok(GRAPH, &["degree"]);
+        assert!(wm_tests::transcript(&report).contains("degree distributed: the ranking equals"), "{}", wm_tests::transcript(&report));
+    }
+    World::new(4).nodes_of(2).run_ok(GRAPH, &["degree"]);
+}
+
 #[test]
 fn bad_ids_and_edges_fail_on_every_rank_and_the_next_call_works() {
     for n in [1, 2, 4] {

@@ -459,6 +459,105 @@ impl NodeCache {
         self.plain_times.clear();
     }
 
+    /// Fills each node's cache with rows of `hot`, hottest first, before
+    /// any gather asks for them: for a program that knows which rows its
+    /// gathers will ask most — a graph's highest-degree nodes, as
+    /// WholeGraph fills its feature cache — so that its first batches do
+    /// not pay for first sights. `hot` lists rows in the order they should
+    /// be kept; the rows this node owns and repeats are passed over, and
+    /// the first [`capacity`](Self::capacity) of the others are read
+    /// through the table's gather (the node's ranks share the reading)
+    /// and enter the slots as rows asked once (in a set-associative cache
+    /// each set takes the hottest of the rows hashed to it), so rows asked
+    /// more often later take their slots as any others would. Returns the rows this
+    /// node's cache holds after it. The lookups and hits of the reading
+    /// are not counted in [`stats`](Self::stats) (its fills are); the
+    /// choice of path is left as it was.
+    ///
+    /// Collective: every rank passes a list (the same on the ranks of a
+    /// node for the order to hold; it may differ between nodes).
+    ///
+    /// # Errors
+    /// On every rank: [`Error::IndexOutOfRange`] naming the first bad id
+    /// of any rank (nothing is read or filled);
+    /// [`wholemem::CommonError::InvalidArgument`] for another table than
+    /// the cache's; as [`gather`](Self::gather) for a failure while
+    /// reading (a lost peer), after which the cache may hold fewer rows.
+    pub fn preload(&mut self, mem: &WholeMemory, hot: Ids<'_>) -> Result<usize> {
+        /// Rows read per gather: the size of a large batch.
+        const CHUNK: usize = 8192;
+        let rows = mem.rows();
+        let (lr, ls) = (self.local.rank(), self.local.size());
+        let mine: Result<Vec<i64>> = self.check_table(mem).and_then(|()| match hot.first_out_of_range(rows) {
+            Some((position, index)) => Err(Error::IndexOutOfRange { index, position, rank: self.comm.world_rank(), rows }),
+            None => {
+                // The node's candidates, hottest first, at most one per
+                // slot and as many per set as it has ways (within one read
+                // a full set would keep the lowest rows, not the hottest);
+                // this rank reads every `ls`-th.
+                let mut taken = std::collections::HashSet::new();
+                let mut per_set: Vec<usize> = Vec::new();
+                let mut room = |r: usize| match self.tags.set_of_row(r) {
+                    None => true,
+                    Some((set, sets)) => {
+                        per_set.resize(sets, 0);
+                        per_set[set] += 1;
+                        per_set[set] <= super::WAYS
+                    }
+                };
+                Ok(hot
+                    .to_rows()
+                    .into_iter()
+                    .filter(|&row| self.space.index(row).is_some_and(|r| !taken.contains(&row) && room(r)) && taken.insert(row))
+                    .take(self.tags.slots())
+                    .skip(lr)
+                    .step_by(ls.max(1))
+                    .map(|row| row as i64)
+                    .collect())
+            }
+        });
+        // Every rank's write generation and number of reads: rows written
+        // since the last gather leave first, as at a gather's step 0.
+        let words: Vec<u64> = match &mine {
+            Ok(list) => vec![mem.write_generation(), list.len().div_ceil(CHUNK) as u64],
+            Err(_) => Vec::new(),
+        };
+        let (list, all) = wholemem::agree::agree_sharing(self.comm.as_ref(), mine, Rule::Lowest, bytemuck::cast_slice(&words))?;
+        let mut calls = 0u64;
+        for (r, bytes) in all.iter().enumerate() {
+            let w: Vec<u64> = match bytes.len() {
+                16 => bytemuck::pod_collect_to_vec(bytes),
+                n => {
+                    self.tags.clear();
+                    return Err(Error::Common(CommonError::Malformed {
+                        rank: self.comm.world_ranks()[r],
+                        detail: format!("a cache preload announcement of {n} bytes instead of 16"),
+                    }));
+                }
+            };
+            if self.seen[r] != w[0] {
+                if let Some(rows) = self.space.rank_rows(r) {
+                    self.tags.invalidate_range(rows);
+                }
+                self.seen[r] = w[0];
+            }
+            calls = calls.max(w[1]);
+        }
+        let (lookups, hits) = (self.stats.lookups, self.stats.hits);
+        let conv = RowConv::new(self.layout.dtype(), self.layout.dtype(), self.layout.cols())?;
+        let mut out = vec![0u8; CHUNK.min(list.len()) * self.layout.bytes()];
+        let mut result = Ok(());
+        for k in 0..usize::try_from(calls).unwrap_or(usize::MAX) {
+            let part = list.get(k * CHUNK..).map_or(&[][..], |rest| &rest[..rest.len().min(CHUNK)]);
+            result = self.gather_cached(mem, Ids::I64(part), &mut out[..part.len() * self.layout.bytes()], conv);
+            if result.is_err() {
+                break;
+            }
+        }
+        (self.stats.lookups, self.stats.hits) = (lookups, hits);
+        result.map(|()| self.cached_rows())
+    }
+
     /// The gathers of this cache that took the uncached path.
     pub fn bypassed_calls(&self) -> u64 {
         self.chooser.bypassed()

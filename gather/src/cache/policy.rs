@@ -198,6 +198,15 @@ impl Tags {
         }
     }
 
+    /// The set row `r` may live in, and the sets there are (`None` where
+    /// each row has its own slot).
+    pub(crate) fn set_of_row(&self, r: usize) -> Option<(usize, usize)> {
+        match self.placement {
+            Placement::Direct => None,
+            Placement::Sets { sets } => Some((set_of(r, sets), sets)),
+        }
+    }
+
     /// The row slot `slot` holds, if any.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(crate) fn row_at(&self, slot: usize) -> Option<usize> {

@@ -11,7 +11,9 @@
 //! id, changes neither the table nor the cache), `reused-table` (a cache
 //! refuses a table allocated where a freed one was), `generations DIR`
 //! (every write path moves the write generations of exactly the ranks whose
-//! rows it wrote), `device` (an
+//! rows it wrote), `preload DIR` (a cache filled before its first gather
+//! serves the rows it was given, fresh after an untold write, and a bad id
+//! on one rank changes nothing), `device` (an
 //! embedding with a device cache of its host rows, trained beside one
 //! without: on a GPU only; elsewhere it prints why it skips, and fails
 //! under `WM_REQUIRE_GPU=1`). `DIR` is a scratch directory for files.
@@ -44,6 +46,7 @@ fn main() {
         "coherence" => scratch(rest).and_then(|dir| coherence(world, &dir)),
         "all-or-nothing" => scratch(rest).and_then(|dir| all_or_nothing(world, &dir)),
         "reused-table" => reused_table(world),
+        "preload" => scratch(rest).and_then(|dir| preload(world, &dir)),
         "generations" => scratch(rest).and_then(|dir| write_generations(world, &dir)),
         "device" => device(world),
         other => bail!("unknown scenario {other:?}"),
@@ -822,6 +825,84 @@ fn coherence(world: &Comm, files: &Path) -> Result<()> {
         }
         coherence_embedding(world, ty)?;
         own_writes_keep_the_rest(world, ty)?;
+    }
+    Ok(())
+}
+
+// ------------------------------------------------------------- preload
+
+/// `NodeCache::preload` of a list of every row, hottest first, some
+/// repeated: the hottest rows it may hold are hits at the first gather,
+/// every row it holds is read as the table holds it, its fills are
+/// counted and its lookups not; after a write nobody told the cache of,
+/// a second preload reads the written rows anew; a bad id on one rank
+/// fails on every rank naming it and changes nothing.
+fn preload(world: &Comm, files: &Path) -> Result<()> {
+    ensure!(nodes(world) >= 2, "the preload scenario needs ranks on several (simulated) nodes");
+    let (me, n) = (world.rank(), world.size());
+    let (rows, cols) = (4000, 4);
+    let writer = n - 1;
+    let layout_of = wm_topology::NodeLayout::of(world.nodes());
+    let mut rng = Rng::new(&[17, rows as u64]);
+    let mut hot: Vec<i64> = (0..rows as i64).collect();
+    for i in (1..rows).rev() {
+        hot.swap(i, rng.below(i as u64 + 1) as usize);
+    }
+    hot.extend_from_within(..50);
+    for ty in collective_types(world) {
+        for ratio in [0.05, 1.0] {
+            let case = format!("{ty} ratio {ratio}");
+            let mut mem = model_table(world, ty, rows, cols)?;
+            let mut version = vec![0u32; rows];
+            let mut cache = checked_cache(&mem, cols, ratio)?;
+            let before = cache.stats();
+            let held = cache.preload(&mem, Ids::I64(&hot)).with_context(|| format!("{case}: preload"))?;
+            let d = cache.stats().since(&before);
+            ensure!(
+                held == cache.cached_rows() && held > 0 && held <= cache.capacity(),
+                "{case}: preload says it holds {held} rows, the cache {} of {}",
+                cache.cached_rows(),
+                cache.capacity()
+            );
+            if ratio == 1.0 {
+                ensure!(
+                    held == cache.remote_rows(),
+                    "{case}: a cache with a slot for every remote row holds {held} of {}",
+                    cache.remote_rows()
+                );
+            }
+            ensure!(d.lookups == 0 && d.hits == 0, "{case}: the preload counted {} lookups and {} hits", d.lookups, d.hits);
+            ensure!(d.fills == held as u64, "{case}: {} fills for {held} rows held", d.fills);
+            // The 20 hottest rows other nodes own: hits at once.
+            let mine = layout_of.node[me];
+            let remote: Vec<i64> =
+                hot.iter().copied().filter(|&r| layout_of.node[mem.partition().owner(r as usize)] != mine).take(20).collect();
+            let s = hits_of(&mut cache, &mem, &remote)?;
+            ensure!(s.hits == s.lookups && s.lookups == 20, "{case}: {} of the 20 hottest remote rows were hits after the preload", s.hits);
+            read_checked(&mut cache, &mem, &hot, &version, &format!("{case}: after the preload"))?;
+            // A write nobody told the cache of, then a preload and a read.
+            write_by(world, &mut mem, WritePath::WriteLocal, writer, &[], &mut version, 1, files)?;
+            cache.preload(&mem, Ids::I64(&hot)).with_context(|| format!("{case}: preload after a write"))?;
+            // It read the written rows anew, so the next gather keeps them.
+            let s = hits_of(&mut cache, &mem, &remote)?;
+            ensure!(s.hits == s.lookups, "{case}: {} of the 20 hottest remote rows missed after a write and a preload", s.lookups - s.hits);
+            read_checked(&mut cache, &mem, &hot, &version, &format!("{case}: after a write and a preload"))?;
+            // A bad id on one rank: refused on every rank, nothing changes.
+            let held = cache.cached_rows();
+            let mut bad = hot.clone();
+            if me == writer {
+                bad[7] = rows as i64 + 3;
+            }
+            let e = cache.preload(&mem, Ids::I64(&bad));
+            expect_err(e, &[&format!("{}", rows + 3)], &format!("{case}: a preload with a bad id on rank {writer}"))?;
+            ensure!(cache.cached_rows() == held, "{case}: a refused preload changed the cache from {held} rows to {}", cache.cached_rows());
+            read_checked(&mut cache, &mem, &hot, &version, &format!("{case}: after a refused preload"))?;
+            cache.free()?;
+            mem.free()?;
+            if me == 0 {
+                println!("case preload {case}: {held} rows held, the hottest hit at once");
+            }
+        }
     }
     Ok(())
 }

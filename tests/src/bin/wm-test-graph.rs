@@ -38,6 +38,7 @@ fn main() {
             "weighted" => weighted(world, loc),
             "digest" => digest(world, loc),
             "blocks" => blocks(world, loc),
+            "degree" => highest_degree(world, loc),
             "bad-input" => bad_input(world),
             "fanout-property" => fanout_property(world, loc),
             "load-partition" => {
@@ -330,6 +331,31 @@ fn uniform(world: &Comm, loc: Location) -> Result<()> {
         ensure!(all.of(0) == neighbours.as_slice(), "{ty}: fanout ALL gave {:?}", all.of(0));
         let none = sample_neighbors(&g, &centers, 0, 7)?;
         ensure!(none.neighbors.is_empty() && none.offsets == vec![0; 5], "{ty}: fanout 0 gave {none:?}");
+        g.free()?;
+    }
+    Ok(())
+}
+
+/// `CsrGraph::highest_degree` against degrees counted here from the
+/// reference adjacency: the same list on every rank, highest degree
+/// first, ties to the lower id, for k from 0 past the node count.
+fn highest_degree(world: &Comm, loc: Location) -> Result<()> {
+    let nodes = 500;
+    let all = Edges::random(41, nodes, 3000);
+    let reference = all.reference(nodes, true, true, false);
+    let mut ranked: Vec<(usize, i64)> = reference.iter().enumerate().map(|(v, list)| (list.len(), v as i64)).collect();
+    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    for ty in types_at(world, loc) {
+        let opts = BuildOptions::new(nodes, ty, loc).undirected(true).dedup(true);
+        let g = build(world, &opts, all.share(world).list(false))?;
+        for k in [0, 1, 7, 100, nodes, nodes + 5] {
+            let got = g.highest_degree(k)?;
+            let want: Vec<i64> = ranked.iter().take(k).map(|p| p.1).collect();
+            ensure!(got == want, "{ty}: the {k} nodes of highest degree are {got:?}, not {want:?}");
+            let everyone = world.allgatherv_pod(&got)?;
+            ensure!(everyone.iter().all(|l| *l == got), "{ty}: ranks got different rankings for k = {k}");
+        }
+        println!("degree {ty}: the ranking equals the reference's (top degree {})", ranked[0].0);
         g.free()?;
     }
     Ok(())
