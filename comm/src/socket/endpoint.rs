@@ -154,6 +154,10 @@ struct Peer {
     body: Option<Body>,
     stash: VecDeque<Msg>,
     fds: VecDeque<OwnedFd>,
+    /// Why the connection is gone, when it closed without a goodbye while
+    /// frames it had sent were still stashed: those are taken first, and
+    /// a call that needs more of the peer fails with this.
+    gone: Option<String>,
 }
 
 impl Peer {
@@ -175,6 +179,7 @@ impl Peer {
             body: None,
             stash: VecDeque::new(),
             fds: VecDeque::new(),
+            gone: None,
         }
     }
 
@@ -731,7 +736,8 @@ impl Endpoint {
             return Err(Error::PeerLost { rank, op, detail: "it had already shut down its communicator".into() });
         }
         if p.conn.is_none() {
-            return Err(Error::PeerLost { rank, op, detail: "its connection is closed".into() });
+            let detail = p.gone.clone().unwrap_or_else(|| "its connection is closed".into());
+            return Err(Error::PeerLost { rank, op, detail });
         }
         Ok(())
     }
@@ -774,7 +780,8 @@ impl Endpoint {
     ) -> Result<bool> {
         let peer = &mut st.peers[o.to];
         let (Some(conn), Some(sealer)) = (&peer.conn, &mut peer.sealer) else {
-            return if s.done(o) { Ok(false) } else { Err(self.lost(o.to, op, "its connection is closed")) };
+            let detail = peer.gone.as_deref().unwrap_or("its connection is closed");
+            return if s.done(o) { Ok(false) } else { Err(self.lost(o.to, op, detail)) };
         };
         let fd = conn.fd();
         let mut progress = false;
@@ -815,12 +822,19 @@ impl Endpoint {
         match self.read_frames(st, rank, land) {
             Ok(ReadOutcome::Progress(p)) => Ok(p),
             Ok(ReadOutcome::Closed) => {
+                const GONE: &str = "its connection closed without a goodbye (the process died or was killed)";
                 let p = &mut st.peers[rank];
                 p.conn = None;
                 if p.state == PeerState::Finished {
                     Ok(true)
+                } else if p.stash.is_empty() {
+                    Err(self.lost(rank, op, GONE))
                 } else {
-                    Err(self.lost(rank, op, "its connection closed without a goodbye (the process died or was killed)"))
+                    // Frames it sent before it went, read in the same turn
+                    // as the close, are delivered first; what needs more
+                    // of it fails naming it (`check_open`, `write_some`).
+                    p.gone = Some(GONE.into());
+                    Ok(true)
                 }
             }
             Err(e) => Err(e),
@@ -1302,6 +1316,37 @@ mod tests {
         });
         assert_eq!(ep.slept_through.load(Ordering::SeqCst), 0, "the holder slept through its poll while this thread waited");
         assert_eq!(peer.join().unwrap(), (9, b"y".to_vec()));
+    }
+
+    /// A peer whose last frame and the end of its stream are read in one
+    /// turn: the frame is delivered (it used to be dropped, the call
+    /// failing with a lost peer), and the next call that needs the peer
+    /// fails naming it as lost (not as a timeout).
+    #[test]
+    fn a_frame_read_with_the_close_is_delivered_and_the_loss_follows() {
+        let (ep, mut peer) = endpoint();
+        let h = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 7, seq: 0, len: 3 };
+        peer.write_all(&[&h.encode()[..], b"abc"].concat()).unwrap();
+        drop(peer);
+        let got = barrier_from_peer(&ep).unwrap();
+        assert_eq!(got[0].payload, b"abc");
+        let e = barrier_from_peer(&ep).unwrap_err();
+        assert!(matches!(e, Error::PeerLost { rank: 1, .. }), "{e}");
+        assert!(e.to_string().contains("without a goodbye"), "{e}");
+        // Sending to it fails naming it too.
+        let mut payload = b"y".to_vec();
+        let hdr = Header { kind: Kind::Data, op: Op::Barrier, nfds: 0, comm: 9, seq: 0, len: 1 };
+        let mut out = [Outgoing { to: 1, hdr, payload: Payload::Spent(&mut payload), fds: &[] }];
+        assert_eq!(ep.transact("send", &mut out, &[]).unwrap_err().blamed_rank(), Some(1));
+    }
+
+    /// A peer that closes with nothing stashed is lost at once, as before.
+    #[test]
+    fn a_close_without_frames_is_a_lost_peer() {
+        let (ep, peer) = endpoint();
+        drop(peer);
+        let e = barrier_from_peer(&ep).unwrap_err();
+        assert!(matches!(e, Error::PeerLost { rank: 1, .. }) && e.to_string().contains("without a goodbye"), "{e}");
     }
 
     #[test]
