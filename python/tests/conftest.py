@@ -18,6 +18,20 @@ except ImportError:  # the multi-rank tests need mpi4py; they skip naming it
     WORLD = None
 
 
+def pytest_configure(config):
+    """Under mpirun each rank gets pytest temporaries of its own: ranks that
+    shared `/tmp/pytest-of-USER` removed each other's old directories and
+    warned that they could not (a `PytestWarning`)."""
+    if WORLD is not None and WORLD.Get_size() > 1 and not config.option.basetemp:
+        config.option.basetemp = tempfile.mkdtemp(prefix=f"wm-pytest-rank{WORLD.Get_rank()}-")
+
+
+def pytest_unconfigure(config):
+    base = config.option.basetemp
+    if WORLD is not None and WORLD.Get_size() > 1 and base and os.path.basename(str(base)).startswith("wm-pytest-rank"):
+        shutil.rmtree(str(base), ignore_errors=True)
+
+
 def world_size() -> int:
     return WORLD.Get_size() if WORLD is not None else 1
 
