@@ -107,8 +107,13 @@ pub fn index_tensor(indices: &[usize], device: &Device) -> Result<Tensor> {
 /// tensor in between (with 512-wide features and 28 000 sampled edges that
 /// tensor was 57 MB a batch, written and read again); other tensors go
 /// through candle's `index_select` and `index_add`. Both give the same
-/// bits, forward and backward: the sums add in edge order from zero and
-/// divide by the degree.
+/// bits forward (the sums add in edge order from zero and divide by the
+/// degree), and the same gradient terms backward; candle adds the fused
+/// op's gradient to what `x` already has as one term, where its
+/// `index_select` adds edge by edge, so when another use of `x` passes its
+/// gradient back first the last bit may differ. In a GraphSAGE layer
+/// written `self(dst) + neigh(agg)` the aggregate's gradient comes first
+/// and the bits are the same (tested).
 ///
 /// # Errors
 /// [`wholemem::CommonError::InvalidArgument`] when `x` does not have one
@@ -140,9 +145,9 @@ fn unfused_mean(x: &Tensor, block: &Block) -> Result<Tensor> {
     Ok(sums.broadcast_div(&degrees(block, x.dtype(), device)?)?)
 }
 
-/// A block's offsets and neighbours, checked against its shape: `targets
-/// + 1` offsets from 0, never falling, ending at the neighbours' count;
-/// every neighbour an input.
+/// A block's offsets and neighbours, checked against its shape: one
+/// offset per target and one more, from 0, never falling, ending at the
+/// neighbours' count; every neighbour an input.
 fn check_block(block: &Block) -> Result<()> {
     let bad = |m: String| Err(Error::Common(CommonError::InvalidArgument(m)));
     if block.offsets.len() != block.targets + 1 {
@@ -321,19 +326,25 @@ mod tests {
         let vals: Vec<f32> = (0..inputs * cols).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 0.013).collect();
         let weights: Vec<f32> = (0..targets * cols).map(|i| ((i * 131 % 97) as f32 - 48.0) * 0.1).collect();
         let weights = Tensor::from_vec(weights, (targets, cols), &Device::Cpu).unwrap();
-        let run = |fused: bool| {
+        // `with_self`: the targets' own rows added too (`dst + agg`, as a
+        // GraphSAGE layer uses `x` twice).
+        let run = |fused: bool, with_self: bool| {
             let x = Var::from_tensor(&Tensor::from_vec(vals.clone(), (inputs, cols), &Device::Cpu).unwrap()).unwrap();
-            let y = if fused { mean_aggregate(x.as_tensor(), &block).unwrap() } else { unfused_mean(x.as_tensor(), &block).unwrap() };
+            let agg = if fused { mean_aggregate(x.as_tensor(), &block).unwrap() } else { unfused_mean(x.as_tensor(), &block).unwrap() };
+            let y = if with_self { (x.as_tensor().narrow(0, 0, targets).unwrap() + &agg).unwrap() } else { agg };
             let loss = (&y * &weights).unwrap().sum_all().unwrap();
             let grads = loss.backward().unwrap();
             let g = grads.get(x.as_tensor()).expect("a gradient for x").flatten_all().unwrap().to_vec1::<f32>().unwrap();
             (y.flatten_all().unwrap().to_vec1::<f32>().unwrap(), g)
         };
-        let (fused_y, fused_g) = run(true);
-        let (plain_y, plain_g) = run(false);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&fused_y), bits(&plain_y), "forward");
-        assert_eq!(bits(&fused_g), bits(&plain_g), "backward");
+        for with_self in [true, false] {
+            let (fused_y, fused_g) = run(true, with_self);
+            let (plain_y, plain_g) = run(false, with_self);
+            assert_eq!(bits(&fused_y), bits(&plain_y), "forward, with_self {with_self}");
+            assert_eq!(bits(&fused_g), bits(&plain_g), "backward, with_self {with_self}");
+        }
+        let (fused_y, fused_g) = run(true, false);
         // Targets without neighbours read zeros; the gradient reached
         // inputs that were summed.
         assert!(fused_y[..cols].iter().all(|&v| v == 0.0));

@@ -284,18 +284,23 @@ impl CsrGraph {
     /// undirected graph these are the nodes that sampling meets most —
     /// what a node cache of features should hold before the first batch
     /// (`wm_gather::cache::NodeCache::preload`). Collective: each rank
-    /// ranks its own nodes and sends at most `k` of them (16 bytes each).
+    /// ranks its own nodes and sends at most `k` of them (16 bytes each);
+    /// every rank must pass the same `k` (ranks that do not get lists of
+    /// their own lengths).
     ///
     /// # Errors
-    /// [`Error::Comm`] for a lost peer; [`Error::Memory`] when this rank's
-    /// part of `row_ptr` cannot be read.
+    /// [`Error::Comm`] for a lost peer; on every rank, [`Error::Memory`]
+    /// when some rank's part of `row_ptr` cannot be read, and
+    /// [`wholemem::CommonError::Malformed`] for a peer's garbled ranking.
     pub fn highest_degree(&self, k: usize) -> Result<Vec<i64>> {
         let me = self.comm.rank();
         let own = self.local_nodes();
         let mut starts = vec![0i64; own.len()];
-        if !own.is_empty() {
-            self.row_ptr.memory().read_rows(own.start, bytemuck::cast_slice_mut(&mut starts))?;
-        }
+        // A failed read fails the call on every rank (below), not here.
+        let read: Result<()> = match own.is_empty() {
+            true => Ok(()),
+            false => self.row_ptr.memory().read_rows(own.start, bytemuck::cast_slice_mut(&mut starts)).map_err(Error::from),
+        };
         let end = self.edges.offset(me + 1) as i64;
         // (degree, node), ordered highest degree first, then lowest node.
         let key = |&[d, v]: &[u64; 2]| (std::cmp::Reverse(d), v);
@@ -309,11 +314,19 @@ impl CsrGraph {
             mine.select_nth_unstable_by_key(k, key);
             mine.truncate(k);
         }
-        let flat: Vec<u64> = mine.iter().flatten().copied().collect();
-        let parts = wm_comm::CommExt::allgatherv_pod(self.comm.as_ref(), &flat)?;
-        let mut all: Vec<[u64; 2]> = Vec::with_capacity(parts.iter().map(Vec::len).sum::<usize>() / 2);
-        for (r, part) in parts.iter().enumerate() {
+        let flat: Vec<u64> = if read.is_ok() { mine.iter().flatten().copied().collect() } else { Vec::new() };
+        let ((), parts) =
+            wholemem::agree::agree_sharing(self.comm.as_ref(), read, wholemem::agree::Rule::Lowest, bytemuck::cast_slice(&flat))?;
+        let mut all: Vec<[u64; 2]> = Vec::with_capacity(parts.iter().map(Vec::len).sum::<usize>() / 16);
+        for (r, bytes) in parts.iter().enumerate() {
             let range = self.nodes.range(r);
+            if bytes.len() % 16 != 0 {
+                return Err(Error::Common(CommonError::Malformed {
+                    rank: self.comm.world_ranks()[r],
+                    detail: format!("a degree ranking of {} bytes, not whole (degree, node) pairs", bytes.len()),
+                }));
+            }
+            let part: Vec<u64> = bytemuck::pod_collect_to_vec(bytes);
             for w in part.chunks(2) {
                 // A peer's list is input: nodes it owns, whole pairs.
                 match *w {

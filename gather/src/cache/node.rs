@@ -102,8 +102,8 @@ use crate::{DType, Error, Ids, Result, RowLayout, mapped};
 /// # Collectivity
 /// Creation, [`gather`](Self::gather), [`scatter`](Self::scatter),
 /// [`invalidate`](Self::invalidate),
-/// [`invalidate_written`](Self::invalidate_written), [`clear`](Self::clear)
-/// and [`free`](Self::free) are collective over the table's ranks, in the
+/// [`invalidate_written`](Self::invalidate_written), [`clear`](Self::clear),
+/// [`preload`](Self::preload) and [`free`](Self::free) are collective over the table's ranks, in the
 /// same order on every rank, as the table's own gather and scatter are.
 #[derive(Debug)]
 pub struct NodeCache {
@@ -524,17 +524,23 @@ impl NodeCache {
         };
         let (list, all) = wholemem::agree::agree_sharing(self.comm.as_ref(), mine, Rule::Lowest, bytemuck::cast_slice(&words))?;
         let mut calls = 0u64;
+        // No rank has more candidates than the table has rows.
+        let most = rows.div_ceil(CHUNK) as u64;
         for (r, bytes) in all.iter().enumerate() {
             let w: Vec<u64> = match bytes.len() {
                 16 => bytemuck::pod_collect_to_vec(bytes),
-                n => {
-                    self.tags.clear();
-                    return Err(Error::Common(CommonError::Malformed {
-                        rank: self.comm.world_ranks()[r],
-                        detail: format!("a cache preload announcement of {n} bytes instead of 16"),
-                    }));
-                }
+                n => vec![0, u64::MAX, n as u64],
             };
+            if w.len() != 2 || w[1] > most {
+                // Every rank received the same parts, so every rank stops
+                // here.
+                self.tags.clear();
+                let detail = match w.len() {
+                    2 => format!("a cache preload of {} reads of {CHUNK} rows, for a table of {rows} rows", w[1]),
+                    _ => format!("a cache preload announcement of {} bytes instead of 16", w[2]),
+                };
+                return Err(Error::Common(CommonError::Malformed { rank: self.comm.world_ranks()[r], detail }));
+            }
             if self.seen[r] != w[0] {
                 if let Some(rows) = self.space.rank_rows(r) {
                     self.tags.invalidate_range(rows);
@@ -546,16 +552,22 @@ impl NodeCache {
         let (lookups, hits) = (self.stats.lookups, self.stats.hits);
         let conv = RowConv::new(self.layout.dtype(), self.layout.dtype(), self.layout.cols())?;
         let mut out = vec![0u8; CHUNK.min(list.len()) * self.layout.bytes()];
+        // Every rank makes the same number of reads, whatever fails on one
+        // of them (an error after the exchange is this rank's alone): after
+        // a failure, reads of nothing; then one agreement.
         let mut result = Ok(());
-        for k in 0..usize::try_from(calls).unwrap_or(usize::MAX) {
-            let part = list.get(k * CHUNK..).map_or(&[][..], |rest| &rest[..rest.len().min(CHUNK)]);
-            result = self.gather_cached(mem, Ids::I64(part), &mut out[..part.len() * self.layout.bytes()], conv);
-            if result.is_err() {
-                break;
+        for k in 0..calls as usize {
+            let part = match (&result, list.get(k * CHUNK..)) {
+                (Ok(()), Some(rest)) => &rest[..rest.len().min(CHUNK)],
+                _ => &[][..],
+            };
+            let read = self.gather_cached(mem, Ids::I64(part), &mut out[..part.len() * self.layout.bytes()], conv);
+            if result.is_ok() {
+                result = read;
             }
         }
         (self.stats.lookups, self.stats.hits) = (lookups, hits);
-        result.map(|()| self.cached_rows())
+        agree(self.comm.as_ref(), result, Rule::Lowest).map(|()| self.cached_rows())
     }
 
     /// The gathers of this cache that took the uncached path.
