@@ -199,7 +199,14 @@ impl candle_core::CustomOp1 for MeanOp {
             candle_core::bail!("wm-mean-aggregate: a contiguous f32 tensor is needed");
         };
         let x = &all[start..end];
-        let mut out = vec![0f32; self.targets * cols];
+        let Some(len) = self.targets.checked_mul(cols) else {
+            candle_core::bail!("wm-mean-aggregate: {} targets × {cols} columns overflow", self.targets);
+        };
+        let mut out = Vec::new();
+        if out.try_reserve_exact(len).is_err() {
+            candle_core::bail!("wm-mean-aggregate: {} targets × {cols} f32 columns cannot be allocated", self.targets);
+        }
+        out.resize(len, 0f32);
         if cols > 0 {
             for (t, acc) in out.chunks_exact_mut(cols).enumerate() {
                 let edges = &self.neighbors[self.offsets[t]..self.offsets[t + 1]];

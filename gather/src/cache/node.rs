@@ -424,14 +424,20 @@ impl NodeCache {
             return Ok(chosen);
         }
         for (r, w) in all.chunks_exact(5).enumerate() {
-            if self.seen[r] != w[1] {
-                if let Some(rows) = self.space.rank_rows(r) {
-                    self.tags.invalidate_range(rows);
-                }
-                self.seen[r] = w[1];
-            }
+            self.follow_generation(r, w[1]);
         }
         Ok(chosen)
+    }
+
+    /// Rank `r`'s write generation of the table is `generation`: when it
+    /// moved since the cache last saw it, every row of `r` leaves.
+    fn follow_generation(&mut self, r: usize, generation: u64) {
+        if self.seen[r] != generation {
+            if let Some(rows) = self.space.rank_rows(r) {
+                self.tags.invalidate_range(rows);
+            }
+            self.seen[r] = generation;
+        }
     }
 
     /// Which path gathers take: [`Bypass::Auto`] (the default) measures
@@ -541,12 +547,7 @@ impl NodeCache {
                 };
                 return Err(Error::Common(CommonError::Malformed { rank: self.comm.world_ranks()[r], detail }));
             }
-            if self.seen[r] != w[0] {
-                if let Some(rows) = self.space.rank_rows(r) {
-                    self.tags.invalidate_range(rows);
-                }
-                self.seen[r] = w[0];
-            }
+            self.follow_generation(r, w[0]);
             calls = calls.max(w[1]);
         }
         let (lookups, hits) = (self.stats.lookups, self.stats.hits);
