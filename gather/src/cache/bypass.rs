@@ -22,7 +22,13 @@
 //! probe confirms the winner (back to the first length when it does not),
 //! so a settled choice costs a probe of the losing path once in hundreds of
 //! calls. The other path takes over only when its median is more than
-//! [`MARGIN`] below the winner's.
+//! [`MARGIN`] below the winner's. A probe of a path much slower than the
+//! winner costs more than the probe's own calls: each is that much
+//! slower. So a stretch is also never shorter than makes the probe after
+//! it add more than [`PROBE_SHARE`] to the stretch's time, by the two
+//! medians just compared (at most [`LAST_STRETCH`] still): a cache 4×
+//! faster than the link, probed after 64 calls, lost 13 % of its time to
+//! probes; after 495, 2 %.
 //!
 //! A new workload starts the schedule afresh (warm, then probe): when two
 //! calls in a row (of those that exchange) have more than [`RESIZE`] times
@@ -95,6 +101,10 @@ pub(crate) const LAST_STRETCH: u32 = 1024;
 /// starts the probed path's samples afresh, so its median is of the
 /// probe's own calls.
 pub(crate) const SAMPLES: usize = 5;
+/// The most a probe of the losing path may add to the time of the stretch
+/// before it (by the medians of the last choice), unless that stretch
+/// would be longer than [`LAST_STRETCH`].
+pub(crate) const PROBE_SHARE: f64 = 0.02;
 /// How much faster than the last winner the other path must be to take
 /// over (a near tie keeps the winner; the first winner is the cache).
 pub(crate) const MARGIN: f64 = 0.05;
@@ -269,7 +279,8 @@ impl Chooser {
             // The probe's samples are in: choose again.
             self.probing = false;
             let faster = self.faster();
-            self.stretch = if faster == self.winner { (self.stretch * 2).min(LAST_STRETCH) } else { FIRST_STRETCH };
+            let doubled = if faster == self.winner { (self.stretch * 2).min(LAST_STRETCH) } else { FIRST_STRETCH };
+            self.stretch = doubled.max(self.paying_stretch());
             self.winner = faster;
             self.current = faster;
             self.left = self.stretch - 1;
@@ -283,6 +294,22 @@ impl Chooser {
             self.left = PROBE_CALLS - 1;
         }
         self.current
+    }
+
+    /// The shortest stretch after which a probe of the slower path adds
+    /// at most [`PROBE_SHARE`] of the stretch's time, by the medians of
+    /// both paths (0 while either is unmeasured), at most [`LAST_STRETCH`].
+    fn paying_stretch(&self) -> u32 {
+        let (Some(c), Some(p)) = (self.cached.median(), self.plain.median()) else {
+            return 0;
+        };
+        let (fast, slow) = (c.min(p), c.max(p));
+        if fast <= 0.0 {
+            return LAST_STRETCH;
+        }
+        let calls = f64::from(PROBE_CALLS) * (slow / fast - 1.0) / PROBE_SHARE;
+        // `as` saturates; NaN (never, from finite medians) gives 0.
+        (calls.ceil() as u32).min(LAST_STRETCH)
     }
 
     /// The path with the lower median time, where the other path than
@@ -345,6 +372,34 @@ mod tests {
             assert!(plain_share(tail) <= 0.01, "cached {cached} plain {plain}: {:.3} bypassed", plain_share(tail));
             assert!(tail.contains(&Path::Plain), "the other path is still probed");
         }
+    }
+
+    /// The shaped link of docs/cache.md: the cache 4.3× faster than the
+    /// uncached gather. After the first probe, a probe of the uncached path
+    /// comes only once it adds at most PROBE_SHARE to the stretch before
+    /// it, and over a long run the probes cost about that much.
+    #[test]
+    fn probes_of_a_much_slower_path_are_rare_enough_to_cost_little() {
+        let (cached, plain) = (1_000u64, 4_300u64);
+        let mut c = Chooser::default();
+        let paths = run(&mut c, 20_000, cached, plain);
+        let first = WARM_CALLS as usize + PROBE_CALLS as usize;
+        assert!(paths[..WARM_CALLS as usize].iter().all(|&p| p == Path::Cached));
+        assert!(paths[WARM_CALLS as usize..first].iter().all(|&p| p == Path::Plain), "the first probe");
+        let gap = paths[first..].iter().position(|&p| p == Path::Plain).unwrap_or(usize::MAX);
+        let want = (f64::from(PROBE_CALLS) * (plain as f64 / cached as f64 - 1.0) / PROBE_SHARE).ceil() as usize;
+        assert!(want > 2 * FIRST_STRETCH as usize, "the case is one the doubling alone would probe sooner");
+        assert_eq!(gap, want, "the stretch after the first probe");
+        // Time lost to probes over the rest, against every call cached.
+        let rest = &paths[first..];
+        let probed = rest.iter().filter(|&&p| p == Path::Plain).count() as f64;
+        let lost = probed * (plain - cached) as f64 / (rest.len() as f64 * cached as f64);
+        assert!(lost > 0.0 && lost <= PROBE_SHARE, "probes cost {lost:.4} of the time");
+        // A near tie is probed as before: the doubling rule sets the stretch.
+        let mut d = Chooser::default();
+        let paths = run(&mut d, 200, 1_000, 1_010);
+        let gap = paths[first..].iter().position(|&p| p == Path::Plain).unwrap_or(usize::MAX);
+        assert_eq!(gap, FIRST_STRETCH as usize);
     }
 
     #[test]

@@ -593,6 +593,7 @@ impl NodeCache {
         //    exchange: the schedule decides, and the write generations
         //    are followed at the next call that exchanges, before any
         //    lookup (so no row written meanwhile is served).
+        let mut clock = crate::profile::Clock::around();
         let path = if self.chooser.quiet() {
             Ok(self.chooser.next(None))
         } else {
@@ -602,6 +603,7 @@ impl NodeCache {
             path
         };
         let path = path?;
+        clock.lap("cache follow");
         // Timed from here: the opening allgather is the same on both paths,
         // and its wait is the other ranks' work between calls.
         let start = std::time::Instant::now();
