@@ -340,9 +340,9 @@ pub fn gather(mem: &wholemem::WholeMemory, layout: &RowLayout, ids: Ids<'_>, out
             // outcome travels with the first exchange.
             let problem = problem.and_then(|c| check_ids(mem, ids).map(|()| c));
             if mem.memory_type() == wholemem::MemoryType::Distributed {
-                exchange::gather_distributed(mem, layout, problem, ids, out, clock, &mut || {})
+                exchange::gather_distributed(mem, layout, problem, ids, out, clock, &mut || false)
             } else {
-                exchange::gather_hierarchy(mem, layout, problem, ids, out, clock, &mut || {})
+                exchange::gather_hierarchy(mem, layout, problem, ids, out, clock, &mut || false)
             }
         }
     }

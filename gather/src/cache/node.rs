@@ -613,9 +613,9 @@ impl NodeCache {
         });
         let done = match (checked, path) {
             // Every rank learns it in the table's own exchange.
-            (Err(e), _) => crate::exchange::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || {}),
+            (Err(e), _) => crate::exchange::gather_collective(mem, &self.layout, Err(e), ids, out, &mut || false),
             // The table's own gather.
-            (Ok(conv), Path::Plain) => crate::exchange::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || {}),
+            (Ok(conv), Path::Plain) => crate::exchange::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || false),
             (Ok(conv), Path::Cached) => self.gather_cached(mem, ids, out, conv),
         };
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
@@ -713,39 +713,52 @@ impl NodeCache {
         fetched.resize(fetch.len() * rb, 0);
         let (data, tags, alone) = (self.data.as_ref(), &mut self.tags, !self.shared);
         // The hits, own rows and (alone) the decision, run while the
-        // misses travel; run here after the exchange when it ended before
-        // its rows did (it then failed, or had nothing to move).
-        let mut hits = || {
-            let t = std::time::Instant::now();
-            let copied = match (data, hit_slots.is_empty()) {
-                (_, true) => Ok(()),
-                (Some(data), false) => mapped::gather_to(data, &cached_layout, conv, &hit_slots, &hit_at, out),
-                (None, false) => Err(Error::Common(CommonError::InvalidArgument("a hit in a cache without rows".into()))),
-            };
-            let copied = copied.and_then(|()| mapped::gather_own_to(mem, &layout, conv, &own_rows, &own_at, out));
-            // The decision may evict a row just hit: its slot is refilled
-            // only after the hits are copied.
-            let decided = alone.then(|| decide_alone(tags, &accesses));
-            (copied, decided, t.elapsed())
-        };
-        let mut done = None;
-        let result = crate::exchange::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut || {
-            if done.is_none() {
-                done = Some(hits());
+        // misses travel, a piece per step so that the exchange moves
+        // between pieces; what is left runs here after the exchange (which
+        // ends before running any when it has nothing to move).
+        let piece = crate::exchange::step_rows(mem, conv.dst_bytes(), hit_slots.len() + own_rows.len());
+        let (mut next_hit, mut next_own) = (0, 0);
+        let mut copied: Result<()> = Ok(());
+        let mut decided: Option<(Vec<Fill>, u64)> = None;
+        let (mut ran, mut finished, mut busy) = (false, false, std::time::Duration::ZERO);
+        let mut step = || -> bool {
+            if finished {
+                return false;
             }
-        });
+            ran = true;
+            let t = std::time::Instant::now();
+            if copied.is_ok() && next_hit < hit_slots.len() {
+                let end = (next_hit + piece).min(hit_slots.len());
+                copied = match data {
+                    Some(data) => mapped::gather_to(data, &cached_layout, conv, &hit_slots[next_hit..end], &hit_at[next_hit..end], out),
+                    None => Err(Error::Common(CommonError::InvalidArgument("a hit in a cache without rows".into()))),
+                };
+                next_hit = end;
+            } else if copied.is_ok() && next_own < own_rows.len() {
+                let end = (next_own + piece).min(own_rows.len());
+                copied = mapped::gather_own_to(mem, &layout, conv, &own_rows[next_own..end], &own_at[next_own..end], out);
+                next_own = end;
+            } else {
+                // The decision may evict a row just hit: its slot is
+                // refilled only after the hits are copied.
+                decided = alone.then(|| decide_alone(tags, &accesses));
+                finished = true;
+            }
+            busy += t.elapsed();
+            !finished
+        };
+        let result = crate::exchange::gather_collective(mem, &layout, Ok(same), Ids::I64(&fetch), &mut fetched, &mut step);
         clock.lap("cache misses");
-        let (copied, decided, busy) = match done {
-            Some(d) => d,
+        if result.is_ok() {
+            while step() {}
+        }
+        if result.is_err() && !ran {
             // The exchange failed before any row travelled: some rank's
             // checks (a bad id, a wrong buffer) or a lost peer. Nothing was
             // counted or decided, and nothing changes.
-            None if result.is_err() => {
-                self.scratch = fetched;
-                return result;
-            }
-            None => hits(),
-        };
+            self.scratch = fetched;
+            return result;
+        }
         // Whether the tags may hold a decision whose fills did not happen.
         let mut decided_here = decided.is_some();
         clock.lap("cache rest");

@@ -222,7 +222,7 @@ fn gather_through_host(
     });
     let bytes = if checked.is_ok() { ids.len * layout.cols() * out_dtype.size() } else { 0 };
     let rows = l.host(Host::Rows0, bytes)?;
-    crate::exchange::gather_collective(mem, layout, checked, host, &mut rows.as_mut_slice()[..bytes], &mut || {})?;
+    crate::exchange::gather_collective(mem, layout, checked, host, &mut rows.as_mut_slice()[..bytes], &mut || false)?;
     let src = rows.as_ptr();
     // SAFETY: `out` holds `bytes` (checked by `shape`); `src` is page-locked
     // and waited for below.

@@ -13,9 +13,11 @@ use wholemem::WholeMemory;
 use wholemem::agree::{Rule, agree};
 use wm_comm::ExchangePlan;
 
-/// `while_rows_travel` runs once while the rows travel, after this rank's own rows are
-/// in place (work of the caller's that needs nothing from the exchange, and
-/// not `out`), unless the call fails before the rows exchange.
+/// `while_rows_travel` does a piece of the caller's work at each step while
+/// the rows travel, after this rank's own rows are in place, until it says
+/// no pieces are left (work that needs nothing from the exchange, and not
+/// `out`); a call that fails may end with pieces left, and one that moves
+/// nothing may end before the first.
 pub(crate) fn gather_distributed(
     mem: &WholeMemory,
     layout: &RowLayout,
@@ -23,7 +25,7 @@ pub(crate) fn gather_distributed(
     ids: Ids<'_>,
     out: &mut [u8],
     mut clock: Clock,
-    while_rows_travel: &mut dyn FnMut(),
+    while_rows_travel: &mut dyn FnMut() -> bool,
 ) -> Result<()> {
     let comm = mem.comm();
     let (n, me) = (comm.size(), comm.rank());
@@ -59,7 +61,7 @@ pub(crate) fn gather_distributed(
     let mut own_failed: Option<Error> = None;
     let local: Vec<usize> = wanted(me).iter().map(|&i| rows[i] - p.offset(me)).collect();
     let (mut next, chunk) = (0, step_rows(mem, db, local.len()));
-    let mut while_rows_travel = Some(while_rows_travel);
+    let mut caller_busy = true;
     // A reply of rows lands in the rows of `out` asked of its owner; a
     // verdict of that very length lands there too, and is read back.
     let landings: Vec<&[usize]> = (0..n).map(|r| if r == me { &[][..] } else { wanted(r) }).collect();
@@ -89,10 +91,8 @@ pub(crate) fn gather_distributed(
                     next = if own_failed.is_some() { local.len() } else { end };
                     return true;
                 }
-                if let Some(a) = while_rows_travel.take() {
-                    a();
-                }
-                false
+                caller_busy = caller_busy && while_rows_travel();
+                caller_busy
             },
         )
         .receive_parts(

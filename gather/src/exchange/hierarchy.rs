@@ -46,7 +46,7 @@ pub(crate) fn gather_hierarchy(
     ids: Ids<'_>,
     out: &mut [u8],
     mut clock: Clock,
-    while_rows_travel: &mut dyn FnMut(),
+    while_rows_travel: &mut dyn FnMut() -> bool,
 ) -> Result<()> {
     // Every rank of a hierarchy table has both communicators (from
     // allocation), so this fails everywhere or nowhere.
@@ -412,14 +412,14 @@ impl Across {
 ///    without a copy, else the row — and this rank's own rows go to the
 ///    fan-out straight from the table. Returns the time spent copying for
 ///    others and copying this rank's own rows.
-fn cross_rows(c: &Crossing<'_>, out: &mut [u8], while_rows_travel: &mut dyn FnMut(), across: &mut Across) -> Result<[Duration; 2]> {
+fn cross_rows(c: &Crossing<'_>, out: &mut [u8], while_rows_travel: &mut dyn FnMut() -> bool, across: &mut Across) -> Result<[Duration; 2]> {
     let (x, db, places) = (c.x, c.db, c.places);
     let (cross, cme, on) = (x.cross, x.cross.rank(), x.on);
     let sizes = reply_sizes(cross.size(), cme, db, c.verdict.as_deref(), |r| c.routed.asked[r].len());
     let (mut copying, mut own_time) = (Duration::ZERO, Duration::ZERO);
     let (mut failed, mut own_failed): (Option<Error>, Option<Error>) = (None, None);
     let (mut next, chunk) = (0, step_rows(x.mem, db, places.to_out.len()));
-    let mut while_rows_travel = Some(while_rows_travel);
+    let (mut spread, mut caller_busy) = (false, true);
     let mut fill = |r: usize, buf: &mut [u8]| {
         if r == cme {
             return;
@@ -443,13 +443,14 @@ fn cross_rows(c: &Crossing<'_>, out: &mut [u8], while_rows_travel: &mut dyn FnMu
             next = if own_failed.is_some() { places.to_out.len() } else { end };
             return true;
         }
-        if let Some(a) = while_rows_travel.take() {
+        if !spread {
+            spread = true;
             if own_failed.is_none() {
                 timed(on, &mut own_time, || places.spread(out, c.routed.by_node.get(cme), db));
             }
-            a();
         }
-        false
+        caller_busy = caller_busy && while_rows_travel();
+        caller_busy
     };
     if places.lands() {
         land_across(c, &sizes, &mut fill, &mut own_step, out, across)?;

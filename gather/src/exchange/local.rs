@@ -109,7 +109,7 @@ pub(super) const STEP_BYTES: usize = 256 << 10;
 
 /// Rows of `db` bytes one step copies: all of them for device tables (one
 /// kernel launch), [`STEP_BYTES`] worth on the host.
-pub(super) fn step_rows(mem: &WholeMemory, db: usize, total: usize) -> usize {
+pub(crate) fn step_rows(mem: &WholeMemory, db: usize, total: usize) -> usize {
     if mem.location() == wholemem::Location::Device { total.max(1) } else { (STEP_BYTES / db.max(1)).max(1) }
 }
 

@@ -27,7 +27,7 @@ mod wire;
 
 pub(crate) use distributed::gather_distributed;
 pub(crate) use hierarchy::gather_hierarchy;
-pub(crate) use local::{gather_owned, scatter_owned};
+pub(crate) use local::{gather_owned, scatter_owned, step_rows};
 pub(crate) use scatter::scatter_distributed;
 
 use crate::kernel::RowConv;
@@ -37,8 +37,9 @@ use wholemem::{CommonError, MemoryType, WholeMemory};
 
 /// The collective gather of distributed and hierarchy memory, with this
 /// rank's checks already made (`checked`: their outcome, which every rank
-/// learns in the first exchange), running `while_rows_travel` once while the rows travel
-/// (unless the call fails before they do): the caller's own work overlaps
+/// learns in the first exchange), running `while_rows_travel` a piece at a
+/// time while the rows travel, until it returns `false` (the caller runs
+/// what is left when the call ends first): the caller's own work overlaps
 /// the exchange on the calling thread.
 pub(crate) fn gather_collective(
     mem: &WholeMemory,
@@ -46,7 +47,7 @@ pub(crate) fn gather_collective(
     checked: Result<RowConv>,
     ids: Ids<'_>,
     out: &mut [u8],
-    while_rows_travel: &mut dyn FnMut(),
+    while_rows_travel: &mut dyn FnMut() -> bool,
 ) -> Result<()> {
     match mem.memory_type() {
         MemoryType::Distributed => gather_distributed(mem, layout, checked, ids, out, Clock::start(), while_rows_travel),
