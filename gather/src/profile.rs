@@ -18,10 +18,13 @@
 //! peers, and `fan place`, theirs copied into the output, split out) and
 //! `agree`. Mapped tables have `checks` and `copy`. A gather through a node
 //! cache adds, around the table's gather of its misses (whose phases are
-//! listed as its own, and counted inside `cache misses`): `cache lookup`,
+//! listed as its own, and counted inside `cache misses`): `cache follow`
+//! (the opening allgather of write generations and path times, on calls
+//! that make it), `cache lookup`,
 //! `cache misses` (that gather, from start to end), `cache hits` (the hits
-//! and own rows copied while the misses travel: inside `cache misses`),
-//! `cache rest` (those copies when the exchange ended before running them),
+//! and own rows copied while the misses travel, a piece per step of the
+//! exchange: inside `cache misses`), `cache rest` (the pieces left when
+//! the exchange ended before running them all),
 //! `cache place` and `cache update`. `wm_embedding`'s `apply_gradients`
 //! records its own, with a [`Clock`] of its own: `checks`, `group ids`,
 //! `exchange` (with `pack`, the senders' sums written into their parts,
