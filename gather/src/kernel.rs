@@ -321,8 +321,9 @@ pub(crate) fn place_rows(
     Ok(())
 }
 
-/// Copies input row `i` into table row `rows[i]` for every `i`, converting;
-/// when a row appears more than once the last occurrence wins. Split over
+/// Copies input row `i` — or input row `from[i]` when `from` is given —
+/// into table row `rows[i]` for every `i`, converting; when a row appears
+/// more than once the last occurrence wins. Split over
 /// `threads` by row: the rows fall into buckets by `row % buckets`, which
 /// the threads claim as they come free ([`parallel::for_each_piece`]), and
 /// a bucket's rows are written by one thread, in input order. With `locks`,
@@ -334,18 +335,20 @@ pub(crate) fn place_rows(
 ///
 /// # Safety
 /// Every `dst.addr(rows[i])` is writable for `conv.dst_bytes()`; `src` holds
-/// `rows.len() * conv.src_bytes()` bytes and does not overlap the table; no
-/// one else in this process accesses those rows meanwhile.
+/// `rows.len() * conv.src_bytes()` bytes (with `from`: as many entries as
+/// `rows`, each below `src.len() / conv.src_bytes()`) and does not overlap
+/// the table; no one else in this process accesses those rows meanwhile.
 pub(crate) unsafe fn scatter_rows(
     dst: &dyn RowAddr,
     rows: &[usize],
+    from: Option<&[usize]>,
     conv: RowConv,
     src: &[u8],
     threads: usize,
     locks: Option<&wholemem::RowLocks>,
 ) -> Result<(), wholemem::Error> {
     let sb = conv.src_bytes();
-    debug_assert_eq!(src.len(), rows.len() * sb);
+    debug_assert!(from.map_or(src.len() == rows.len() * sb, |f| f.len() == rows.len() && f.iter().all(|&k| (k + 1) * sb <= src.len())));
     let input = SendPtr(src.as_ptr().cast_mut());
     let write = move |i: usize, r: usize| -> Result<(), wholemem::Error> {
         // Other ranks may write the same row now: one at a time (tried
@@ -359,7 +362,7 @@ pub(crate) unsafe fn scatter_rows(
         };
         // SAFETY: the caller's contract; each row is written by one
         // thread, in input order (see below).
-        unsafe { conv.row(input.get().add(i * sb), dst.addr(r)) };
+        unsafe { conv.row(input.get().add(from.map_or(i, |f| f[i]) * sb), dst.addr(r)) };
         Ok(())
     };
     let threads = threads_for(rows.len(), threads);
@@ -475,7 +478,7 @@ mod tests {
             assert!(ran_as_said(&seen, want, me), "gather of {n} rows ran on {} threads (at most {want}; alone: the caller)", seen.len());
             let src = vec![0u8; n * cols * 4];
             // SAFETY: as above; the table is only reached through `watched`.
-            unsafe { scatter_rows(&watched, &ids, conv, &src, 4, None) }.unwrap();
+            unsafe { scatter_rows(&watched, &ids, None, conv, &src, 4, None) }.unwrap();
             let seen = watched.seen.lock().unwrap();
             assert!(ran_as_said(&seen, want, me), "scatter of {n} rows ran on {} threads (at most {want}; alone: the caller)", seen.len());
         }
@@ -504,6 +507,31 @@ mod tests {
         }
     }
 
+    /// A scatter that reads packed rows through `from` (the node cache's
+    /// fills) writes what a dense copy in that order would: packed row
+    /// `from[i]` to table row `ids[i]`, the last occurrence winning, on
+    /// one thread and on several.
+    #[test]
+    fn a_scatter_from_packed_rows_reads_the_rows_from_names() {
+        let (rows, cols) = (3000usize, 2usize);
+        let conv = RowConv::new(DType::I32, DType::I32, cols).unwrap();
+        let packed: Vec<u32> = (0..700 * cols).map(|i| 5_000_000 + i as u32).collect();
+        for n in [10, 3 * MIN_ROWS_PER_THREAD] {
+            let ids: Vec<usize> = (0..n).map(|i| (i * 613) % rows).collect();
+            let from: Vec<usize> = (0..n).map(|i| (i * 37 + 11) % 700).collect();
+            let mut table = vec![0u32; rows * cols];
+            let slab = Slab(SendPtr(table.as_mut_ptr().cast()), cols * 4);
+            // SAFETY: every id is below `rows`, every `from` below the 700
+            // packed rows; the table is only reached through `slab`.
+            unsafe { scatter_rows(&slab, &ids, Some(&from), conv, bytemuck::cast_slice(&packed), 4, None) }.unwrap();
+            let mut want = vec![0u32; rows * cols];
+            for (&id, &k) in ids.iter().zip(&from) {
+                want[id * cols..][..cols].copy_from_slice(&packed[k * cols..][..cols]);
+            }
+            assert_eq!(table, want, "{n} rows");
+        }
+    }
+
     #[test]
     fn threaded_gather_and_scatter_match_a_plain_loop() {
         let (rows, cols) = (5000usize, 3usize);
@@ -521,7 +549,7 @@ mod tests {
         // Scatter: repeated ids, the last occurrence wins.
         let src: Vec<u32> = (0..ids.len() * cols).map(|i| 1_000_000 + i as u32).collect();
         // SAFETY: as above, the table is only reached through `slab` meanwhile.
-        unsafe { scatter_rows(&slab, &ids, conv, bytemuck::cast_slice(&src), 4, None) }.unwrap();
+        unsafe { scatter_rows(&slab, &ids, None, conv, bytemuck::cast_slice(&src), 4, None) }.unwrap();
         let mut last = vec![usize::MAX; rows];
         for (i, &id) in ids.iter().enumerate() {
             last[id] = i;

@@ -224,7 +224,7 @@ pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usi
         // (all checked above) and is apart from the table; `&mut
         // WholeMemory` keeps this process's other users away, the row
         // locks other ranks.
-        let written = unsafe { kernel::scatter_rows(&dst, &global, conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
+        let written = unsafe { kernel::scatter_rows(&dst, &global, None, conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
         if !rows.is_empty() {
             mem.note_written(mem.local_rows());
         }
@@ -236,7 +236,7 @@ pub(crate) fn scatter_own(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usi
     // row; `src` holds one row per id (all checked above) and is apart from
     // the table; distributed and hierarchy host rows are private to this
     // process, and `&mut WholeMemory` keeps its other users away.
-    let written = unsafe { kernel::scatter_rows(&dst, rows, conv, src, threads(mem), None) }.map_err(Error::from);
+    let written = unsafe { kernel::scatter_rows(&dst, rows, None, conv, src, threads(mem), None) }.map_err(Error::from);
     if !rows.is_empty() {
         mem.note_written(mem.local_rows());
     }
@@ -273,8 +273,46 @@ pub(crate) fn scatter(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, 
     let dst = MappedRows::new(mem, layout)?;
     // SAFETY: as for gather; `&mut WholeMemory` keeps this process's other
     // users away while the rows are written, the row locks other ranks.
-    let written = unsafe { kernel::scatter_rows(&dst, &rows, conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
+    let written = unsafe { kernel::scatter_rows(&dst, &rows, None, conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
     mem.note_written(crate::span(&rows));
+    written
+}
+
+/// Writes packed row `from[k]` of `src` (rows of the table's element
+/// type, `layout`'s elements each) into row `rows[k]` of a mapped host
+/// table, for every `k`, under the row locks where the table has them;
+/// then counts the write as [`scatter`] does. For rows that arrived
+/// packed (the node cache's fills): no copy into a dense buffer first.
+///
+/// # Errors
+/// [`wholemem::CommonError::InvalidArgument`] naming the values for a row
+/// past the table, an index past the packed rows, or lists of different
+/// lengths; a row lock that could not be had.
+pub(crate) fn scatter_packed(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usize], from: &[usize], src: &[u8]) -> Result<()> {
+    let rb = layout.bytes();
+    let packed = if rb == 0 { 0 } else { src.len() / rb };
+    if rows.len() != from.len() || rb == 0 || src.len() % rb != 0 {
+        return Err(Error::Common(CommonError::InvalidArgument(format!(
+            "{} rows from {} packed places in {} bytes of rows of {rb}",
+            rows.len(),
+            from.len(),
+            src.len()
+        ))));
+    }
+    if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
+        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows()))));
+    }
+    if let Some(bad) = from.iter().find(|&&k| k >= packed) {
+        return Err(Error::Common(CommonError::InvalidArgument(format!("packed row {bad} of {packed}"))));
+    }
+    let conv = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
+    let dst = MappedRows::new(mem, layout)?;
+    // SAFETY: every row is below the row count and mapped here, every
+    // `from` index below the packed rows (all checked above); `src` is
+    // apart from the table; `&mut WholeMemory` keeps this process's other
+    // users away while the rows are written, the row locks other ranks.
+    let written = unsafe { kernel::scatter_rows(&dst, rows, Some(from), conv, src, threads(mem), mem.row_locks()) }.map_err(Error::from);
+    mem.note_written(crate::span(rows));
     written
 }
 

@@ -138,7 +138,7 @@ pub(crate) fn scatter_owned(mem: &mut WholeMemory, layout: &RowLayout, conv: Row
     // `rows.len()` rows of the source type (checked at the call's entry).
     // Distributed and hierarchy host rows are this process's private
     // memory, and `&mut WholeMemory` keeps its other users away.
-    unsafe { kernel::scatter_rows(&table, rows, conv, src, threads(mem), None) }?;
+    unsafe { kernel::scatter_rows(&table, rows, None, conv, src, threads(mem), None) }?;
     Ok(())
 }
 
