@@ -33,6 +33,7 @@ use crate::baseline::Baseline;
 use crate::ids::IdDist;
 use crate::moves::{Ageing, DEFAULT_TABLE_BYTES, MoveArgs, Op, batch_ids};
 use crate::report::{self, CacheFigures, Spread};
+use crate::sched::Sched;
 use crate::values;
 
 /// Checks the options of a cached (or embedding) run before any rank
@@ -269,6 +270,9 @@ struct Seen {
     before: CacheStats,
     /// The path under test's timed calls (`--profile`).
     profile: wm_gather::profile::Profile,
+    /// CPU time and wait for a CPU of the timed calls, the path under
+    /// test's and the plain gather's (`--profile`, where the kernel says).
+    sched: [Option<Sched>; 2],
 }
 
 impl Run<'_> {
@@ -322,6 +326,7 @@ impl Run<'_> {
             first_seen: 0,
             before: CacheStats::default(),
             profile: wm_gather::profile::Profile::default(),
+            sched: [Some(Sched::default()); 2],
         };
         let mut seen: std::collections::HashSet<u64> = std::collections::HashSet::new();
         world.barrier()?;
@@ -336,11 +341,19 @@ impl Run<'_> {
             for k in 0..if timed { 2 } else { 1 } {
                 let test_turn = !timed || (k == 0) == (b % 2 == 0);
                 world.barrier()?;
+                let before = (timed && a.profile).then(Sched::now).flatten();
                 let dt = if test_turn {
                     self.test_call(path, &ids, &mut buf, timed, &mut s.profile)?
                 } else {
                     self.plain_call(path, &ids, &mut buf)?
                 };
+                if timed && a.profile {
+                    let spent = &mut s.sched[usize::from(!test_turn)];
+                    match (before, Sched::now(), spent.as_mut()) {
+                        (Some(b), Some(after), Some(total)) => total.add(after.since(b)),
+                        _ => *spent = None,
+                    }
+                }
                 if timed {
                     if test_turn {
                         s.secs_test += dt;
@@ -410,7 +423,7 @@ impl Run<'_> {
         s: &Seen,
         cache: Option<(CacheStats, usize, usize)>,
         remote: &dyn Fn(i64) -> bool,
-    ) -> Result<[f64; 14]> {
+    ) -> Result<[f64; 18]> {
         let a = self.a;
         let window = cache.map(|c| c.0.since(&s.before)).unwrap_or_default();
         let local = world.local();
@@ -426,6 +439,9 @@ impl Run<'_> {
         let rate = |h: u64, t: u64| if t == 0 { 0.0 } else { h as f64 / t as f64 };
         let gbps = |secs: f64| self.bytes() / secs.max(1e-12) / 1e9;
         let totals = cache.map(|c| c.0).unwrap_or_default();
+        // Milliseconds a timed call (-1: not measured).
+        let per_call = |ns: Option<u64>| ns.map_or(-1.0, |ns| ns as f64 / 1e6 / a.batches.iters.max(1) as f64);
+        let [test, plain] = s.sched;
         Ok([
             gbps(s.secs_test),
             gbps(s.secs_plain),
@@ -441,6 +457,10 @@ impl Run<'_> {
             s.secs_plain,
             rate(s.first_seen, s.counts.values().sum()),
             rate(true_node, best_total),
+            per_call(test.map(|t| t.cpu_ns)),
+            per_call(test.map(|t| t.wait_ns)),
+            per_call(plain.map(|t| t.cpu_ns)),
+            per_call(plain.map(|t| t.wait_ns)),
         ])
     }
 
@@ -482,6 +502,15 @@ impl Run<'_> {
             gap: col(4).iter().zip(col(3)).map(|(b, h)| b - h).fold(f64::MIN, f64::max),
             first_seen: Spread::of(&col(12)),
             likeliest: Spread::of(&col(13)),
+            // Every rank measured, or the figures say nothing.
+            sched: (a.profile && (14..18).all(|i| col(i).iter().all(|&x| x >= 0.0))).then(|| report::SchedFigures {
+                cached_wall: Spread::of(&col(10).iter().map(|s| s * 1e3 / a.batches.iters.max(1) as f64).collect::<Vec<_>>()),
+                uncached_wall: Spread::of(&col(11).iter().map(|s| s * 1e3 / a.batches.iters.max(1) as f64).collect::<Vec<_>>()),
+                cached_cpu: Spread::of(&col(14)),
+                cached_wait: Spread::of(&col(15)),
+                uncached_cpu: Spread::of(&col(16)),
+                uncached_wait: Spread::of(&col(17)),
+            }),
             // Lookups and hits are each rank's, fills and evictions each
             // node's (counted once, at its first rank).
             stats: CacheStats {

@@ -24,6 +24,7 @@ pub mod probe;
 pub mod ranks;
 pub mod report;
 pub mod sample;
+mod sched;
 pub mod shape;
 
 pub use ranks::{default_ranks, run_as_ranks, under_launcher};

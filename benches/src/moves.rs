@@ -95,7 +95,8 @@ pub struct MoveArgs {
     #[arg(long)]
     pub(crate) json: bool,
     /// Split the timed calls into their phases (ids, owner copy, rows, placing, ...) on every rank and print the time
-    /// of each per call, min/median/max over the ranks (JSON: `profile`).
+    /// of each per call, min/median/max over the ranks (JSON: `profile`); with --cache-ratio also each call's time on a
+    /// CPU and waiting for one, cached and uncached (JSON: `cpu_ms_per_call`, `cpu_wait_ms_per_call`).
     #[arg(long)]
     pub(crate) profile: bool,
 }

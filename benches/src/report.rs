@@ -111,6 +111,28 @@ pub struct CacheFigures {
     /// The caches' statistics since they were created, over all ranks
     /// (fills and evictions once per node).
     pub stats: crate::CacheStats,
+    /// Where the timed calls' time went on the CPUs (`--profile`).
+    pub sched: Option<SchedFigures>,
+}
+
+/// Milliseconds per timed call, across ranks, each rank's process on a
+/// CPU and runnable waiting for one (all its threads), for the path under
+/// test and for the uncached gather of the same batches. A call's wall
+/// time less both is its wait on the link or on other ranks.
+#[derive(Debug, Clone, Copy)]
+pub struct SchedFigures {
+    /// Wall time, the path under test.
+    pub cached_wall: Spread,
+    /// On a CPU, the path under test.
+    pub cached_cpu: Spread,
+    /// Waiting for a CPU, the path under test.
+    pub cached_wait: Spread,
+    /// Wall time, the uncached gather.
+    pub uncached_wall: Spread,
+    /// On a CPU, the uncached gather.
+    pub uncached_cpu: Spread,
+    /// Waiting for a CPU, the uncached gather.
+    pub uncached_wait: Spread,
 }
 
 impl CacheFigures {
@@ -149,6 +171,18 @@ impl CacheFigures {
                 s.lookups, s.hits, s.fills, s.evictions, s.writebacks
             );
         }
+        if let Some(c) = &self.sched {
+            println!(
+                "  cpu per call    {} {:.3} ms on a CPU, {:.3} ms waiting for one, of {:.3} ms; uncached {:.3}, {:.3}, of {:.3}   (medians over the ranks, all threads)",
+                self.path,
+                c.cached_cpu.median,
+                c.cached_wait.median,
+                c.cached_wall.median,
+                c.uncached_cpu.median,
+                c.uncached_wait.median,
+                c.uncached_wall.median
+            );
+        }
     }
 
     /// The same figures as fields of a JSON report.
@@ -163,8 +197,18 @@ impl CacheFigures {
             "first_seen": self.first_seen, "likeliest_static_hit_rate": self.likeliest,
             "lookups": s.lookups, "hits": s.hits, "fills": s.fills, "evictions": s.evictions, "writebacks": s.writebacks,
         });
+        let sched = self.sched.map(|c| {
+            serde_json::json!({
+                "ms_per_call": { "cached": c.cached_wall, "uncached": c.uncached_wall },
+                "cpu_ms_per_call": { "cached": c.cached_cpu, "uncached": c.uncached_cpu },
+                "cpu_wait_ms_per_call": { "cached": c.cached_wait, "uncached": c.uncached_wait },
+            })
+        });
         if let (Some(o), serde_json::Value::Object(f)) = (j.as_object_mut(), fields) {
             o.extend(f);
+            if let Some(serde_json::Value::Object(f)) = sched {
+                o.extend(f);
+            }
         }
     }
 }

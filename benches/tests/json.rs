@@ -219,3 +219,25 @@ fn hierarchy_gather_profile_splits_the_fan_out_from_its_copies() {
         &["checks", "node ids", "dedup", "cross ids", "owner copy", "own rows", "cross rows", "fan out", "fan copy", "fan place", "agree"],
     );
 }
+
+/// A cached run's profile: the cache's phases, and where the timed calls'
+/// time went on the CPUs (on a CPU and waiting for one, both paths), on 2
+/// simulated nodes.
+#[test]
+fn a_cached_profile_says_what_the_calls_spent_on_the_cpus() {
+    let args = ["gather", "--type", "distributed", "--ranks", "2", "--node-size", "1", "--cache-ratio", "0.5", "--cache-bypass", "off"];
+    profile_has_phases(&args, &["cache follow", "cache lookup", "cache misses", "cache hits", "cache place", "cache update"]);
+    let mut args = args.to_vec();
+    args.extend(["--json", "--profile"]);
+    args.extend(SMALL);
+    let out = Command::new(WM_BENCH).args(&args).output().unwrap();
+    let j = &json_lines(&format!("wm-bench {args:?}"), &out)[0];
+    for path in ["cached", "uncached"] {
+        let get = |field: &str| j[field][path]["median"].as_f64().unwrap_or_else(|| panic!("no {field}.{path}: {j}"));
+        let (wall, cpu, wait) = (get("ms_per_call"), get("cpu_ms_per_call"), get("cpu_wait_ms_per_call"));
+        // The kernel's counters move at context switches and ticks, so two
+        // small calls may show none of their CPU time: only the figures'
+        // presence and sign are certain here.
+        assert!(wall > 0.0 && cpu.is_finite() && cpu >= 0.0 && wait.is_finite() && wait >= 0.0, "{path}: {j}");
+    }
+}

@@ -290,7 +290,7 @@ pub(crate) fn scatter(mem: &mut WholeMemory, layout: &RowLayout, conv: RowConv, 
 /// lengths; a row lock that could not be had.
 pub(crate) fn scatter_packed(mem: &mut WholeMemory, layout: &RowLayout, rows: &[usize], from: &[usize], src: &[u8]) -> Result<()> {
     let rb = layout.bytes();
-    let packed = if rb == 0 { 0 } else { src.len() / rb };
+    let packed = src.len().checked_div(rb).unwrap_or(0);
     if rows.len() != from.len() || rb == 0 || src.len() % rb != 0 {
         return Err(Error::Common(CommonError::InvalidArgument(format!(
             "{} rows from {} packed places in {} bytes of rows of {rb}",
