@@ -1,12 +1,14 @@
-//! What a call spent on a CPU and what it spent waiting for one, from the
+//! What a call spent on a CPU and what it spent waiting for one. The CPU
+//! time is the process's CPU clock (`CLOCK_PROCESS_CPUTIME_ID`: every
+//! thread, the running ones up to the moment of reading); the wait is the
 //! kernel's scheduler statistics (Linux: `/proc/self/task/*/schedstat`,
-//! nanoseconds running and nanoseconds runnable but not running, per
-//! thread). Summed over every thread of the process, so work the
-//! communicator does on threads of its own counts too. The kernel brings
-//! a thread's counters up to date at its context switches and ticks, not
-//! when they are read: a figure is a mean over many calls, not one call's. On a machine whose
+//! nanoseconds runnable but not running, per thread, summed). Work the
+//! communicator does on threads of its own counts too. On a machine whose
 //! cores other jobs share, a call's wall time is its CPU time, its wait
-//! for a core, and the rest: waiting on the link or on another rank.
+//! for a core, and the rest: waiting on the link or on other ranks. (The
+//! schedstat's own CPU figure is brought up to date only at a thread's
+//! context switches and ticks: a call that ends without sleeping would
+//! show less than it ran.)
 
 /// Nanoseconds on a CPU, and runnable waiting for one.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -19,15 +21,15 @@ impl Sched {
     /// This process's totals so far (`None` where the kernel does not say:
     /// not Linux, or no schedstat).
     pub(crate) fn now() -> Option<Self> {
-        let mut total = Self::default();
+        let mut wait_ns = 0u64;
         for task in std::fs::read_dir("/proc/self/task").ok()? {
             // A thread that ended since the listing is skipped.
             let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else { continue };
-            let one = Self::parse(&text)?;
-            total.cpu_ns = total.cpu_ns.saturating_add(one.cpu_ns);
-            total.wait_ns = total.wait_ns.saturating_add(one.wait_ns);
+            wait_ns = wait_ns.saturating_add(Self::parse(&text)?.wait_ns);
         }
-        Some(total)
+        let cpu = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+        let cpu_ns = u64::try_from(cpu.tv_sec).ok()?.saturating_mul(1_000_000_000).saturating_add(u64::try_from(cpu.tv_nsec).ok()?);
+        Some(Self { cpu_ns, wait_ns })
     }
 
     /// One thread's line: `cpu_ns wait_ns timeslices`.
@@ -62,9 +64,10 @@ mod tests {
         assert_eq!(d, Sched { cpu_ns: 6, wait_ns: 0 });
     }
 
-    /// On Linux a busy loop shows up as CPU time of this process: the
-    /// count grows by a millisecond while this thread spins (given up to
-    /// 60 s of wall time, which only a machine that never runs it would use).
+    /// On Linux a busy loop shows up as CPU time of this process, up to the
+    /// moment of reading: the count grows by a millisecond while this
+    /// thread spins (given up to 60 s of wall time, which only a machine
+    /// that never runs it would use).
     #[test]
     #[cfg(target_os = "linux")]
     fn spinning_counts_as_cpu_time() {

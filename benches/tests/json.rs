@@ -235,9 +235,8 @@ fn a_cached_profile_says_what_the_calls_spent_on_the_cpus() {
     for path in ["cached", "uncached"] {
         let get = |field: &str| j[field][path]["median"].as_f64().unwrap_or_else(|| panic!("no {field}.{path}: {j}"));
         let (wall, cpu, wait) = (get("ms_per_call"), get("cpu_ms_per_call"), get("cpu_wait_ms_per_call"));
-        // The kernel's counters move at context switches and ticks, so two
-        // small calls may show none of their CPU time: only the figures'
-        // presence and sign are certain here.
-        assert!(wall > 0.0 && cpu.is_finite() && cpu >= 0.0 && wait.is_finite() && wait >= 0.0, "{path}: {j}");
+        // A call runs on a CPU for some time; whether it waited for one
+        // depends on the machine.
+        assert!(wall > 0.0 && cpu.is_finite() && cpu > 0.0 && wait.is_finite() && wait >= 0.0, "{path}: {j}");
     }
 }
