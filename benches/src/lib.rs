@@ -1,6 +1,7 @@
 //! Shared pieces of wholemem's command-line tools, and `wm-bench`'s
 //! subcommands, one module each: [`gather`] (gather and scatter; its
-//! options in `moves.rs`, its cached runs in `cached.rs`, the same-run
+//! options in `moves.rs`, its cached runs in `cached.rs` (each call's CPU
+//! time and wait for a CPU in `sched.rs`), the same-run
 //! baseline in `baseline.rs`, its id distributions in [`ids`]), [`get`]
 //! (one-sided reads), [`apply`] (`apply_gradients`), [`load`],
 //! [`sample`], [`probe`], [`kernels`]. The options every benchmark shares about its
