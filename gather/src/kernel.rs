@@ -219,6 +219,23 @@ pub(crate) fn prefetch(p: *const u8, len: usize) {
     let _ = (p, len);
 }
 
+/// Asks for the cache lines of `len` bytes at `p` (its first KiB) to be
+/// written (a hint; never faults).
+#[inline(always)]
+pub(crate) fn prefetch_for_write(p: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let mut off = 0;
+        while off < len.min(1024) {
+            // SAFETY: prefetch is a hint that never faults, whatever the address.
+            unsafe { std::arch::x86_64::_mm_prefetch(p.wrapping_add(off).cast::<i8>(), std::arch::x86_64::_MM_HINT_ET0) };
+            off += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (p, len);
+}
+
 /// Asks for the cache lines of `v` (its first KiB) ahead of reading it: a
 /// hint, which never faults. Random rows are latency-bound; asking for the
 /// row [`PREFETCH_DISTANCE`] ahead of the one being read hides most of it.
@@ -367,7 +384,19 @@ pub(crate) unsafe fn scatter_rows(
     };
     let threads = threads_for(rows.len(), threads);
     if threads == 1 {
-        return rows.iter().enumerate().try_for_each(|(i, &r)| write(i, r));
+        // Random rows: their lines and their stripes asked for a few rows
+        // ahead, to be written (taking a stripe waits for the stores
+        // before it; missing, each waited on memory).
+        let db = conv.dst_bytes();
+        return rows.iter().enumerate().try_for_each(|(i, &r)| {
+            if let Some(&ahead) = rows.get(i + PREFETCH_DISTANCE) {
+                prefetch_for_write(dst.addr(ahead), db);
+                if let Some(l) = locks {
+                    l.prefetch(ahead);
+                }
+            }
+            write(i, r)
+        });
     }
     // The input positions grouped by bucket (a counting sort, stable): a
     // row is in exactly one bucket, so one thread writes all of its

@@ -69,45 +69,153 @@ pub(crate) fn gather(mem: &WholeMemory, layout: &RowLayout, conv: RowConv, ids: 
     Ok(())
 }
 
-/// Copies table rows `rows` (converted) into output rows `positions`
-/// (one each) of `out`, through the mapping: the safe entry for a caller
-/// that places rows itself (the node cache's hits).
-///
-/// # Errors
-/// [`wholemem::CommonError::InvalidArgument`] naming the values when the table is not
-/// mapped here, a row is out of range, the layout does not fit the rows,
-/// or the positions are not distinct rows of `out`.
-pub(crate) fn gather_to(
-    mem: &WholeMemory,
-    layout: &RowLayout,
-    conv: RowConv,
-    rows: &[usize],
-    positions: &[usize],
-    out: &mut [u8],
-) -> Result<()> {
-    layout.check_fits(mem.granularity())?;
-    if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
-        return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows()))));
+/// Where the rows of a [`PlacedCopy`] come from.
+enum Source {
+    /// Table rows, through the mapping.
+    Table(MappedRows),
+    /// This rank's own host rows, numbered from 0 within them.
+    Own(OwnRows),
+}
+
+impl RowAddr for Source {
+    #[inline]
+    fn addr(&self, row: usize) -> *mut u8 {
+        match self {
+            Self::Table(t) => t.addr(row),
+            Self::Own(o) => o.addr(row),
+        }
     }
-    check_placement(layout, conv, rows.len(), positions, out)?;
-    let src = MappedRows::new(mem, layout)?;
-    // SAFETY: every row is below the row count and mapped on this rank
-    // (MappedRows::new checked every rank's rows are), the layout fits in a
-    // row and matches the conversion; the positions are distinct rows of
-    // `out` (all checked above), a buffer apart from the table.
-    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
-    Ok(())
+}
+
+/// A copy of rows (converted) into output rows given one each, checked
+/// once for the whole list: the safe entry for a caller that places rows
+/// itself (the node cache's hits and own rows), and one that copies the
+/// list in pieces between the steps of an exchange pays the checks, the
+/// thread count and the rows' addresses once rather than per piece.
+pub(crate) struct PlacedCopy<'a> {
+    src: Source,
+    rows: &'a [usize],
+    positions: &'a [usize],
+    conv: RowConv,
+    out_len: usize,
+    threads: usize,
+    /// The table the addresses point into.
+    _table: std::marker::PhantomData<&'a WholeMemory>,
+}
+
+impl<'a> PlacedCopy<'a> {
+    /// Table rows `rows` into output rows `positions` of an output of
+    /// `out_len` bytes, through the mapping.
+    ///
+    /// # Errors
+    /// [`wholemem::CommonError::InvalidArgument`] naming the values when the table is not
+    /// mapped here, a row is out of range, the layout does not fit the rows,
+    /// or the positions are not distinct rows of the output.
+    pub(crate) fn from_table(
+        mem: &'a WholeMemory,
+        layout: &RowLayout,
+        conv: RowConv,
+        rows: &'a [usize],
+        positions: &'a [usize],
+        out_len: usize,
+    ) -> Result<Self> {
+        layout.check_fits(mem.granularity())?;
+        if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
+            return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows()))));
+        }
+        check_placement(layout, conv, rows.len(), positions, out_len)?;
+        let src = Source::Table(MappedRows::new(mem, layout)?);
+        Ok(Self { src, rows, positions, conv, out_len, threads: threads(mem), _table: std::marker::PhantomData })
+    }
+
+    /// This rank's own host rows `rows` (numbered from 0 within them) into
+    /// output rows `positions`: for any memory type, a rank maps its own
+    /// host rows.
+    ///
+    /// # Errors
+    /// [`wholemem::CommonError::InvalidArgument`] naming the values for device memory, a row
+    /// this rank does not own, a layout that does not fit, or positions that
+    /// are not distinct rows of the output.
+    pub(crate) fn from_own(
+        mem: &'a WholeMemory,
+        layout: &RowLayout,
+        conv: RowConv,
+        rows: &'a [usize],
+        positions: &'a [usize],
+        out_len: usize,
+    ) -> Result<Self> {
+        layout.check_fits(mem.granularity())?;
+        let count = mem.local_rows().len();
+        if let Some(bad) = rows.iter().find(|&&r| r >= count) {
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "own row {bad} of rank {}, which owns {count}",
+                mem.comm().world_rank()
+            ))));
+        }
+        check_placement(layout, conv, rows.len(), positions, out_len)?;
+        let base = match (mem.location(), mem.rank_ptr(mem.comm().rank())) {
+            (wholemem::Location::Host, Some(p)) => p,
+            _ => {
+                return Err(Error::Common(CommonError::InvalidArgument(format!(
+                    "rank {} does not map its own rows of this table in host memory",
+                    mem.comm().world_rank()
+                ))));
+            }
+        };
+        let src = Source::Own(OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) });
+        Ok(Self { src, rows, positions, conv, out_len, threads: threads(mem), _table: std::marker::PhantomData })
+    }
+
+    /// Rows in the list.
+    pub(crate) fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Copies the rows at `range` of the list into `out`, the output the
+    /// copy was checked for.
+    ///
+    /// # Errors
+    /// [`wholemem::CommonError::InvalidArgument`] naming the values for another output's
+    /// length or a range past the list.
+    pub(crate) fn run(&self, range: std::ops::Range<usize>, out: &mut [u8]) -> Result<()> {
+        if out.len() != self.out_len {
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "an output of {} bytes for a copy checked for {}",
+                out.len(),
+                self.out_len
+            ))));
+        }
+        let (Some(rows), Some(positions)) = (self.rows.get(range.clone()), self.positions.get(range.clone())) else {
+            return Err(Error::Common(CommonError::InvalidArgument(format!("rows {range:?} of a copy of {} rows", self.rows.len()))));
+        };
+        // SAFETY: every row is below the table's (or this rank's) row count
+        // and mapped here, the layout fits in a row and matches the
+        // conversion, the positions are distinct rows of an output of
+        // `out_len` bytes (all checked when the copy was made, and `out` has
+        // that length); the table outlives `self`, and `out` is exclusively
+        // borrowed, apart from it.
+        unsafe { kernel::gather_rows(&self.src, rows, Some(positions), self.conv, out, self.threads) };
+        Ok(())
+    }
+
+    /// Copies every row of the list into `out`.
+    ///
+    /// # Errors
+    /// As [`run`](Self::run).
+    pub(crate) fn run_all(&self, out: &mut [u8]) -> Result<()> {
+        self.run(0..self.rows.len(), out)
+    }
 }
 
 /// That `rows` rows converted by `conv` land on `positions`, one distinct
-/// row of `out` each, and that the conversion is the layout's.
-fn check_placement(layout: &RowLayout, conv: RowConv, rows: usize, positions: &[usize], out: &[u8]) -> Result<()> {
+/// row of an output of `out_len` bytes each, and that the conversion is the
+/// layout's.
+fn check_placement(layout: &RowLayout, conv: RowConv, rows: usize, positions: &[usize], out_len: usize) -> Result<()> {
     let db = conv.dst_bytes();
-    if rows != positions.len() || db == 0 || out.len() % db != 0 || !kernel::distinct_below(positions, out.len() / db) {
+    if rows != positions.len() || db == 0 || out_len % db != 0 || !kernel::distinct_below(positions, out_len / db) {
         return Err(Error::Common(CommonError::InvalidArgument(format!(
-            "{rows} rows to {} positions of an output of {} bytes in rows of {db}: not one distinct output row each",
+            "{rows} rows to {} positions of an output of {out_len} bytes in rows of {db}: not one distinct output row each",
             positions.len(),
-            out.len()
         ))));
     }
     if conv.src_bytes() != layout.bytes() {
@@ -131,50 +239,6 @@ impl RowAddr for OwnRows {
     fn addr(&self, local_row: usize) -> *mut u8 {
         self.base.0.wrapping_add(self.span.at(local_row))
     }
-}
-
-/// Copies this rank's own host rows `rows` (numbered from 0 within them,
-/// converted) into output rows `positions` of `out`: for any memory type,
-/// a rank maps its own host rows.
-///
-/// # Errors
-/// [`wholemem::CommonError::InvalidArgument`] naming the values for device memory, a row
-/// this rank does not own, a layout that does not fit, or positions that
-/// are not distinct rows of `out`.
-pub(crate) fn gather_own_to(
-    mem: &WholeMemory,
-    layout: &RowLayout,
-    conv: RowConv,
-    rows: &[usize],
-    positions: &[usize],
-    out: &mut [u8],
-) -> Result<()> {
-    layout.check_fits(mem.granularity())?;
-    let me = mem.comm().rank();
-    let count = mem.local_rows().len();
-    if let Some(bad) = rows.iter().find(|&&r| r >= count) {
-        return Err(Error::Common(CommonError::InvalidArgument(format!(
-            "own row {bad} of rank {}, which owns {count}",
-            mem.comm().world_rank()
-        ))));
-    }
-    check_placement(layout, conv, rows.len(), positions, out)?;
-    let base = match (mem.location(), mem.rank_ptr(me)) {
-        (wholemem::Location::Host, Some(p)) => p,
-        _ => {
-            return Err(Error::Common(CommonError::InvalidArgument(format!(
-                "rank {} does not map its own rows of this table in host memory",
-                mem.comm().world_rank()
-            ))));
-        }
-    };
-    let src = OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) };
-    // SAFETY: every row is below this rank's row count and `base` starts
-    // this rank's host rows, mapped for all of them; the layout fits in a
-    // row and matches the conversion; the positions are distinct rows of
-    // `out` (all checked above), a buffer apart from the table.
-    unsafe { kernel::gather_rows(&src, rows, Some(positions), conv, out, threads(mem)) };
-    Ok(())
 }
 
 /// Writes dense rows `src` (of the table's element type, `layout`'s

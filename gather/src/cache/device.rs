@@ -369,13 +369,14 @@ impl DeviceCache {
         self.follow_writes(mem, side.as_deref())?;
         let mut plan = Plan::default();
         for (k, &r) in local.iter().enumerate() {
-            self.tags.count(r, 1);
             match self.tags.lookup(r) {
                 Some(s) => {
+                    self.tags.count_held(s, 1);
                     plan.hit_slots.push(s);
                     plan.hit_at.push(k);
                 }
                 None => {
+                    self.tags.count_missed(r, 1);
                     plan.miss.push(r);
                     plan.miss_at.push(k);
                 }
@@ -517,7 +518,7 @@ fn read_cached(cached_table: &mut CachedTable, table: &WholeMemory, n: usize, pl
     let same = RowConv::new(cached_table.layout.dtype(), cached_table.layout.dtype(), cached_table.layout.cols())?;
     let packed: Vec<usize> = (0..plan.miss.len()).collect();
     let mut host = vec![0u8; plan.miss.len() * rb];
-    mapped::gather_own_to(table, &cached_table.layout, same, &plan.miss, &packed, &mut host)?;
+    mapped::PlacedCopy::from_own(table, &cached_table.layout, same, &plan.miss, &packed, host.len())?.run_all(&mut host)?;
     kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
     let slots: Vec<usize> = plan.fills.iter().map(|f| f.0).collect();
     let mut up = Vec::with_capacity(slots.len() * rb);

@@ -717,8 +717,20 @@ impl NodeCache {
         // between pieces; what is left runs here after the exchange (which
         // ends before running any when it has nothing to move).
         let piece = crate::exchange::step_rows(mem, conv.dst_bytes(), hit_slots.len() + own_rows.len());
+        // Both copies checked once here, run a piece per step.
+        let (mut hits, mut own) = (None, None);
+        let mut copied: Result<()> = (|| {
+            if !hit_slots.is_empty() {
+                let data = data.ok_or_else(|| Error::Common(CommonError::InvalidArgument("a hit in a cache without rows".into())))?;
+                hits = Some(mapped::PlacedCopy::from_table(data, &cached_layout, conv, &hit_slots, &hit_at, out.len())?);
+            }
+            if !own_rows.is_empty() {
+                own = Some(mapped::PlacedCopy::from_own(mem, &layout, conv, &own_rows, &own_at, out.len())?);
+            }
+            Ok(())
+        })();
+        let (n_hits, n_own) = (hits.as_ref().map_or(0, mapped::PlacedCopy::len), own.as_ref().map_or(0, mapped::PlacedCopy::len));
         let (mut next_hit, mut next_own) = (0, 0);
-        let mut copied: Result<()> = Ok(());
         let mut decided: Option<(Vec<Fill>, u64)> = None;
         let (mut ran, mut finished, mut busy) = (false, false, std::time::Duration::ZERO);
         let mut step = || -> bool {
@@ -727,21 +739,18 @@ impl NodeCache {
             }
             ran = true;
             let t = std::time::Instant::now();
-            if copied.is_ok() && next_hit < hit_slots.len() {
-                let end = (next_hit + piece).min(hit_slots.len());
-                copied = match data {
-                    Some(data) => mapped::gather_to(data, &cached_layout, conv, &hit_slots[next_hit..end], &hit_at[next_hit..end], out),
-                    None => Err(Error::Common(CommonError::InvalidArgument("a hit in a cache without rows".into()))),
-                };
+            if let (Ok(()), Some(copy), true) = (&copied, &hits, next_hit < n_hits) {
+                let end = (next_hit + piece).min(n_hits);
+                copied = copy.run(next_hit..end, out);
                 next_hit = end;
-            } else if copied.is_ok() && next_own < own_rows.len() {
-                let end = (next_own + piece).min(own_rows.len());
-                copied = mapped::gather_own_to(mem, &layout, conv, &own_rows[next_own..end], &own_at[next_own..end], out);
+            } else if let (Ok(()), Some(copy), true) = (&copied, &own, next_own < n_own) {
+                let end = (next_own + piece).min(n_own);
+                copied = copy.run(next_own..end, out);
                 next_own = end;
             } else {
                 // The decision may evict a row just hit: its slot is
                 // refilled only after the hits are copied.
-                decided = alone.then(|| decide_alone(tags, &accesses));
+                decided = alone.then(|| decide_alone(tags, &hit_slots, &accesses));
                 finished = true;
             }
             busy += t.elapsed();
@@ -1109,14 +1118,20 @@ impl NodeCache {
 
 /// On a node of one rank, this rank is the leader: counts its accesses in
 /// place and decides which missed rows enter which slots.
-fn decide_alone(tags: &mut Tags, accesses: &[u64]) -> (Vec<Fill>, u64) {
-    let mut missed = Vec::new();
-    for &a in accesses {
-        let r = (a >> 1) as usize;
-        tags.count(r, 1);
-        if a & 1 == 1 {
-            missed.push(r);
+fn decide_alone(tags: &mut Tags, hit_slots: &[usize], accesses: &[u64]) -> (Vec<Fill>, u64) {
+    const AHEAD: usize = 8;
+    for (k, &slot) in hit_slots.iter().enumerate() {
+        if let Some(&ahead) = hit_slots.get(k + AHEAD) {
+            tags.prefetch_held(ahead);
         }
+        tags.count_held(slot, 1);
+    }
+    let mut missed: Vec<usize> = accesses.iter().filter(|&&a| a & 1 == 1).map(|&a| (a >> 1) as usize).collect();
+    for (k, &r) in missed.iter().enumerate() {
+        if let Some(&ahead) = missed.get(k + AHEAD) {
+            tags.prefetch_count(ahead);
+        }
+        tags.count_missed(r, 1);
     }
     missed.sort_unstable();
     missed.dedup();

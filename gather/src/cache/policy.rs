@@ -123,8 +123,15 @@ pub(crate) struct Tags {
     tags: Vec<u64>,
     /// [`fingerprint`] of each slot's row (set-associative caches).
     fps: Vec<u8>,
-    /// Accesses per row (set-associative caches, on the leader).
+    /// Accesses per row (set-associative caches, on the leader): the
+    /// count of a row no slot holds. A held row's count is in `held`.
     counts: Option<Vec<u32>>,
+    /// Accesses per slot: the count of the row the slot holds (beside
+    /// `counts`, on the leader). A decision compares the ways of a set:
+    /// here they are 128 contiguous bytes, where by row they were 32 reads
+    /// scattered over every row's count. A hit counts here too, in a table
+    /// a fifth the size of the rows'.
+    held: Vec<u32>,
     /// Accesses counted between two halvings of every count (`None`:
     /// counts only grow).
     ageing: Option<u64>,
@@ -145,8 +152,9 @@ impl Tags {
             Placement::Direct => Vec::new(),
             Placement::Sets { .. } => vec![0; slots],
         };
+        let held = if counts.is_some() { vec![0; slots] } else { Vec::new() };
         let ageing = Some((AGEING_PER_SLOT * slots.max(1)) as u64);
-        Self { placement, rows, tags: vec![EMPTY; slots], fps, counts, ageing, counted: 0 }
+        Self { placement, rows, tags: vec![EMPTY; slots], fps, counts, held, ageing, counted: 0 }
     }
 
     /// Halve every count each time `every` accesses were counted (`None`:
@@ -160,7 +168,7 @@ impl Tags {
     fn age_if_due(&mut self) -> bool {
         match (&mut self.counts, self.ageing) {
             (Some(counts), Some(every)) if self.counted >= every => {
-                for c in counts.iter_mut() {
+                for c in counts.iter_mut().chain(self.held.iter_mut()) {
                     *c >>= 1;
                 }
                 self.counted = 0;
@@ -236,18 +244,66 @@ impl Tags {
     }
 
     /// Adds `n` accesses to row `r`'s count (leader of a set-associative
-    /// cache; a no-op elsewhere). Counts saturate.
+    /// cache; a no-op elsewhere). Counts saturate. Looks the row up; a
+    /// caller that just did uses [`count_held`](Self::count_held) or
+    /// [`count_missed`](Self::count_missed).
     #[inline]
     pub(crate) fn count(&mut self, r: usize, n: u32) {
+        if self.counts.is_some() {
+            match self.lookup(r) {
+                Some(slot) => self.count_held(slot, n),
+                None => self.count_missed(r, n),
+            }
+        }
+    }
+
+    /// Adds `n` accesses to the count of the row `slot` holds (a slot a
+    /// lookup found it in).
+    #[inline]
+    pub(crate) fn count_held(&mut self, slot: usize, n: u32) {
+        if let Some(c) = self.held.get_mut(slot) {
+            *c = c.saturating_add(n);
+            self.counted += u64::from(n);
+        }
+    }
+
+    /// Adds `n` accesses to the count of row `r`, which no slot holds (a
+    /// lookup found none).
+    #[inline]
+    pub(crate) fn count_missed(&mut self, r: usize, n: u32) {
+        debug_assert!(self.lookup(r).is_none(), "row {r} is held");
         if let Some(c) = &mut self.counts {
             c[r] = c[r].saturating_add(n);
             self.counted += u64::from(n);
         }
     }
 
+    /// Asks for the memory counting row `r` as missed will write (on the
+    /// leader; a hint).
+    #[inline]
+    pub(crate) fn prefetch_count(&self, r: usize) {
+        if let Some(c) = &self.counts {
+            crate::kernel::prefetch_slice(&c[r..=r]);
+        }
+    }
+
+    /// Asks for the memory counting a hit in `slot` will write (on the
+    /// leader; a hint).
+    #[inline]
+    pub(crate) fn prefetch_held(&self, slot: usize) {
+        if let Some(c) = self.held.get(slot..=slot) {
+            crate::kernel::prefetch_slice(c);
+        }
+    }
+
     /// Row `r`'s access count (0 where counts are not kept).
+    #[cfg(test)]
     fn count_of(&self, r: usize) -> u32 {
-        self.counts.as_ref().map_or(0, |c| c[r])
+        match (&self.counts, self.lookup(r)) {
+            (None, _) => 0,
+            (Some(_), Some(slot)) => self.held[slot],
+            (Some(c), None) => c[r],
+        }
     }
 
     /// The leader's decision for the rows that missed (`missed`, distinct,
@@ -270,8 +326,12 @@ impl Tags {
             Placement::Sets { sets } => {
                 // Per set, the hottest candidates first: each takes an empty
                 // way or beats the coldest row, until one cannot.
-                let mut order: Vec<(usize, u32, usize)> =
-                    missed.iter().filter(|&&r| self.lookup(r).is_none()).map(|&r| (set_of(r, sets), self.count_of(r), r)).collect();
+                let counts = self.counts.as_deref();
+                let mut order: Vec<(usize, u32, usize)> = missed
+                    .iter()
+                    .filter(|&&r| self.lookup(r).is_none())
+                    .map(|&r| (set_of(r, sets), counts.map_or(0, |c| c[r]), r))
+                    .collect();
                 order.sort_unstable_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)).then(a.2.cmp(&b.2)));
                 let mut i = 0;
                 while i < order.len() {
@@ -289,12 +349,10 @@ impl Tags {
                             Some(w) => Some(w),
                             None => {
                                 // The coldest way (the first of equals).
-                                let (w, coldest) = ways
-                                    .iter()
-                                    .enumerate()
-                                    .map(|(w, &t)| (w, self.count_of(t as usize)))
-                                    .min_by_key(|&(w, c)| (c, w))
-                                    .expect("a set has ways");
+                                let (w, coldest) = match self.held.get(first..first + WAYS) {
+                                    Some(held) => held.iter().enumerate().min_by_key(|&(w, &c)| (c, w)).map_or((0, 0), |(w, &c)| (w, c)),
+                                    None => (0, 0),
+                                };
                                 if count > coldest {
                                     evicted += 1;
                                     Some(w)
@@ -367,16 +425,26 @@ impl Tags {
 
     /// Forgets every row (counts stay: a row hot before is hot after).
     pub(crate) fn clear(&mut self) {
-        self.tags.fill(EMPTY);
-        self.fps.fill(0);
+        for slot in 0..self.tags.len() {
+            self.set_tag(slot, EMPTY);
+        }
     }
 
-    /// Puts `tag` in `slot` (with its fingerprint); the tag it held.
+    /// Puts `tag` in `slot` (with its fingerprint, and on the leader moving
+    /// the counts: the row leaving takes its count back to the rows', the
+    /// row entering brings its own); the tag it held.
     fn set_tag(&mut self, slot: usize, tag: u64) -> u64 {
         if let Some(fp) = self.fps.get_mut(slot) {
             *fp = if tag == EMPTY { 0 } else { fingerprint(tag as usize) };
         }
-        std::mem::replace(&mut self.tags[slot], tag)
+        let before = std::mem::replace(&mut self.tags[slot], tag);
+        if let (Some(counts), Some(held)) = (&mut self.counts, self.held.get_mut(slot)) {
+            if before != EMPTY {
+                counts[before as usize] = *held;
+            }
+            *held = if tag == EMPTY { 0 } else { counts[tag as usize] };
+        }
+        before
     }
 }
 
@@ -507,6 +575,37 @@ mod tests {
         f.count(3, 5000);
         f.decide(&[]);
         assert_eq!((f.count_of(3), f.counted), (0, 0), "a follower keeps no counts");
+    }
+
+    #[test]
+    fn a_rows_count_goes_with_it_into_a_slot_and_back_out() {
+        // One set of 32 ways, 100 rows, no ageing: counts are plain sums.
+        let mut t = Tags::new(Placement::Sets { sets: 1 }, 100, true);
+        t.set_ageing(None);
+        for r in 0..WAYS {
+            t.count_missed(r, 10);
+        }
+        let (fills, _) = t.decide(&(0..WAYS).collect::<Vec<_>>());
+        assert_eq!(fills.len(), WAYS);
+        // Hits count in the slot: by the slot a lookup found, or by row.
+        let slot = t.lookup(7).expect("row 7 entered");
+        t.count_held(slot, 5);
+        t.count(7, 1);
+        assert_eq!(t.count_of(7), 16);
+        // Row 50 asked 12 times beats the coldest way (count 10, the
+        // first of equals: row 0), which leaves with its count.
+        t.count(50, 12);
+        let (fills, evicted) = t.decide(&[50]);
+        assert_eq!((fills.len(), evicted, fills[0].evicted), (1, 1, Some(0)));
+        assert_eq!((t.lookup(0), t.count_of(0), t.count_of(50)), (None, 10, 12));
+        // Row 7 is now the hottest held row; dropping it keeps its count,
+        // and it comes back with it.
+        assert!(t.invalidate(7));
+        assert_eq!(t.count_of(7), 16);
+        let (fills, _) = t.decide(&[7]);
+        assert_eq!((fills.len(), t.count_of(7)), (1, 16));
+        t.clear();
+        assert_eq!((t.count_of(7), t.count_of(50), t.occupied()), (16, 12, 0), "a cleared cache keeps its counts");
     }
 
     #[test]
