@@ -123,6 +123,9 @@ pub(crate) struct Tags {
     tags: Vec<u64>,
     /// [`fingerprint`] of each slot's row (set-associative caches).
     fps: Vec<u8>,
+    /// Empty ways per set (set-associative caches): a decision looks for
+    /// an empty way only in a set that has one (in a warm cache, none).
+    free: Vec<u8>,
     /// Accesses per row (set-associative caches, on the leader): the
     /// count of a row no slot holds. A held row's count is in `held`.
     counts: Option<Vec<u32>>,
@@ -153,8 +156,12 @@ impl Tags {
             Placement::Sets { .. } => vec![0; slots],
         };
         let held = if counts.is_some() { vec![0; slots] } else { Vec::new() };
+        let free = match placement {
+            Placement::Direct => Vec::new(),
+            Placement::Sets { sets } => vec![WAYS as u8; sets],
+        };
         let ageing = Some((AGEING_PER_SLOT * slots.max(1)) as u64);
-        Self { placement, rows, tags: vec![EMPTY; slots], fps, counts, held, ageing, counted: 0 }
+        Self { placement, rows, tags: vec![EMPTY; slots], fps, free, counts, held, ageing, counted: 0 }
     }
 
     /// Halve every count each time `every` accesses were counted (`None`:
@@ -296,6 +303,15 @@ impl Tags {
         }
     }
 
+    /// Whether the empty ways counted per set are the empty tags.
+    #[cfg(test)]
+    fn free_agrees(&self) -> bool {
+        self.free
+            .iter()
+            .enumerate()
+            .all(|(set, &f)| usize::from(f) == self.tags[set * WAYS..][..WAYS].iter().filter(|&&t| t == EMPTY).count())
+    }
+
     /// Row `r`'s access count (0 where counts are not kept).
     #[cfg(test)]
     fn count_of(&self, r: usize) -> u32 {
@@ -345,7 +361,8 @@ impl Tags {
                             continue;
                         }
                         let ways = &self.tags[first..first + WAYS];
-                        let way = match ways.iter().position(|&t| t == EMPTY) {
+                        let empty = if self.free[set] > 0 { ways.iter().position(|&t| t == EMPTY) } else { None };
+                        let way = match empty {
                             Some(w) => Some(w),
                             None => {
                                 // The coldest way (the first of equals).
@@ -438,6 +455,13 @@ impl Tags {
             *fp = if tag == EMPTY { 0 } else { fingerprint(tag as usize) };
         }
         let before = std::mem::replace(&mut self.tags[slot], tag);
+        if let Some(free) = self.free.get_mut(slot / WAYS) {
+            match (before == EMPTY, tag == EMPTY) {
+                (true, false) => *free -= 1,
+                (false, true) => *free += 1,
+                _ => {}
+            }
+        }
         if let (Some(counts), Some(held)) = (&mut self.counts, self.held.get_mut(slot)) {
             if before != EMPTY {
                 counts[before as usize] = *held;
@@ -684,6 +708,11 @@ mod tests {
                 assert_eq!(dropped, by_row, "{placement:?} {range:?}");
                 assert!((0..rows).all(|r| a.lookup(r) == b.lookup(r)), "{placement:?} {range:?}");
                 assert!((0..rows).filter(|r| range.contains(r)).all(|r| a.lookup(r).is_none()));
+                // The empty ways counted per set are the empty tags, after
+                // the drop and after a decision that fills what it emptied.
+                assert!(a.free_agrees() && b.free_agrees(), "{placement:?} {range:?}");
+                a.decide(&missed);
+                assert!(a.free_agrees(), "{placement:?} {range:?}");
             }
         }
     }
