@@ -293,6 +293,11 @@ pub(crate) unsafe fn gather_rows(src: &dyn RowAddr, rows: &[usize], to: Option<&
 /// Whether `positions` are distinct rows of an output of `out_rows` rows:
 /// what [`gather_rows`] needs of them to write each output row once.
 pub(crate) fn distinct_below(positions: &[usize], out_rows: usize) -> bool {
+    // Positions in ascending order (as callers that place rows usually
+    // have them) are distinct: no table of the output rows needed.
+    if positions.windows(2).all(|w| w[0] < w[1]) {
+        return positions.last().is_none_or(|&p| p < out_rows);
+    }
     let mut seen = vec![false; out_rows];
     positions.iter().all(|&p| p < out_rows && !std::mem::replace(&mut seen[p], true))
 }
@@ -433,6 +438,18 @@ mod tests {
         // SAFETY: buffers sized for the conversion.
         unsafe { c.row(src.as_ptr(), out.as_mut_ptr()) };
         out
+    }
+
+    #[test]
+    fn distinct_positions_are_told_apart_sorted_or_not() {
+        // Ascending (the quick path), in any order, repeated, past the end.
+        assert!(distinct_below(&[], 0));
+        assert!(distinct_below(&[0, 3, 7], 8));
+        assert!(!distinct_below(&[0, 3, 8], 8), "8 is past an output of 8 rows");
+        assert!(distinct_below(&[7, 0, 3], 8));
+        assert!(!distinct_below(&[3, 0, 3], 8), "3 twice");
+        assert!(!distinct_below(&[0, 3, 3], 8), "3 twice, ascending");
+        assert!(!distinct_below(&[9, 0], 8));
     }
 
     #[test]

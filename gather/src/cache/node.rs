@@ -644,20 +644,23 @@ impl NodeCache {
     fn look_up(&mut self, mem: &WholeMemory, rows: &[usize]) -> Lookup {
         let own = mem.local_rows();
         let own_host = mem.location() == Location::Host;
-        let cacheable: Vec<Option<usize>> =
-            rows.iter().map(|&row| if own_host && own.contains(&row) { None } else { self.space.index(row) }).collect();
-        let (mut hit_slots, mut hit_at) = (Vec::new(), Vec::new());
-        let (mut own_rows, mut own_at) = (Vec::new(), Vec::new());
+        // The row's number among the cacheable rows, if the cache may hold
+        // it (computed again for the id ahead: cheaper than a list of them).
+        let space = &self.space;
+        let cacheable = |row: usize| if own_host && own.contains(&row) { None } else { space.index(row) };
+        let n = rows.len();
+        let (mut hit_slots, mut hit_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
+        let (mut own_rows, mut own_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
         // (row, position) of every id fetched.
-        let mut pending: Vec<(usize, usize)> = Vec::with_capacity(rows.len());
+        let mut pending: Vec<(usize, usize)> = Vec::with_capacity(n);
         // Each access as (cacheable row << 1) | missed.
-        let mut accesses: Vec<u64> = Vec::with_capacity(rows.len());
+        let mut accesses: Vec<u64> = Vec::with_capacity(n);
         const AHEAD: usize = 8;
         for (i, &row) in rows.iter().enumerate() {
-            if let Some(Some(ahead)) = cacheable.get(i + AHEAD) {
-                self.tags.prefetch(*ahead);
+            if let Some(ahead) = rows.get(i + AHEAD).and_then(|&a| cacheable(a)) {
+                self.tags.prefetch(ahead);
             }
-            let Some(r) = cacheable[i] else {
+            let Some(r) = cacheable(row) else {
                 if own_host && own.contains(&row) {
                     own_rows.push(row - own.start);
                     own_at.push(i);

@@ -81,7 +81,13 @@ fn mix(r: usize) -> u64 {
 /// high bits; no modulo bias worth naming, no division).
 #[inline]
 fn set_of(r: usize, sets: usize) -> usize {
-    ((u128::from(mix(r)) * sets as u128) >> 64) as usize
+    reduce(mix(r), sets)
+}
+
+/// A mix reduced to one of `sets` by a multiply (its high bits).
+#[inline]
+fn reduce(m: u64, sets: usize) -> usize {
+    ((u128::from(m) * sets as u128) >> 64) as usize
 }
 
 /// One byte of row `r`'s mix (its low bits, which the set does not use):
@@ -196,8 +202,11 @@ impl Tags {
         match self.placement {
             Placement::Direct => (self.tags[r] == r as u64).then_some(r),
             Placement::Sets { sets } => {
-                let first = set_of(r, sets) * WAYS;
-                let fp = fingerprint(r);
+                // One mix gives both the set (its high bits) and the
+                // fingerprint (its low byte).
+                let m = mix(r);
+                let first = reduce(m, sets) * WAYS;
+                let fp = m as u8;
                 for (c, chunk) in self.fps[first..first + WAYS].chunks_exact(8).enumerate() {
                     let mut m = matches(u64::from_le_bytes(chunk.try_into().unwrap_or([0; 8])), fp);
                     while m != 0 {
