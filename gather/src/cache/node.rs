@@ -125,6 +125,9 @@ pub struct NodeCache {
     stats: CacheStats,
     /// The fetched rows' buffer, kept between calls.
     scratch: Vec<u8>,
+    /// The lookup's lists, kept between calls (made afresh, they cost page
+    /// faults each call where the allocator had given their memory back).
+    lists: Lookup,
     /// Which path each gather takes (the same on every rank).
     chooser: Chooser,
     /// This rank's previous gather: its path and time in nanoseconds (for
@@ -219,6 +222,7 @@ const DECIDED: u64 = 0;
 const REFUSED: u64 = 1;
 
 /// Where each id of a cached gather is read from (step 1).
+#[derive(Debug, Default)]
 struct Lookup {
     /// Slots of the hits, and their positions in the output.
     hit_slots: Vec<usize>,
@@ -231,6 +235,17 @@ struct Lookup {
     pending: Vec<(usize, usize)>,
     /// Each access as (cacheable row << 1) | missed.
     accesses: Vec<u64>,
+}
+
+impl Lookup {
+    /// Empties every list (keeping their memory).
+    fn clear(&mut self) {
+        for v in [&mut self.hit_slots, &mut self.hit_at, &mut self.own_rows, &mut self.own_at] {
+            v.clear();
+        }
+        self.pending.clear();
+        self.accesses.clear();
+    }
 }
 
 impl NodeCache {
@@ -318,6 +333,7 @@ impl NodeCache {
             shared,
             stats: CacheStats::default(),
             scratch: Vec::new(),
+            lists: Lookup::default(),
             chooser: Chooser::default(),
             last: None,
             plain_times: Vec::new(),
@@ -641,20 +657,15 @@ impl NodeCache {
     /// of a row another node owns (a few ids ahead, the tags they will read
     /// are asked for); this rank's own host rows are read in place, every
     /// other id is fetched.
-    fn look_up(&mut self, mem: &WholeMemory, rows: &[usize]) -> Lookup {
+    fn look_up(&self, mem: &WholeMemory, rows: &[usize], lists: &mut Lookup) {
         let own = mem.local_rows();
         let own_host = mem.location() == Location::Host;
         // The row's number among the cacheable rows, if the cache may hold
         // it (computed again for the id ahead: cheaper than a list of them).
         let space = &self.space;
         let cacheable = |row: usize| if own_host && own.contains(&row) { None } else { space.index(row) };
-        let n = rows.len();
-        let (mut hit_slots, mut hit_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        let (mut own_rows, mut own_at) = (Vec::with_capacity(n), Vec::with_capacity(n));
-        // (row, position) of every id fetched.
-        let mut pending: Vec<(usize, usize)> = Vec::with_capacity(n);
-        // Each access as (cacheable row << 1) | missed.
-        let mut accesses: Vec<u64> = Vec::with_capacity(n);
+        lists.clear();
+        let Lookup { hit_slots, hit_at, own_rows, own_at, pending, accesses } = lists;
         const AHEAD: usize = 8;
         for (i, &row) in rows.iter().enumerate() {
             if let Some(ahead) = rows.get(i + AHEAD).and_then(|&a| cacheable(a)) {
@@ -681,7 +692,6 @@ impl NodeCache {
                 }
             }
         }
-        Lookup { hit_slots, hit_at, own_rows, own_at, pending, accesses }
     }
 
     /// Steps 1 to 3 of a gather through the cache (the call's checks
@@ -692,7 +702,9 @@ impl NodeCache {
         //    the tags they will read are asked for); this rank's own host
         //    rows are read in place, every other id is fetched.
         let rows = ids.to_rows();
-        let Lookup { hit_slots, hit_at, own_rows, own_at, mut pending, accesses } = self.look_up(mem, &rows);
+        let mut lists = std::mem::take(&mut self.lists);
+        self.look_up(mem, &rows, &mut lists);
+        let Lookup { hit_slots, hit_at, own_rows, own_at, pending, accesses } = &mut lists;
 
         clock.lap("cache lookup");
         // 2. Everything else through the table's gather, in its own type,
@@ -702,7 +714,7 @@ impl NodeCache {
         pending.sort_unstable();
         let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
         let mut from = Vec::with_capacity(pending.len());
-        for &(row, _) in &pending {
+        for &(row, _) in pending.iter() {
             if fetch.last() != Some(&(row as i64)) {
                 fetch.push(row as i64);
             }
@@ -769,6 +781,7 @@ impl NodeCache {
             // checks (a bad id, a wrong buffer) or a lost peer. Nothing was
             // counted or decided, and nothing changes.
             self.scratch = fetched;
+            self.lists = lists;
             return result;
         }
         // Whether the tags may hold a decision whose fills did not happen.
@@ -792,7 +805,7 @@ impl NodeCache {
                 Some((fills, evicted)) => placed.map(|()| self.fill_alone(&fills, evicted, &missed_at, &fetched)),
                 None => {
                     decided_here = true;
-                    self.update_shared_and_agree(placed, accesses, &missed_at, &fetched)
+                    self.update_shared_and_agree(placed, std::mem::take(accesses), &missed_at, &fetched)
                 }
             }
         });
@@ -802,6 +815,7 @@ impl NodeCache {
             self.tags.clear();
         }
         self.scratch = fetched;
+        self.lists = lists;
         result
     }
 

@@ -109,6 +109,20 @@ fn matches(word: u64, fp: u8) -> u64 {
     x.wrapping_sub(ONES) & !x & (ONES << 7)
 }
 
+/// `v` with every page of its memory written once: large zeroed memory
+/// comes from the kernel untouched, and each page's first write would
+/// otherwise fault inside a gather (the rows' counts are touched page by
+/// page as a Zipf stream's tail reaches them, for thousands of calls).
+fn faulted_in<T: Copy + Default>(mut v: Vec<T>) -> Vec<T> {
+    let step = (4096 / std::mem::size_of::<T>().max(1)).max(1);
+    for x in v.iter_mut().step_by(step) {
+        // Opaque to the optimiser, which could otherwise drop a store of
+        // the zero the allocator promised.
+        *x = std::hint::black_box(T::default());
+    }
+    v
+}
+
 /// A change the leader decided: `slot` now holds `row`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Fill {
@@ -153,15 +167,15 @@ impl Tags {
     /// counts and decides.
     pub(crate) fn new(placement: Placement, rows: usize, leader: bool) -> Self {
         let counts = match placement {
-            Placement::Sets { .. } if leader => Some(vec![0u32; rows]),
+            Placement::Sets { .. } if leader => Some(faulted_in(vec![0u32; rows])),
             _ => None,
         };
         let slots = placement.slots(rows);
         let fps = match placement {
             Placement::Direct => Vec::new(),
-            Placement::Sets { .. } => vec![0; slots],
+            Placement::Sets { .. } => faulted_in(vec![0; slots]),
         };
-        let held = if counts.is_some() { vec![0; slots] } else { Vec::new() };
+        let held = if counts.is_some() { faulted_in(vec![0; slots]) } else { Vec::new() };
         let free = match placement {
             Placement::Direct => Vec::new(),
             Placement::Sets { sets } => vec![WAYS as u8; sets],
