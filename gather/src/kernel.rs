@@ -207,14 +207,7 @@ pub const PREFETCH_DISTANCE: usize = 8;
 #[inline(always)]
 pub(crate) fn prefetch(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut off = 0;
-        while off < len.min(1024) {
-            // SAFETY: prefetch is a hint that never faults, whatever the address.
-            unsafe { std::arch::x86_64::_mm_prefetch(p.wrapping_add(off).cast::<i8>(), std::arch::x86_64::_MM_HINT_T0) };
-            off += 64;
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_T0 }>(p, len);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, len);
 }
@@ -224,16 +217,22 @@ pub(crate) fn prefetch(p: *const u8, len: usize) {
 #[inline(always)]
 pub(crate) fn prefetch_for_write(p: *const u8, len: usize) {
     #[cfg(target_arch = "x86_64")]
-    {
-        let mut off = 0;
-        while off < len.min(1024) {
-            // SAFETY: prefetch is a hint that never faults, whatever the address.
-            unsafe { std::arch::x86_64::_mm_prefetch(p.wrapping_add(off).cast::<i8>(), std::arch::x86_64::_MM_HINT_ET0) };
-            off += 64;
-        }
-    }
+    prefetch_lines::<{ std::arch::x86_64::_MM_HINT_ET0 }>(p, len);
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (p, len);
+}
+
+/// The lines of the first KiB of `len` bytes at `p`, with prefetch hint
+/// `HINT`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<const HINT: i32>(p: *const u8, len: usize) {
+    let mut off = 0;
+    while off < len.min(1024) {
+        // SAFETY: prefetch is a hint that never faults, whatever the address.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(off).cast::<i8>()) };
+        off += 64;
+    }
 }
 
 /// Asks for the cache lines of `v` (its first KiB) ahead of reading it: a
