@@ -103,41 +103,28 @@ pub(crate) struct PlacedCopy<'a> {
     _table: std::marker::PhantomData<&'a WholeMemory>,
 }
 
-impl<'a> PlacedCopy<'a> {
-    /// Table rows `rows` into output rows `positions` of an output of
-    /// `out_len` bytes, through the mapping.
-    ///
-    /// # Errors
-    /// [`wholemem::CommonError::InvalidArgument`] naming the values when the table is not
-    /// mapped here, a row is out of range, the layout does not fit the rows,
-    /// or the positions are not distinct rows of the output.
-    pub(crate) fn from_table(
-        mem: &'a WholeMemory,
-        layout: &RowLayout,
-        conv: RowConv,
-        rows: &'a [usize],
-        positions: &'a [usize],
-        out_len: usize,
-    ) -> Result<Self> {
-        layout.check_fits(mem.granularity())?;
-        if let Some(bad) = rows.iter().find(|&&r| r >= mem.rows()) {
-            return Err(Error::Common(CommonError::InvalidArgument(format!("row {bad} of a table of {} rows", mem.rows()))));
-        }
-        check_placement(layout, conv, rows.len(), positions, out_len)?;
-        let src = Source::Table(MappedRows::new(mem, layout)?);
-        Ok(Self { src, rows, positions, conv, out_len, threads: threads(mem), _table: std::marker::PhantomData })
-    }
+/// Which rows a [`PlacedCopy`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RowsOf {
+    /// Table rows, through the mapping.
+    Table,
+    /// This rank's own host rows, numbered from 0 within them: for any
+    /// memory type, a rank maps its own host rows.
+    Own,
+}
 
-    /// This rank's own host rows `rows` (numbered from 0 within them) into
-    /// output rows `positions`: for any memory type, a rank maps its own
-    /// host rows.
+impl<'a> PlacedCopy<'a> {
+    /// Rows `rows` of `mem` (`of` says which) into output rows `positions`
+    /// of an output of `out_len` bytes.
     ///
     /// # Errors
-    /// [`wholemem::CommonError::InvalidArgument`] naming the values for device memory, a row
-    /// this rank does not own, a layout that does not fit, or positions that
-    /// are not distinct rows of the output.
-    pub(crate) fn from_own(
+    /// [`wholemem::CommonError::InvalidArgument`] naming the values when the rows are not
+    /// mapped here (the table's, or this rank's in host memory), a row is
+    /// out of range, the layout does not fit the rows, or the positions are
+    /// not distinct rows of the output.
+    pub(crate) fn new(
         mem: &'a WholeMemory,
+        of: RowsOf,
         layout: &RowLayout,
         conv: RowConv,
         rows: &'a [usize],
@@ -145,24 +132,30 @@ impl<'a> PlacedCopy<'a> {
         out_len: usize,
     ) -> Result<Self> {
         layout.check_fits(mem.granularity())?;
-        let count = mem.local_rows().len();
+        let count = match of {
+            RowsOf::Table => mem.rows(),
+            RowsOf::Own => mem.local_rows().len(),
+        };
         if let Some(bad) = rows.iter().find(|&&r| r >= count) {
-            return Err(Error::Common(CommonError::InvalidArgument(format!(
-                "own row {bad} of rank {}, which owns {count}",
-                mem.comm().world_rank()
-            ))));
+            let detail = match of {
+                RowsOf::Table => format!("row {bad} of a table of {count} rows"),
+                RowsOf::Own => format!("own row {bad} of rank {}, which owns {count}", mem.comm().world_rank()),
+            };
+            return Err(Error::Common(CommonError::InvalidArgument(detail)));
         }
         check_placement(layout, conv, rows.len(), positions, out_len)?;
-        let base = match (mem.location(), mem.rank_ptr(mem.comm().rank())) {
-            (wholemem::Location::Host, Some(p)) => p,
-            _ => {
-                return Err(Error::Common(CommonError::InvalidArgument(format!(
-                    "rank {} does not map its own rows of this table in host memory",
-                    mem.comm().world_rank()
-                ))));
-            }
+        let src = match of {
+            RowsOf::Table => Source::Table(MappedRows::new(mem, layout)?),
+            RowsOf::Own => match (mem.location(), mem.rank_ptr(mem.comm().rank())) {
+                (wholemem::Location::Host, Some(base)) => Source::Own(OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) }),
+                _ => {
+                    return Err(Error::Common(CommonError::InvalidArgument(format!(
+                        "rank {} does not map its own rows of this table in host memory",
+                        mem.comm().world_rank()
+                    ))));
+                }
+            },
         };
-        let src = Source::Own(OwnRows { base: SendPtr(base), span: RowSpan::new(mem, layout) });
         Ok(Self { src, rows, positions, conv, out_len, threads: threads(mem), _table: std::marker::PhantomData })
     }
 

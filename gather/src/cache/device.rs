@@ -518,7 +518,7 @@ fn read_cached(cached_table: &mut CachedTable, table: &WholeMemory, n: usize, pl
     let same = RowConv::new(cached_table.layout.dtype(), cached_table.layout.dtype(), cached_table.layout.cols())?;
     let packed: Vec<usize> = (0..plan.miss.len()).collect();
     let mut host = vec![0u8; plan.miss.len() * rb];
-    mapped::PlacedCopy::from_own(table, &cached_table.layout, same, &plan.miss, &packed, host.len())?.run_all(&mut host)?;
+    mapped::PlacedCopy::new(table, mapped::RowsOf::Own, &cached_table.layout, same, &plan.miss, &packed, host.len())?.run_all(&mut host)?;
     kernel::place_rows(&host, conv, &packed, &plan.miss_at, buf, 1).map_err(|m| Error::Common(CommonError::InvalidArgument(m)))?;
     let slots: Vec<usize> = plan.fills.iter().map(|f| f.0).collect();
     let mut up = Vec::with_capacity(slots.len() * rb);

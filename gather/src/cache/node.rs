@@ -737,10 +737,10 @@ impl NodeCache {
         let mut copied: Result<()> = (|| {
             if !hit_slots.is_empty() {
                 let data = data.ok_or_else(|| Error::Common(CommonError::InvalidArgument("a hit in a cache without rows".into())))?;
-                hits = Some(mapped::PlacedCopy::from_table(data, &cached_layout, conv, hit_slots, hit_at, out.len())?);
+                hits = Some(mapped::PlacedCopy::new(data, mapped::RowsOf::Table, &cached_layout, conv, hit_slots, hit_at, out.len())?);
             }
             if !own_rows.is_empty() {
-                own = Some(mapped::PlacedCopy::from_own(mem, &layout, conv, own_rows, own_at, out.len())?);
+                own = Some(mapped::PlacedCopy::new(mem, mapped::RowsOf::Own, &layout, conv, own_rows, own_at, out.len())?);
             }
             Ok(())
         })();
