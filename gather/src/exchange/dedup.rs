@@ -14,6 +14,34 @@ pub(super) fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usiz
     dedup_hashed(lists, &order, PROBES_PER_ID).unwrap_or_else(|| in_first_appearance(dedup_sorted(lists), &order))
 }
 
+/// One owner's share of a gather's requests, `positions` into `rows`, with
+/// each row asked once: the positions of each distinct row's first sight,
+/// in order, and every later position with the first one of its row (whose
+/// landed row is copied there). `None` when no row repeats — at once where
+/// the rows ascend strictly, as a caller's sorted distinct ids do.
+pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<(Vec<usize>, Vec<(usize, usize)>)> {
+    if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) {
+        return None;
+    }
+    let lists = [positions.iter().map(|&i| rows[i] as u64).collect::<Vec<u64>>()];
+    let (unique, answer) = dedup(&lists, 0);
+    if unique.len() == positions.len() {
+        return None;
+    }
+    // Numbered in order of first sight: a row's number is new exactly when
+    // it equals the count of rows seen.
+    let mut first = Vec::with_capacity(unique.len());
+    let mut repeats = Vec::with_capacity(positions.len() - unique.len());
+    for (&p, &u) in positions.iter().zip(&answer[0]) {
+        if u == first.len() {
+            first.push(p);
+        } else {
+            repeats.push((p, first[u]));
+        }
+    }
+    Some((first, repeats))
+}
+
 /// `unique` and `answer` as [`dedup_sorted`] gives them, renumbered in the
 /// order of first appearance in `answer`'s lists taken in `order`.
 pub(super) fn in_first_appearance((unique, mut answer): (Vec<u64>, Vec<Vec<usize>>), order: &[usize]) -> (Vec<u64>, Vec<Vec<usize>>) {
@@ -155,6 +183,23 @@ mod tests {
             }
         }
         assert_eq!(dedup(&[vec![], vec![]], 1), (vec![], vec![vec![], vec![]]));
+    }
+
+    #[test]
+    fn first_sights_ask_each_row_once_and_name_where_repeats_come_from() {
+        // Positions 1, 2, 4, 5, 7 of the rows below: rows 9, 3, 9, 3, 5.
+        let rows = [0, 9, 3, 1, 9, 3, 8, 5];
+        let positions = [1, 2, 4, 5, 7];
+        let (first, repeats) = first_sights(&rows, &positions).expect("rows 9 and 3 repeat");
+        assert_eq!(first, [1, 2, 7]);
+        assert_eq!(repeats, [(4, 1), (5, 2)]);
+        for &(p, f) in &repeats {
+            assert_eq!(rows[p], rows[f]);
+        }
+        // Nothing repeats: ascending (the cached path's sorted fetch) or not.
+        assert_eq!(first_sights(&rows, &[3, 2, 1]), None);
+        assert_eq!(first_sights(&rows, &[1, 6, 7]), None);
+        assert_eq!(first_sights(&rows, &[]), None);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The distributed gather: row ids to their owners, rows back, landing in
 //! their places.
 
+use super::dedup::first_sights;
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{read_local, step_rows};
 use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes};
@@ -34,12 +35,20 @@ pub(crate) fn gather_distributed(
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let by_owner = Buckets::of(&owners, n);
     let wanted = |r: usize| by_owner.get(r);
+    // Each other owner is asked for each distinct row once; a row asked
+    // again is copied from its first place once the rows have landed.
+    let sights: Vec<Option<(Vec<usize>, Vec<(usize, usize)>)>> =
+        (0..n).map(|r| if r == me { None } else { first_sights(&rows, wanted(r)) }).collect();
+    let sent = |r: usize| match &sights[r] {
+        _ if r == me => &[][..],
+        Some((first, _)) => &first[..],
+        None => wanted(r),
+    };
 
     // 1. Each owner learns which of its rows each rank wants (own rows are
     //    not sent), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    let (mut asked, mut problem, conv) =
-        exchange_row_ids(comm.as_ref(), p, &rows, |r| if r == me { &[] } else { wanted(r) }, count, checked)?;
+    let (mut asked, mut problem, conv) = exchange_row_ids(comm.as_ref(), p, &rows, sent, count, checked)?;
     clock.lap("ids");
     let conv = conv?;
     let db = conv.dst_bytes();
@@ -64,7 +73,7 @@ pub(crate) fn gather_distributed(
     let mut caller_busy = true;
     // A reply of rows lands in the rows of `out` asked of its owner; a
     // verdict of that very length lands there too, and is read back.
-    let landings: Vec<&[usize]> = (0..n).map(|r| if r == me { &[][..] } else { wanted(r) }).collect();
+    let landings: Vec<&[usize]> = (0..n).map(sent).collect();
     let mut landed_verdict = vec![false; n];
     comm.exchange(
         ExchangePlan::new(&sizes, &mut |r, buf| {
@@ -103,7 +112,7 @@ pub(crate) fn gather_distributed(
                     // Its part is empty: own rows are not sent.
                     return;
                 }
-                timed(on, &mut placing, || match read_arrival(comm.as_ref(), r, &part, wanted(r).len(), db) {
+                timed(on, &mut placing, || match read_arrival(comm.as_ref(), r, &part, landings[r].len(), db) {
                     Arrived::Rows => {}
                     Arrived::VerdictInRows => landed_verdict[r] = true,
                     Arrived::Verdict(v) => verdicts[r] = Some(v),
@@ -117,6 +126,16 @@ pub(crate) fn gather_distributed(
     for (r, _) in landed_verdict.iter().enumerate().filter(|(_, l)| **l) {
         verdicts[r] = Some(wm_comm::plan::read_back(out, landings[r], db));
     }
+    // Repeated rows from their first places (rows that landed, not a verdict).
+    timed(on, &mut placing, || {
+        for (r, (_, repeats)) in sights.iter().enumerate().filter_map(|(r, s)| Some((r, s.as_ref()?))) {
+            if !landed_verdict[r] {
+                for &(at, from) in repeats {
+                    out.copy_within(from * db..(from + 1) * db, at * db);
+                }
+            }
+        }
+    });
     clock.lap_split("rows", &[("owner copy", copying), ("own rows", own), ("place", placing)]);
     // Every rank holds every owner's verdict on the requests it got: the
     // lowest owner's error is every rank's.
