@@ -19,7 +19,7 @@ pub(super) fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usiz
 /// in order, and every later position with the first one of its row (whose
 /// landed row is copied there). `None` when no row repeats — at once where
 /// the rows ascend strictly, as a caller's sorted distinct ids do.
-pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<(Vec<usize>, Vec<(usize, usize)>)> {
+pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstSights> {
     if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) {
         return None;
     }
@@ -39,7 +39,16 @@ pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<(Vec<u
             repeats.push((p, first[u]));
         }
     }
-    Some((first, repeats))
+    Some(FirstSights { first, repeats })
+}
+
+/// [`first_sights`]' answer.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct FirstSights {
+    /// The positions asked on the wire: each distinct row's first.
+    pub(super) first: Vec<usize>,
+    /// (a later position, the first position of its row).
+    pub(super) repeats: Vec<(usize, usize)>,
 }
 
 /// `unique` and `answer` as [`dedup_sorted`] gives them, renumbered in the
@@ -190,7 +199,7 @@ mod tests {
         // Positions 1, 2, 4, 5, 7 of the rows below: rows 9, 3, 9, 3, 5.
         let rows = [0, 9, 3, 1, 9, 3, 8, 5];
         let positions = [1, 2, 4, 5, 7];
-        let (first, repeats) = first_sights(&rows, &positions).expect("rows 9 and 3 repeat");
+        let FirstSights { first, repeats } = first_sights(&rows, &positions).expect("rows 9 and 3 repeat");
         assert_eq!(first, [1, 2, 7]);
         assert_eq!(repeats, [(4, 1), (5, 2)]);
         for &(p, f) in &repeats {

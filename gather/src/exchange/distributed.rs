@@ -1,7 +1,7 @@
 //! The distributed gather: row ids to their owners, rows back, landing in
 //! their places.
 
-use super::dedup::first_sights;
+use super::dedup::{FirstSights, first_sights};
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{read_local, step_rows};
 use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes};
@@ -37,11 +37,10 @@ pub(crate) fn gather_distributed(
     let wanted = |r: usize| by_owner.get(r);
     // Each other owner is asked for each distinct row once; a row asked
     // again is copied from its first place once the rows have landed.
-    let sights: Vec<Option<(Vec<usize>, Vec<(usize, usize)>)>> =
-        (0..n).map(|r| if r == me { None } else { first_sights(&rows, wanted(r)) }).collect();
+    let sights: Vec<Option<FirstSights>> = (0..n).map(|r| if r == me { None } else { first_sights(&rows, wanted(r)) }).collect();
     let sent = |r: usize| match &sights[r] {
         _ if r == me => &[][..],
-        Some((first, _)) => &first[..],
+        Some(s) => &s.first[..],
         None => wanted(r),
     };
 
@@ -128,9 +127,9 @@ pub(crate) fn gather_distributed(
     }
     // Repeated rows from their first places (rows that landed, not a verdict).
     timed(on, &mut placing, || {
-        for (r, (_, repeats)) in sights.iter().enumerate().filter_map(|(r, s)| Some((r, s.as_ref()?))) {
+        for (r, s) in sights.iter().enumerate().filter_map(|(r, s)| Some((r, s.as_ref()?))) {
             if !landed_verdict[r] {
-                for &(at, from) in repeats {
+                for &(at, from) in &s.repeats {
                     out.copy_within(from * db..(from + 1) * db, at * db);
                 }
             }
