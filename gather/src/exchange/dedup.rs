@@ -20,19 +20,12 @@ pub(super) fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usiz
 /// landed row is copied there). `None` when no row repeats — at once where
 /// the rows ascend strictly, as a caller's sorted distinct ids do.
 pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstSights> {
-    if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) {
-        return None;
-    }
-    let lists = [positions.iter().map(|&i| rows[i] as u64).collect::<Vec<u64>>()];
-    let (unique, answer) = dedup(&lists, 0);
-    if unique.len() == positions.len() {
-        return None;
-    }
+    let (distinct, numbers) = numbered_if_repeated(rows, positions)?;
     // Numbered in order of first sight: a row's number is new exactly when
     // it equals the count of rows seen.
-    let mut first = Vec::with_capacity(unique.len());
-    let mut repeats = Vec::with_capacity(positions.len() - unique.len());
-    for (&p, &u) in positions.iter().zip(&answer[0]) {
+    let mut first = Vec::with_capacity(distinct);
+    let mut repeats = Vec::with_capacity(positions.len() - distinct);
+    for (&p, &u) in positions.iter().zip(&numbers) {
         if u == first.len() {
             first.push(p);
         } else {
@@ -40,6 +33,31 @@ pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstS
         }
     }
     Some(FirstSights { first, repeats })
+}
+
+/// One owner's share of a scatter's rows, `positions` into `rows`, with
+/// each row sent once: the position of each distinct row's last sight (the
+/// one a scatter writes last, so the one that wins), in input order.
+/// `None` when no row repeats.
+pub(super) fn last_sights(rows: &[usize], positions: &[usize]) -> Option<Vec<usize>> {
+    let (distinct, numbers) = numbered_if_repeated(rows, positions)?;
+    let mut last = vec![0; distinct];
+    for (k, &u) in numbers.iter().enumerate() {
+        last[u] = k;
+    }
+    Some(numbers.iter().enumerate().filter(|&(k, &u)| last[u] == k).map(|(k, _)| positions[k]).collect())
+}
+
+/// How many distinct rows `positions` name in `rows`, and each position's
+/// row numbered in order of first sight; `None` when no row repeats (at
+/// once where the rows ascend strictly).
+fn numbered_if_repeated(rows: &[usize], positions: &[usize]) -> Option<(usize, Vec<usize>)> {
+    if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) {
+        return None;
+    }
+    let lists = [positions.iter().map(|&i| rows[i] as u64).collect::<Vec<u64>>()];
+    let (unique, mut numbers) = dedup(&lists, 0);
+    (unique.len() < positions.len()).then(|| (unique.len(), numbers.swap_remove(0)))
 }
 
 /// [`first_sights`]' answer.
@@ -209,6 +227,17 @@ mod tests {
         assert_eq!(first_sights(&rows, &[3, 2, 1]), None);
         assert_eq!(first_sights(&rows, &[1, 6, 7]), None);
         assert_eq!(first_sights(&rows, &[]), None);
+    }
+
+    #[test]
+    fn last_sights_send_the_row_that_wins_once() {
+        // Positions 1, 2, 4, 5, 7: rows 9, 3, 9, 3, 5; the last 9 is at 4,
+        // the last 3 at 5.
+        let rows = [0, 9, 3, 1, 9, 3, 8, 5];
+        assert_eq!(last_sights(&rows, &[1, 2, 4, 5, 7]), Some(vec![4, 5, 7]));
+        assert_eq!(last_sights(&rows, &[4, 1, 6]), Some(vec![1, 6]));
+        assert_eq!(last_sights(&rows, &[3, 2, 1]), None);
+        assert_eq!(last_sights(&rows, &[1, 6, 7]), None);
     }
 
     #[test]

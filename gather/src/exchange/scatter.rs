@@ -1,5 +1,6 @@
 //! The distributed scatter: rows to their owners, written into the table.
 
+use super::dedup::last_sights;
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{BufferRows, LocalRows, rows_bytes, step_rows};
 use super::wire::malformed;
@@ -31,11 +32,17 @@ pub(crate) fn scatter_distributed(
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let by_owner = Buckets::of(&owners, n);
     let positions = |r: usize| by_owner.get(r);
+    // Each other owner gets each distinct row once: the last occurrence,
+    // the one that would be written last. Own rows are written here, in
+    // order.
+    let me = comm.rank();
+    let lasts: Vec<Option<Vec<usize>>> = (0..n).map(|r| if r == me { None } else { last_sights(&rows, positions(r)) }).collect();
+    let sent = |r: usize| lasts[r].as_deref().unwrap_or(positions(r));
 
     // 1. Owners learn which of their rows arrive (each checked to be one
     //    of theirs), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, positions, count, checked)?;
+    let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, sent, count, checked)?;
     clock.lap("ids");
     let conv = conv?;
     // Every rank's checks passed: rows of this rank are about to change
@@ -53,9 +60,8 @@ pub(crate) fn scatter_distributed(
     //    the parts of lower ranks, written after them, leave those rows
     //    alone — so the highest rank's rows still win, as in rank order.
     let device = mem.location() == wholemem::Location::Device;
-    let me = comm.rank();
     let direct = !device;
-    let sizes: Vec<usize> = (0..n).map(|r| if r == me && direct { 0 } else { positions(r).len() * tb }).collect();
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me && direct { 0 } else { sent(r).len() * tb }).collect();
     let input = BufferRows(SendPtr(src.as_ptr().cast_mut()), sb);
     let (mut device_rows, mut device_data) = (Vec::new(), Vec::new());
     let table = if device {
@@ -80,7 +86,7 @@ pub(crate) fn scatter_distributed(
             // SAFETY: every position is below ids.len(), and `src` holds
             // that many rows of `sb` bytes (checked); `buf` is sized for
             // them by `sizes`.
-            timed(on, &mut packing, || unsafe { kernel::gather_rows(&input, positions(r), None, conv, buf, 1) });
+            timed(on, &mut packing, || unsafe { kernel::gather_rows(&input, sent(r), None, conv, buf, 1) });
         })
         .between_steps(&mut |_| {
             let Some(table) = table.as_ref().filter(|_| direct && next < own.len()) else { return false };
