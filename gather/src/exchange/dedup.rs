@@ -17,8 +17,8 @@ pub(super) fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usiz
 /// One owner's share of a gather's requests, `positions` into `rows`, with
 /// each row asked once: the positions of each distinct row's first sight,
 /// in order, and every later position with the first one of its row (whose
-/// landed row is copied there). `None` when no row repeats — at once where
-/// the rows ascend strictly, as a caller's sorted distinct ids do.
+/// landed row is copied there). `None` when no row repeats, or too few
+/// seem to ([`numbered_if_repeated`]).
 pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstSights> {
     let (distinct, numbers) = numbered_if_repeated(rows, positions)?;
     // Numbered in order of first sight: a row's number is new exactly when
@@ -38,7 +38,7 @@ pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstS
 /// One owner's share of a scatter's rows, `positions` into `rows`, with
 /// each row sent once: the position of each distinct row's last sight (the
 /// one a scatter writes last, so the one that wins), in input order.
-/// `None` when no row repeats.
+/// `None` when no row repeats, or too few seem to ([`numbered_if_repeated`]).
 pub(super) fn last_sights(rows: &[usize], positions: &[usize]) -> Option<Vec<usize>> {
     let (distinct, numbers) = numbered_if_repeated(rows, positions)?;
     let mut last = vec![0; distinct];
@@ -50,8 +50,9 @@ pub(super) fn last_sights(rows: &[usize], positions: &[usize]) -> Option<Vec<usi
 
 /// How many distinct rows `positions` name in `rows`, and each position's
 /// row numbered in order of first sight; `None` when no row repeats (at
-/// once where the rows ascend strictly), or when a sample of them shows
-/// too few repeats to be worth a pass over all ([`repeats_likely`]).
+/// once where the rows ascend strictly, as a caller's sorted distinct ids
+/// do), or when a sample of them shows too few repeats to be worth a pass
+/// over all ([`repeats_likely`]).
 fn numbered_if_repeated(rows: &[usize], positions: &[usize]) -> Option<(usize, Vec<usize>)> {
     if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) || !repeats_likely(rows, positions) {
         return None;
@@ -243,6 +244,17 @@ pub(super) fn dedup_sorted(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
 mod tests {
     use super::*;
 
+    /// A xorshift generator from `x` (not zero): test data that repeats
+    /// run to run.
+    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+
     #[test]
     fn dedup_answers_every_request_with_its_unique_id() {
         // Small ids (packed keys) and ids too large to pack (pairs).
@@ -301,13 +313,7 @@ mod tests {
 
     #[test]
     fn a_sample_tells_repeated_rows_from_distinct_ones() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x9e37_79b9_7f4a_7c15);
         let n = 40_000;
         let positions: Vec<usize> = (0..n).collect();
         // Distinct rows, shuffled (not ascending): no pass.
@@ -338,13 +344,7 @@ mod tests {
         // Three lists of 30 000 ids drawn from 50 000 random 31-bit ids, so
         // with many repeats; the sort's answer renumbered must be the hash
         // table's exactly.
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1d);
         let pool: Vec<u64> = (0..50_000).map(|_| next() >> 33).collect();
         let lists: Vec<Vec<u64>> = (0..3).map(|_| (0..30_000).map(|_| pool[(next() % 50_000) as usize]).collect()).collect();
         let order = [1, 0, 2];

@@ -35,8 +35,9 @@ pub(crate) fn gather_distributed(
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let by_owner = Buckets::of(&owners, n);
     let wanted = |r: usize| by_owner.get(r);
-    // Each other owner is asked for each distinct row once; a row asked
-    // again is copied from its first place once the rows have landed.
+    // Each other owner is asked for each distinct row once (where a sample
+    // of its ids shows repeats); a row asked again is copied from its
+    // first place once the rows have landed.
     let sights: Vec<Option<FirstSights>> = (0..n).map(|r| if r == me { None } else { first_sights(&rows, wanted(r)) }).collect();
     let sent = |r: usize| match &sights[r] {
         _ if r == me => &[][..],

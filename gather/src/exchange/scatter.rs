@@ -32,9 +32,9 @@ pub(crate) fn scatter_distributed(
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let by_owner = Buckets::of(&owners, n);
     let positions = |r: usize| by_owner.get(r);
-    // Each other owner gets each distinct row once: the last occurrence,
-    // the one that would be written last. Own rows are written here, in
-    // order.
+    // Each other owner gets each distinct row once (where a sample of its
+    // ids shows repeats): the last occurrence, the one that would be
+    // written last. Own rows are written here, in order.
     let me = comm.rank();
     let lasts: Vec<Option<Vec<usize>>> = (0..n).map(|r| if r == me { None } else { last_sights(&rows, positions(r)) }).collect();
     let sent = |r: usize| lasts[r].as_deref().unwrap_or(positions(r));
