@@ -610,6 +610,13 @@ impl NodeCache {
         //    are followed at the next call that exchanges, before any
         //    lookup (so no row written meanwhile is served).
         let mut clock = crate::profile::Clock::around();
+        // Timed from here, the opening allgather included: a cached call
+        // pays for it and an uncached call inside a stretch does not. Its
+        // wait for the other ranks' work between calls would otherwise fall
+        // in the uncached call's exchange, so both paths carry it alike.
+        // (Timed from after it, a cached call 5-7 % slower on loopback
+        // measured as a tie; docs/perf-log/2026-12-07-distributed-distinct.md.)
+        let start = std::time::Instant::now();
         let path = if self.chooser.quiet() {
             Ok(self.chooser.next(None))
         } else {
@@ -620,9 +627,6 @@ impl NodeCache {
         };
         let path = path?;
         clock.lap("cache follow");
-        // Timed from here: the opening allgather is the same on both paths,
-        // and its wait is the other ranks' work between calls.
-        let start = std::time::Instant::now();
         let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
             self.check_table(mem)?;
             Ok(conv)
