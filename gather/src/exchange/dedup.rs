@@ -1,5 +1,8 @@
-//! De-duplicating the ids a node asks for (the hierarchy's exchange): each
-//! unique id once, and for every request the unique id that answers it.
+//! De-duplicating ids: the ids a node asks for (the hierarchy's exchange),
+//! each unique id once with, for every request, the unique id that answers
+//! it; and a distributed gather's or scatter's ids, each distinct row once
+//! per owner ([`first_sights`], [`last_sights`], after one sampled check
+//! per call, [`repeats_likely`]).
 
 /// The distinct ids of every rank's list in the order they first appear —
 /// list `first` read first, then the others in order — and for each list
@@ -17,8 +20,8 @@ pub(super) fn dedup(lists: &[Vec<u64>], first: usize) -> (Vec<u64>, Vec<Vec<usiz
 /// One owner's share of a gather's requests, `positions` into `rows`, with
 /// each row asked once: the positions of each distinct row's first sight,
 /// in order, and every later position with the first one of its row (whose
-/// landed row is copied there). `None` when no row repeats, or too few
-/// seem to ([`numbered_if_repeated`]).
+/// landed row is copied there). `None` when no row repeats. A caller asks
+/// only where [`repeats_likely`] said so for the call's rows.
 pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstSights> {
     let (distinct, numbers) = numbered_if_repeated(rows, positions)?;
     // Numbered in order of first sight: a row's number is new exactly when
@@ -38,7 +41,8 @@ pub(super) fn first_sights(rows: &[usize], positions: &[usize]) -> Option<FirstS
 /// One owner's share of a scatter's rows, `positions` into `rows`, with
 /// each row sent once: the position of each distinct row's last sight (the
 /// one a scatter writes last, so the one that wins), in input order.
-/// `None` when no row repeats, or too few seem to ([`numbered_if_repeated`]).
+/// `None` when no row repeats. A caller asks only where [`repeats_likely`]
+/// said so for the call's rows.
 pub(super) fn last_sights(rows: &[usize], positions: &[usize]) -> Option<Vec<usize>> {
     let (distinct, numbers) = numbered_if_repeated(rows, positions)?;
     let mut last = vec![0; distinct];
@@ -51,10 +55,9 @@ pub(super) fn last_sights(rows: &[usize], positions: &[usize]) -> Option<Vec<usi
 /// How many distinct rows `positions` name in `rows`, and each position's
 /// row numbered in order of first sight; `None` when no row repeats (at
 /// once where the rows ascend strictly, as a caller's sorted distinct ids
-/// do), or when a sample of them shows too few repeats to be worth a pass
-/// over all ([`repeats_likely`]).
+/// do).
 fn numbered_if_repeated(rows: &[usize], positions: &[usize]) -> Option<(usize, Vec<usize>)> {
-    if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) || !repeats_likely(rows, positions) {
+    if positions.windows(2).all(|w| rows[w[0]] < rows[w[1]]) {
         return None;
     }
     let lists = [positions.iter().map(|&i| rows[i] as u64).collect::<Vec<u64>>()];
@@ -62,33 +65,52 @@ fn numbered_if_repeated(rows: &[usize], positions: &[usize]) -> Option<(usize, V
     (unique.len() < positions.len()).then(|| (unique.len(), numbers.swap_remove(0)))
 }
 
-/// Lists up to this long are de-duplicated without a sample first.
-const SAMPLED_ABOVE: usize = 1024;
+/// Calls of up to this many ids are de-duplicated without a sample first.
+pub(super) const SAMPLED_ABOVE: usize = 1024;
 
-/// Whether enough of `positions`' rows repeat to be worth de-duplicating:
-/// a sample of about 8·√n of the n positions, spread evenly, holds at least
-/// two repeats. A share of 5 % repeated rows gives about 3 such pairs in
-/// the sample, so it is seen 4 times in 5. Uniform ids over a large table
-/// and distinct ids give almost none, and skip the full pass (about 14 ns
-/// an id: 0.45 ms of a 65 536-id call of 8-wide rows). Missing some
-/// repeats costs only speed. Lists of [`SAMPLED_ABOVE`] or fewer are
-/// always de-duplicated.
-fn repeats_likely(rows: &[usize], positions: &[usize]) -> bool {
-    let n = positions.len();
+/// Whether enough of a call's `rows` repeat to be worth de-duplicating
+/// each owner's share: a sample of the n rows holds at least two repeats.
+/// The sample is about 8·√n rows: a pair of neighbours at a random place
+/// in each of n / stride equal strata. The pairs see runs of one row, as
+/// sorted lists with repeats have; the random places see repeats at any
+/// fixed distance, as a list twice over has, where evenly spaced places
+/// could miss them all. A share of 5 % repeated rows gives about 3 pairs
+/// in the sample, seen 4 times in 5. Uniform ids over a large table and
+/// distinct ids give almost none, and skip the full passes (about 14 ns an
+/// id: 0.45 ms of a 65 536-id call of 8-wide rows). Missing some repeats
+/// costs only speed. Calls of [`SAMPLED_ABOVE`] ids or fewer are always
+/// de-duplicated.
+pub(super) fn repeats_likely(rows: &[usize]) -> bool {
+    sample_repeats(rows, hash_seed())
+}
+
+/// [`repeats_likely`] with its sample's places and hash drawn from `seed`.
+fn sample_repeats(rows: &[usize], seed: u64) -> bool {
+    let n = rows.len();
     if n <= SAMPLED_ABOVE {
         return true;
     }
     let sample = (8.0 * (n as f64).sqrt()) as usize;
-    let stride = (n / sample.max(1)).max(1);
-    let bits = (2 * sample).next_power_of_two().trailing_zeros();
+    // Half as many strata as rows sampled, two rows in each; at least 2
+    // rows a stratum, so that its pair fits.
+    let stride = (2 * n / sample.max(1)).max(2);
+    let strata = n / stride;
+    // At least twice as many slots as rows sampled.
+    let bits = (4 * strata).max(16).next_power_of_two().trailing_zeros();
     let (mask, shift) = ((1usize << bits) - 1, u64::BITS - bits);
     // Rows are below the table's row count, never the empty mark.
     const EMPTY: u64 = u64::MAX;
     let mut slots = vec![EMPTY; 1 << bits];
-    let seed = hash_seed();
-    let (mut repeats, mut budget) = (0, 4 * sample);
-    for &i in positions.iter().step_by(stride) {
-        let id = rows[i] as u64;
+    let (mut repeats, mut budget) = (0, 8 * sample);
+    // The place in each stratum: a xorshift from `seed`.
+    let mut x = seed | 1;
+    let places = (0..strata).map(|i| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        i * stride + (x % (stride as u64 - 1)) as usize
+    });
+    for id in places.flat_map(|k| [rows[k], rows[k + 1]]).map(|r| r as u64) {
         let mut slot = slot_of(id, seed, shift);
         loop {
             match slots[slot] {
@@ -321,22 +343,34 @@ mod tests {
         for i in (1..n).rev() {
             distinct.swap(i, (next() % (i as u64 + 1)) as usize);
         }
-        assert!(!repeats_likely(&distinct, &positions));
+        // Every claim below holds for each of 20 seeds of the sample.
+        let likely = |rows: &[usize]| (1..=20).map(|seed| sample_repeats(rows, seed)).collect::<Vec<bool>>();
+        assert_eq!(likely(&distinct), [false; 20]);
         assert_eq!(first_sights(&distinct, &positions), None);
         // A fifth of the ids repeat an earlier one: the pass runs.
         let mut some: Vec<usize> = distinct.clone();
         for i in (0..n).step_by(5).skip(1) {
             some[i] = some[(next() % i as u64) as usize];
         }
-        assert!(repeats_likely(&some, &positions));
+        assert_eq!(likely(&some), [true; 20]);
         let FirstSights { first, repeats } = first_sights(&some, &positions).expect("repeats");
         assert_eq!(first.len() + repeats.len(), n);
         assert!(repeats.len() >= n / 10);
         // Every row twice, the two halves alike: seen too.
         let twice: Vec<usize> = distinct[..n / 2].iter().chain(&distinct[..n / 2]).copied().collect();
-        assert!(repeats_likely(&twice, &positions));
-        // Short lists always take the pass.
-        assert!(repeats_likely(&distinct[..SAMPLED_ABOVE], &positions[..SAMPLED_ABOVE]));
+        assert_eq!(likely(&twice), [true; 20]);
+        // Every row twice in a row, as a sorted list with repeats: seen,
+        // at any stride.
+        for len in [2 * SAMPLED_ABOVE + 2, n, 5 * n] {
+            let pairs: Vec<usize> = (0..len).map(|i| i / 2).collect();
+            assert_eq!(likely(&pairs), [true; 20], "{len} ids");
+            // The runs starting at odd places.
+            let shifted: Vec<usize> = std::iter::once(len).chain((0..len).map(|i| i / 2)).collect();
+            assert_eq!(likely(&shifted), [true; 20], "{len} ids, shifted");
+        }
+        // Short calls always take the pass.
+        assert!(repeats_likely(&distinct[..SAMPLED_ABOVE]));
+        assert!(!repeats_likely(&distinct));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The distributed gather: row ids to their owners, rows back, landing in
 //! their places.
 
-use super::dedup::{FirstSights, first_sights};
+use super::dedup::{FirstSights, first_sights, repeats_likely};
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{read_local, step_rows};
 use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes};
@@ -36,9 +36,11 @@ pub(crate) fn gather_distributed(
     let by_owner = Buckets::of(&owners, n);
     let wanted = |r: usize| by_owner.get(r);
     // Each other owner is asked for each distinct row once (where a sample
-    // of its ids shows repeats); a row asked again is copied from its
-    // first place once the rows have landed.
-    let sights: Vec<Option<FirstSights>> = (0..n).map(|r| if r == me { None } else { first_sights(&rows, wanted(r)) }).collect();
+    // of the call's ids shows repeats); a row asked again is copied from
+    // its first place once the rows have landed.
+    let repeats = repeats_likely(&rows);
+    let sights: Vec<Option<FirstSights>> =
+        (0..n).map(|r| if r == me || !repeats { None } else { first_sights(&rows, wanted(r)) }).collect();
     let sent = |r: usize| match &sights[r] {
         _ if r == me => &[][..],
         Some(s) => &s.first[..],

@@ -1,6 +1,6 @@
 //! The distributed scatter: rows to their owners, written into the table.
 
-use super::dedup::last_sights;
+use super::dedup::{last_sights, repeats_likely};
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{BufferRows, LocalRows, rows_bytes, step_rows};
 use super::wire::malformed;
@@ -32,11 +32,13 @@ pub(crate) fn scatter_distributed(
     let owners: Vec<usize> = rows.iter().map(|&r| p.owner(r)).collect();
     let by_owner = Buckets::of(&owners, n);
     let positions = |r: usize| by_owner.get(r);
-    // Each other owner gets each distinct row once (where a sample of its
-    // ids shows repeats): the last occurrence, the one that would be
-    // written last. Own rows are written here, in order.
+    // Each other owner gets each distinct row once (where a sample of the
+    // call's ids shows repeats): the last occurrence, the one that would be
+    // written last. This rank's own rows go unchanged, in order.
     let me = comm.rank();
-    let lasts: Vec<Option<Vec<usize>>> = (0..n).map(|r| if r == me { None } else { last_sights(&rows, positions(r)) }).collect();
+    let repeats = repeats_likely(&rows);
+    let lasts: Vec<Option<Vec<usize>>> =
+        (0..n).map(|r| if r == me || !repeats { None } else { last_sights(&rows, positions(r)) }).collect();
     let sent = |r: usize| lasts[r].as_deref().unwrap_or(positions(r));
 
     // 1. Owners learn which of their rows arrive (each checked to be one
