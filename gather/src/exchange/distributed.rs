@@ -4,7 +4,7 @@
 use super::dedup::{FirstSights, first_sights, repeats_likely};
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{read_local, step_rows};
-use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes};
+use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes, verdict_error};
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
 use crate::sort::Buckets;
@@ -127,6 +127,12 @@ pub(crate) fn gather_distributed(
     )?;
     for (r, _) in landed_verdict.iter().enumerate().filter(|(_, l)| **l) {
         verdicts[r] = Some(wm_comm::plan::read_back(out, landings[r], db));
+    }
+    // A verdict stands where rows belong only when its owner found a
+    // failure: one that says all is well breaks the protocol, and would
+    // leave its rows (and their repeats) unwritten in a call that succeeds.
+    for (r, v) in verdicts.iter().enumerate().filter_map(|(r, v)| Some((r, v.as_deref()?))) {
+        misfit.get_or_insert_with(|| verdict_error(comm.as_ref(), r, v));
     }
     // Repeated rows from their first places (rows that landed, not a verdict).
     timed(on, &mut placing, || {

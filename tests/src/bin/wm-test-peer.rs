@@ -106,6 +106,8 @@ enum Break {
     ForeignId,
     /// A reply three bytes longer than the rows asked for.
     LongReply,
+    /// A verdict of success where the rows asked for belong.
+    SuccessVerdict,
 }
 
 /// A part of the row-id exchange: the kind byte (0: row ids follow), then
@@ -129,7 +131,7 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
             Break::Empty => Vec::new(),
             Break::ShortIds => [&[0u8][..], &[0; 12]].concat(),
             Break::ForeignId => id_part(&[mem.partition().count(r) as u64 + 5]),
-            Break::LongReply => id_part(&[]),
+            Break::LongReply | Break::SuccessVerdict => id_part(&[]),
         })
         .collect();
     let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
@@ -141,10 +143,21 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
     //    or three bytes more. The honest owners' verdicts on its requests
     //    come back with their rows.
     let extra = if matches!(how, Break::LongReply) { 3 } else { 0 };
-    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 1 + asked[r] * ROW + extra }).collect();
     let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
+    let success: Vec<u8> = [&[FAILED][..], &ok].concat();
+    let sizes: Vec<usize> = (0..n)
+        .map(|r| match how {
+            _ if r == me => 0,
+            Break::SuccessVerdict => success.len(),
+            _ => 1 + asked[r] * ROW + extra,
+        })
+        .collect();
     let mut verdicts = vec![ok.clone(); n];
-    comm.exchange(ExchangePlan::new(&sizes, &mut |_, buf| rows_part(buf)).receive(&mut |r, b| {
+    let mut reply = |r: usize, buf: &mut [u8]| match how {
+        Break::SuccessVerdict if r != me => buf.copy_from_slice(&success),
+        _ => rows_part(buf),
+    };
+    comm.exchange(ExchangePlan::new(&sizes, &mut reply).receive(&mut |r, b| {
         if let Some((&FAILED, v)) = b.split_first() {
             verdicts[r] = v.to_vec();
         }
@@ -188,6 +201,7 @@ fn malformed(world: &Comm, impostor: usize) -> Result<()> {
         (Break::ShortIds, "12 bytes of row ids"),
         (Break::ForeignId, "position 0, past the 10 rows there"),
         (Break::LongReply, "164 bytes for 10 rows of 16 bytes"),
+        (Break::SuccessVerdict, "a verdict of success where rows belong"),
     ];
     for (how, needle) in gathers {
         let what = format!("gather with {how:?} from rank {impostor}");
@@ -196,7 +210,7 @@ fn malformed(world: &Comm, impostor: usize) -> Result<()> {
             match fake_gather(&t, how) {
                 // Nobody tells the liar that its rows were too long: the
                 // ranks that got them fail.
-                Ok(()) if matches!(how, Break::LongReply) => None,
+                Ok(()) if matches!(how, Break::LongReply | Break::SuccessVerdict) => None,
                 r => Some(r.err().with_context(|| format!("{what}: rank {me} must fail"))?),
             }
         } else {
