@@ -103,13 +103,8 @@ fn sample_repeats(rows: &[usize], seed: u64) -> bool {
     let mut slots = vec![EMPTY; 1 << bits];
     let (mut repeats, mut budget) = (0, 8 * sample);
     // The place in each stratum: a xorshift from `seed`.
-    let mut x = seed | 1;
-    let places = (0..strata).map(|i| {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        i * stride + (x % (stride as u64 - 1)) as usize
-    });
+    let mut next = xorshift(seed | 1);
+    let places = (0..strata).map(|i| i * stride + (next() % (stride as u64 - 1)) as usize);
     for id in places.flat_map(|k| [rows[k], rows[k + 1]]).map(|r| r as u64) {
         let mut slot = slot_of(id, seed, shift);
         loop {
@@ -134,6 +129,17 @@ fn sample_repeats(rows: &[usize], seed: u64) -> bool {
         }
     }
     false
+}
+
+/// A xorshift generator from `x` (not zero): numbers that repeat run to
+/// run for the same `x`.
+fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
 }
 
 /// The first slot of `id` in a table of `2^(64 - shift)` slots: Fibonacci
@@ -265,17 +271,6 @@ pub(super) fn dedup_sorted(lists: &[Vec<u64>]) -> (Vec<u64>, Vec<Vec<usize>>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A xorshift generator from `x` (not zero): test data that repeats
-    /// run to run.
-    fn xorshift(mut x: u64) -> impl FnMut() -> u64 {
-        move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        }
-    }
 
     #[test]
     fn dedup_answers_every_request_with_its_unique_id() {
