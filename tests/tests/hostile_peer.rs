@@ -66,3 +66,11 @@ fn a_row_lock_held_by_a_live_process_times_out() {
     assert!(report.success(), "{:?}\n{transcript}", report.failures());
     assert!(transcript.contains("timed out after 2.0 s"), "{transcript}");
 }
+
+#[test]
+fn a_malformed_reply_to_one_rank_fails_a_cached_gather_on_every_rank_naming_the_sender() {
+    let report = World::new(4).nodes_of(2).env("WM_TIMEOUT_S", "10").run(PEER, &["malformed-cache", "3", "0"]);
+    let transcript = wm_tests::transcript(&report);
+    println!("{transcript}");
+    assert!(report.success(), "{:?}\n{transcript}", report.failures());
+}

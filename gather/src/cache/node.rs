@@ -17,8 +17,9 @@
 //! 2. **Fetch.** Every other id (misses, and rows of the node's other
 //!    ranks) goes through the table's own collective gather, each distinct
 //!    row once, in the table's element type, and is converted into place;
-//!    meanwhile a second thread copies the hits (from the shared rows) and
-//!    this rank's own rows into the output.
+//!    while the misses travel, the calling thread copies the hits (from the
+//!    shared rows) and this rank's own rows into the output, a piece
+//!    between the exchange's steps.
 //! 3. **Update.** The node's leader (its lowest rank) counts every access
 //!    of every rank of the node and decides which missed rows enter which
 //!    slots ([`Tags::decide`](super::policy::Tags::decide)); a rank that
@@ -715,9 +716,10 @@ impl NodeCache {
 
         clock.lap("cache lookup");
         // 2. Everything else through the table's gather, in its own type,
-        //    each row once however often it was asked. Meanwhile another
-        //    thread copies the hits and this rank's own rows into place and,
-        //    on a node of one rank, counts and decides what enters.
+        //    each row once however often it was asked. Between the
+        //    exchange's steps, this thread copies the hits and this rank's
+        //    own rows into place and, on a node of one rank, counts and
+        //    decides what enters.
         pending.sort_unstable();
         let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
         let mut from = Vec::with_capacity(pending.len());
@@ -783,10 +785,13 @@ impl NodeCache {
         if result.is_ok() {
             while step() {}
         }
-        if result.is_err() && !ran {
-            // The exchange failed before any row travelled: some rank's
-            // checks (a bad id, a wrong buffer) or a lost peer. Nothing was
-            // counted or decided, and nothing changes.
+        if let Err(e) = &result
+            && (!ran || matches!(e, Error::Comm(_)))
+        {
+            // The exchange failed before any row travelled (some rank's
+            // checks: a bad id, a wrong buffer), or the communicator failed
+            // (a lost peer): every rank fails alike. Nothing was counted or
+            // decided, and nothing changes.
             self.scratch = fetched;
             self.lists = lists;
             return result;
@@ -795,6 +800,18 @@ impl NodeCache {
         let mut decided_here = decided.is_some();
         clock.lap("cache rest");
         clock.add("cache hits", busy);
+        let result = match result {
+            // A failure found after the rows travelled may be this rank's
+            // alone (a malformed part it received): where the call ends in
+            // the node's step 3 and an agreement, this rank takes part, with
+            // nothing to count or fill, so that every rank fails naming the
+            // culprit instead of waiting for this one.
+            Err(e) if self.shared => {
+                let result = self.update_shared_and_agree(Err(e), Vec::new(), &[], &[]);
+                return self.finish(result, true, fetched, lists);
+            }
+            r => r,
+        };
         let result = result.and_then(|()| {
             self.stats.lookups += accesses.len() as u64;
             self.stats.hits += hit_slots.len() as u64;
@@ -817,8 +834,15 @@ impl NodeCache {
             }
         });
         clock.lap("cache update");
+        self.finish(result, decided_here, fetched, lists)
+    }
+
+    /// The end of [`gather_cached`](Self::gather_cached): after a failure
+    /// where a decision may be in the tags without its fills
+    /// (`decided_here`), the cache holds nothing; the scratch memory is
+    /// kept for the next call.
+    fn finish(&mut self, result: Result<()>, decided_here: bool, fetched: Vec<u8>, lists: Lookup) -> Result<()> {
         if result.is_err() && decided_here {
-            // A decision may be in the tags without its fills: hold nothing.
             self.tags.clear();
         }
         self.scratch = fetched;
@@ -851,9 +875,13 @@ impl NodeCache {
         missed_at: &[(usize, usize)],
         fetched: &[u8],
     ) -> Result<()> {
-        let report = tally(accesses);
-        let outcome = placed.and_then(|()| self.update_shared(&report, missed_at, fetched));
-        agree(self.comm.as_ref(), outcome, Rule::Lowest)
+        // A rank that failed still takes part in the node's exchange and
+        // broadcast (reporting nothing, so it fills nothing): its node's
+        // ranks wait for it there, and its error reaches every rank in the
+        // agreement.
+        let report = if placed.is_ok() { tally(accesses) } else { Vec::new() };
+        let updated = self.update_shared(&report, if placed.is_ok() { missed_at } else { &[] }, fetched);
+        agree(self.comm.as_ref(), placed.and(updated), Rule::Lowest)
     }
 
     /// The layout of the cache's own rows: the cached elements, from 0.

@@ -46,6 +46,7 @@ fn main() {
             "malformed-hierarchy" => malformed_hierarchy(world, arg(0)?.parse()?),
             "malformed-gradients" => malformed_gradients(world, arg(0)?.parse()?),
             "malformed-sample" => malformed_sample(world, arg(0)?.parse()?),
+            "malformed-cache" => malformed_cache(world, arg(0)?.parse()?, arg(1)?.parse()?),
             "lock-holder" => lock_holder(world, arg(0)?, arg(1)?),
             #[cfg(feature = "mpi")]
             "mpi-rounds" => mpi_rounds(world),
@@ -566,4 +567,67 @@ fn mpi_rounds(world: &Comm) -> Result<()> {
     })();
     wm_comm::mpi_backend::set_round_limit(usize::MAX);
     checked
+}
+
+/// A cached gather on nodes of several ranks where the impostor follows
+/// the node cache's collectives honestly but sends a reply 3 bytes too
+/// long to rank `target` only: `target` alone finds it, yet every honest
+/// rank must fail naming the impostor (not wait for `target` in the cache's
+/// step 3 and blame an honest rank), and the communicator must stay usable.
+fn malformed_cache(world: &Comm, impostor: usize, target: usize) -> Result<()> {
+    use wm_comm::CommExt;
+    use wm_gather::cache::{Bypass, NodeCache};
+    let me = world.rank();
+    let rows = 10 * world.size();
+    let t = table(world, MemoryType::Distributed, rows)?;
+    let mem = t.memory();
+    let layout = wm_gather::RowLayout::new(wm_gather::DType::F32, COLS, 0)?;
+    let mut cache = NodeCache::new(mem, &layout, 1.0)?;
+    cache.set_bypass(Bypass::Off);
+    let started = std::time::Instant::now();
+    let r: std::result::Result<(), wm_gather::Error> = if me == impostor {
+        (|| {
+            let comm = mem.comm().as_ref();
+            let (n, me) = (comm.size(), comm.rank());
+            comm.allgather_pod(&[1u64, mem.write_generation(), 0, 0, 0])?;
+            let ids: Vec<Vec<u8>> = (0..n).map(|_| id_part(&[])).collect();
+            let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
+            let mut asked = vec![0usize; n];
+            comm.exchange(
+                ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]))
+                    .receive(&mut |r, b| asked[r] = b.len().saturating_sub(1) / 8),
+            )?;
+            let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
+            let sizes: Vec<usize> =
+                (0..n).map(|r| if r == me { 0 } else { 1 + asked[r] * ROW + if r == target { 3 } else { 0 } }).collect();
+            let mut verdicts = vec![ok.clone(); n];
+            comm.exchange(ExchangePlan::new(&sizes, &mut |_, buf| rows_part(buf)).receive(&mut |r, b| {
+                if let Some((&FAILED, v)) = b.split_first() {
+                    verdicts[r] = v.to_vec();
+                }
+            }))?;
+            wholemem::agree::decide::<(), wm_gather::Error, _>(comm, Ok(()), Rule::Lowest, &verdicts)?;
+            // Step 3 as an honest follower of its node.
+            let local = comm.local();
+            let report: Vec<u8> = 0u64.to_le_bytes().to_vec();
+            let parts: Vec<&[u8]> = (0..local.size()).map(|q| if q == 0 { &report[..] } else { &[][..] }).collect();
+            local.alltoallv(&parts)?;
+            let mut b = Vec::new();
+            local.broadcast(0, &mut b)?;
+            agree::<(), wm_gather::Error>(comm, Ok(()), Rule::Lowest)
+        })()
+    } else {
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        let mut out = vec![0u8; rows * ROW];
+        cache.gather(mem, wm_gather::Ids::I64(&ids), &mut out, wm_gather::DType::F32)
+    };
+    println!("rank {me}: cached gather -> {r:?} after {:.1} s", started.elapsed().as_secs_f64());
+    let after = world.barrier();
+    println!("rank {me}: barrier after -> {after:?}");
+    if me != impostor {
+        let e = r.err().context("an honest rank must fail")?;
+        blames(&format!("rank {me}'s cached gather"), &e, impostor, None)?;
+    }
+    after.context("the barrier after the failed cached gather")?;
+    Ok(())
 }
