@@ -222,6 +222,22 @@ const DECIDED: u64 = 0;
 /// malformed report; its world rank and the detail follow.
 const REFUSED: u64 = 1;
 
+/// The rows to fetch for `pending` ((row, place) pairs, sorted here):
+/// each distinct row once, ascending; for each pair, the index of its row
+/// among them; and its place.
+fn distinct_rows(pending: &mut [(usize, usize)]) -> (Vec<i64>, Vec<usize>, Vec<usize>) {
+    pending.sort_unstable();
+    let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
+    let mut from = Vec::with_capacity(pending.len());
+    for &(row, _) in pending.iter() {
+        if fetch.last() != Some(&(row as i64)) {
+            fetch.push(row as i64);
+        }
+        from.push(fetch.len() - 1);
+    }
+    (fetch, from, pending.iter().map(|p| p.1).collect())
+}
+
 /// Where each id of a cached gather is read from (step 1).
 #[derive(Debug, Default)]
 struct Lookup {
@@ -720,16 +736,7 @@ impl NodeCache {
         //    exchange's steps, this thread copies the hits and this rank's
         //    own rows into place and, on a node of one rank, counts and
         //    decides what enters.
-        pending.sort_unstable();
-        let mut fetch: Vec<i64> = Vec::with_capacity(pending.len());
-        let mut from = Vec::with_capacity(pending.len());
-        for &(row, _) in pending.iter() {
-            if fetch.last() != Some(&(row as i64)) {
-                fetch.push(row as i64);
-            }
-            from.push(fetch.len() - 1);
-        }
-        let places: Vec<usize> = pending.iter().map(|p| p.1).collect();
+        let (fetch, from, places) = distinct_rows(pending);
         let (layout, cached_layout) = (self.layout, self.cached_layout()?);
         let rb = layout.bytes();
         let same = RowConv::new(layout.dtype(), layout.dtype(), layout.cols())?;
