@@ -74,3 +74,11 @@ fn a_malformed_reply_to_one_rank_fails_a_cached_gather_on_every_rank_naming_the_
     println!("{transcript}");
     assert!(report.success(), "{:?}\n{transcript}", report.failures());
 }
+
+#[test]
+fn a_rank_that_announces_a_failed_cache_check_and_then_gathers_fails_the_call_on_every_rank() {
+    let report = World::new(3).nodes_of(1).run(PEER, &["cache-false-refusal", "1"]);
+    let transcript = wm_tests::transcript(&report);
+    assert!(report.success(), "{:?}\n{transcript}", report.failures());
+    assert_eq!(transcript.matches("sent malformed data: it announced a failed cache table check").count(), 2, "{transcript}");
+}

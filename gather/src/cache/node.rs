@@ -431,8 +431,10 @@ impl NodeCache {
     /// every rank passed the cache's table), and the rows of each rank whose
     /// generation moved dropped; with them every rank's path and time of
     /// its previous gather, from which every rank chooses this call's path
-    /// alike. Collective.
-    fn follow_writes(&mut self, mem: &WholeMemory) -> Result<Path> {
+    /// alike; and the world rank of the first rank that said it failed the
+    /// cache's table check, if any (then no generation is followed, and the
+    /// call must fail). Collective.
+    fn follow_writes(&mut self, mem: &WholeMemory) -> Result<(Path, Option<usize>)> {
         let (path, ns) = self.last.map_or((0, 0), |(p, ns)| (p.word(), ns));
         let ids = self.last_ids;
         let mine = match self.check_table(mem) {
@@ -453,13 +455,13 @@ impl NodeCache {
         let size = all.chunks_exact(5).fold(0u64, |t, w| t.saturating_add(w[4]));
         let resized = sample.is_some() && self.chooser.resized(size);
         let chosen = self.chooser.next(if resized { None } else { sample });
-        if all.chunks_exact(5).any(|w| w[0] != 1) {
-            return Ok(chosen);
+        if let Some(r) = all.chunks_exact(5).position(|w| w[0] != 1) {
+            return Ok((chosen, Some(self.comm.world_ranks()[r])));
         }
         for (r, w) in all.chunks_exact(5).enumerate() {
             self.follow_generation(r, w[1]);
         }
-        Ok(chosen)
+        Ok((chosen, None))
     }
 
     /// Rank `r`'s write generation of the table is `generation`: when it
@@ -634,15 +636,15 @@ impl NodeCache {
         // (Timed from after it, a cached call 5-7 % slower on loopback
         // measured as a tie; docs/perf-log/2026-12-07-distributed-distinct.md.)
         let start = std::time::Instant::now();
-        let path = if self.chooser.quiet() {
-            Ok(self.chooser.next(None))
+        let followed = if self.chooser.quiet() {
+            Ok((self.chooser.next(None), None))
         } else {
-            let path = self.follow_writes(mem);
+            let followed = self.follow_writes(mem);
             self.last = None;
             self.plain_times.clear();
-            path
+            followed
         };
-        let path = path?;
+        let (path, refused) = followed?;
         clock.lap("cache follow");
         let checked = crate::check_call(mem, &self.layout, ids, out.len(), out_dtype, "output").and_then(|conv| {
             self.check_table(mem)?;
@@ -654,7 +656,19 @@ impl NodeCache {
             // The table's own gather.
             (Ok(conv), Path::Plain) => crate::exchange::gather_collective(mem, &self.layout, Ok(conv), ids, out, &mut || false),
             (Ok(conv), Path::Cached) => self.gather_cached(mem, ids, out, conv),
-        };
+        }
+        .and_then(|()| match refused {
+            // A rank that failed the table check fails the call on every
+            // rank; one that said so and then took part as if it passed
+            // kept every rank from following the writes: rows written since
+            // may have been served.
+            Some(rank) => Err(Error::Common(CommonError::Malformed {
+                rank,
+                detail: "it announced a failed cache table check in the opening allgather, then took part in the gather as if it passed"
+                    .into(),
+            })),
+            None => Ok(()),
+        });
         let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
         self.last_ids = ids.len() as u64;
         self.last = match (&done, path) {

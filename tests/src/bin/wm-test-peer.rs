@@ -47,6 +47,7 @@ fn main() {
             "malformed-gradients" => malformed_gradients(world, arg(0)?.parse()?),
             "malformed-sample" => malformed_sample(world, arg(0)?.parse()?),
             "malformed-cache" => malformed_cache(world, arg(0)?.parse()?, arg(1)?.parse()?),
+            "cache-false-refusal" => cache_false_refusal(world, arg(0)?.parse()?),
             "lock-holder" => lock_holder(world, arg(0)?, arg(1)?),
             #[cfg(feature = "mpi")]
             "mpi-rounds" => mpi_rounds(world),
@@ -629,5 +630,40 @@ fn malformed_cache(world: &Comm, impostor: usize, target: usize) -> Result<()> {
         blames(&format!("rank {me}'s cached gather"), &e, impostor, None)?;
     }
     after.context("the barrier after the failed cached gather")?;
+    Ok(())
+}
+
+/// A cached gather where the impostor says in the cache's opening
+/// allgather that it failed the cache's table check, then takes part in the
+/// gather as if it had passed (the table's own gather moves rows as the
+/// cached path's fetch does). Every honest rank skipped following the
+/// write generations for it, so rows written since might have been served:
+/// each must fail naming the impostor, never succeed.
+fn cache_false_refusal(world: &Comm, impostor: usize) -> Result<()> {
+    use wm_comm::CommExt;
+    use wm_gather::cache::{Bypass, NodeCache};
+    let me = world.rank();
+    let rows = 10 * world.size();
+    let t = table(world, MemoryType::Distributed, rows)?;
+    let mem = t.memory();
+    let layout = wm_gather::RowLayout::new(wm_gather::DType::F32, COLS, 0)?;
+    let mut cache = NodeCache::new(mem, &layout, 1.0)?;
+    cache.set_bypass(Bypass::Off);
+    let ids: Vec<i64> = (0..rows as i64).collect();
+    let mut out = vec![0u8; rows * ROW];
+    // An honest call first: the caches hold the other nodes' rows.
+    cache.gather(mem, wm_gather::Ids::I64(&ids), &mut out, wm_gather::DType::F32)?;
+    let r = if me == impostor {
+        mem.comm().as_ref().allgather_pod(&[0u64; 5])?;
+        wm_gather::gather(mem, &layout, wm_gather::Ids::I64(&ids), &mut out, wm_gather::DType::F32)
+    } else {
+        cache.gather(mem, wm_gather::Ids::I64(&ids), &mut out, wm_gather::DType::F32)
+    };
+    println!("rank {me}: cached gather -> {r:?}");
+    if me != impostor {
+        let e = r.err().context("an honest rank must fail")?;
+        blames(&format!("rank {me}'s cached gather"), &e, impostor, Some("announced a failed cache table check"))?;
+    }
+    world.barrier()?;
     Ok(())
 }
