@@ -31,6 +31,11 @@ fn a_misrouted_hierarchy_id_is_an_error_naming_the_sender_on_every_rank() {
 }
 
 #[test]
+fn a_hierarchy_verdict_passed_on_within_a_node_names_its_sender_not_the_rank_that_passed_it() {
+    World::new(4).nodes_of(2).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["hierarchy-success-verdict", "1"]);
+}
+
+#[test]
 fn malformed_gradients_are_errors_naming_the_sender_on_every_rank() {
     World::new(3).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["malformed-gradients", "2"]);
 }

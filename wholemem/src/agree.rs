@@ -39,6 +39,13 @@ pub trait PeerError: Sized + std::fmt::Display + From<wm_comm::Error> {
     /// data (then every rank reports it as that peer's fault).
     fn as_malformed(&self) -> Option<(usize, &str)>;
 
+    /// The rank and its message, when this error reports that another rank
+    /// failed ([`peer_failed`](Self::peer_failed)); [`relayed_bytes`] keeps
+    /// that rank named.
+    fn as_peer_failed(&self) -> Option<(usize, &str)> {
+        None
+    }
+
     /// A typed encoding of this error for [`decode`](Self::decode), or
     /// `None` to send the message (other ranks then report
     /// [`peer_failed`](Self::peer_failed)).
@@ -78,6 +85,13 @@ macro_rules! peer_error_variants {
                 _ => None,
             }
         }
+
+        fn as_peer_failed(&self) -> Option<(usize, &str)> {
+            match self {
+                Self::Common($crate::CommonError::PeerFailed { rank, detail }) => Some((*rank, detail)),
+                _ => None,
+            }
+        }
     };
 }
 
@@ -108,6 +122,9 @@ const OK: u8 = 0;
 const MESSAGE: u8 = 1;
 const MALFORMED: u8 = 2;
 const TYPED: u8 = 3;
+/// Another rank failed (a relayed [`PeerError::peer_failed`]): its world
+/// rank, then its message.
+const PEER_FAILED: u8 = 4;
 
 /// One rank's outcome and `extra` as bytes: the length of `extra` (8
 /// bytes), `extra`, a status byte, the error's payload.
@@ -117,21 +134,31 @@ fn encode<T, E: PeerError>(mine: &Result<T, E>, extra: &[u8]) -> Vec<u8> {
     m.extend_from_slice(extra);
     match mine {
         Ok(_) => m.push(OK),
-        Err(e) => {
-            if let Some((rank, detail)) = e.as_malformed() {
-                m.push(MALFORMED);
-                m.extend_from_slice(&(rank as u64).to_le_bytes());
-                m.extend_from_slice(detail.as_bytes());
-            } else if let Some(typed) = e.encode() {
-                m.push(TYPED);
-                m.extend_from_slice(&typed);
-            } else {
-                m.push(MESSAGE);
-                m.extend_from_slice(e.to_string().as_bytes());
-            }
-        }
+        Err(e) => encode_error(&mut m, e, false),
     }
     m
+}
+
+/// Appends `e`'s status byte and payload to `m`; `relay`: a failure of
+/// another rank keeps that rank named ([`PEER_FAILED`]) instead of going
+/// as this rank's message.
+fn encode_error<E: PeerError>(m: &mut Vec<u8>, e: &E, relay: bool) {
+    let (status, rank, detail) = if let Some((rank, detail)) = e.as_malformed() {
+        (MALFORMED, rank, detail.as_bytes().to_vec())
+    } else if let Some((rank, detail)) = e.as_peer_failed().filter(|_| relay) {
+        (PEER_FAILED, rank, detail.as_bytes().to_vec())
+    } else if let Some(typed) = e.encode() {
+        m.push(TYPED);
+        m.extend_from_slice(&typed);
+        return;
+    } else {
+        m.push(MESSAGE);
+        m.extend_from_slice(e.to_string().as_bytes());
+        return;
+    };
+    m.push(status);
+    m.extend_from_slice(&(rank as u64).to_le_bytes());
+    m.extend_from_slice(&detail);
 }
 
 /// What world rank `rank` sent: its `extra` and its error, if it failed.
@@ -149,10 +176,13 @@ fn decode<E: PeerError>(rank: usize, m: &[u8]) -> (&[u8], Option<E>) {
         OK if payload.is_empty() => None,
         OK => Some(garbled("has bytes after its success")),
         MESSAGE => Some(E::peer_failed(rank, text(payload))),
-        MALFORMED => match payload.split_first_chunk::<8>() {
+        MALFORMED | PEER_FAILED => match payload.split_first_chunk::<8>() {
             Some((culprit, detail)) => {
                 let culprit = u64::from_le_bytes(*culprit);
-                Some(usize::try_from(culprit).map_or_else(|_| garbled("blames no rank"), |c| E::malformed(c, text(detail))))
+                Some(usize::try_from(culprit).map_or_else(
+                    |_| garbled("blames no rank"),
+                    |c| if status == MALFORMED { E::malformed(c, text(detail)) } else { E::peer_failed(c, text(detail)) },
+                ))
             }
             None => Some(garbled("blames no rank")),
         },
@@ -191,6 +221,17 @@ pub fn agree_sharing<T, E: PeerError>(
 /// exchange of a distributed gather, say); [`decide`] reads them.
 pub fn outcome_bytes<T, E: PeerError>(mine: &Result<T, E>) -> Vec<u8> {
     encode(mine, &[])
+}
+
+/// An error this rank heard from another rank, as outcome bytes for
+/// [`decide`] on a third rank that hears it from this one: a sender of
+/// malformed data, or a rank that failed, stays named, not this rank that
+/// only passes it on. Other errors go as [`outcome_bytes`] sends them.
+pub fn relayed_bytes<E: PeerError>(heard: &E) -> Vec<u8> {
+    let mut m = encode::<(), E>(&Ok(()), &[]);
+    m.pop();
+    encode_error(&mut m, heard, true);
+    m
 }
 
 /// What [`agree`] decides, from every rank's [`outcome_bytes`] (`parts[r]`
@@ -278,5 +319,29 @@ mod tests {
             let (_, e) = decode::<Error>(4, garbage);
             assert!(matches!(&e, Some(Error::Common(CommonError::Malformed { rank: 4, .. }))), "{garbage:?}: {e:?}");
         }
+    }
+
+    #[test]
+    fn a_relayed_error_names_the_rank_it_named_not_the_relay() {
+        // Rank 1 relays what it heard; rank 3 reads it from rank 1.
+        let failed = Error::Common(CommonError::PeerFailed { rank: 5, detail: "could not copy".into() });
+        let (_, e) = decode::<Error>(1, &relayed_bytes(&failed));
+        assert!(matches!(&e, Some(Error::Common(CommonError::PeerFailed { rank: 5, detail })) if detail == "could not copy"), "{e:?}");
+        let blamed = Error::Common(CommonError::Malformed { rank: 6, detail: "a short part".into() });
+        let (_, e) = decode::<Error>(1, &relayed_bytes(&blamed));
+        assert!(matches!(&e, Some(Error::Common(CommonError::Malformed { rank: 6, detail })) if detail == "a short part"), "{e:?}");
+        // An error of the relay's own kind is the relay's.
+        let own = Error::Common(CommonError::InvalidArgument("granularity 0".into()));
+        let (_, e) = decode::<Error>(1, &relayed_bytes(&own));
+        assert!(
+            matches!(&e, Some(Error::Common(CommonError::PeerFailed { rank: 1, detail })) if detail.contains("granularity 0")),
+            "{e:?}"
+        );
+        // Outside a relay, a failure heard goes as this rank's message.
+        let (_, e) = decode::<Error>(1, &encode::<(), Error>(&Err(failed), &[]));
+        assert!(matches!(&e, Some(Error::Common(CommonError::PeerFailed { rank: 1, .. }))), "{e:?}");
+        // A relay that names no rank is garbled.
+        let (_, e) = decode::<Error>(2, &[0, 0, 0, 0, 0, 0, 0, 0, PEER_FAILED, 1]);
+        assert!(matches!(&e, Some(Error::Common(CommonError::Malformed { rank: 2, .. }))), "{e:?}");
     }
 }

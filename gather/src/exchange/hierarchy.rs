@@ -87,7 +87,7 @@ pub(crate) fn gather_hierarchy(
     // (a malformed part found later fails the ranks its finder reaches).
     // Device copies can fail on one rank alone: device tables agree once
     // more.
-    let local_outcome = match across.problem.or_else(|| across.heard.into_iter().next().map(|(_, e)| e)) {
+    let local_outcome = match across.problem.or_else(|| across.heard.into_iter().next()) {
         Some(e) => Err(e),
         None => Ok(()),
     };
@@ -385,8 +385,9 @@ struct Crossing<'a> {
 struct Across {
     /// What this rank found wrong.
     problem: Option<Error>,
-    /// Verdicts heard from other ranks: their bytes (to pass on) and error.
-    heard: Vec<(Vec<u8>, Error)>,
+    /// The errors of the verdicts heard from other nodes, naming whom
+    /// they blame (passed on with [`wholemem::agree::relayed_bytes`]).
+    heard: Vec<Error>,
     /// Rows from other nodes kept, by unique row, where their part is not
     /// kept whole.
     unique_rows: Vec<u8>,
@@ -506,8 +507,7 @@ fn land_across(
     for r in 0..cross.size() {
         let v = if landed_verdict[r] { Some(wm_comm::plan::read_back(out, landings[r], db)) } else { verdicts[r].take() };
         if let Some(v) = v {
-            let e = verdict_error(cross.as_ref(), r, &v);
-            heard.push((v, e));
+            heard.push(verdict_error(cross.as_ref(), r, &v));
         }
     }
     Ok(())
@@ -553,7 +553,7 @@ fn keep_across(
                     true
                 }
                 Reply::Verdict(v) => {
-                    heard.push((v.to_vec(), verdict_error(cross.as_ref(), r, v)));
+                    heard.push(verdict_error(cross.as_ref(), r, v));
                     false
                 }
                 Reply::Failed(e) => {
@@ -579,7 +579,11 @@ fn fan_out(c: &Crossing<'_>, node: &NodeIds, unique: &Unique, across: &mut Acros
     let (local, lme, cme, on) = (x.local, x.local.rank(), x.cross.rank(), x.on);
     let owner_node = &c.routed.owner_node;
     let Across { problem, heard, unique_rows, frames, .. } = across;
-    let verdict = finding_bytes(problem).or_else(|| heard.first().map(|(v, _)| v.clone()));
+    // A verdict heard across nodes goes on as what it said, not as this
+    // rank's: the ranks of this node decode it as from this rank, and must
+    // still name the rank it blames (a verdict of success where rows
+    // belong blames the node that sent it, not this one).
+    let verdict = finding_bytes(problem).or_else(|| heard.first().map(wholemem::agree::relayed_bytes));
     let unique_row = |u: usize| &unique_rows[u * db..][..db];
     let sizes = reply_sizes(local.size(), lme, db, verdict.as_deref(), |q| node.from_local[q].len());
     let out = std::cell::RefCell::new(out);
@@ -618,7 +622,7 @@ fn fan_out(c: &Crossing<'_>, node: &NodeIds, unique: &Unique, across: &mut Acros
             }
             match read_reply(local.as_ref(), q, bytes, node.by_local.get(q).len(), db) {
                 Reply::Rows(body) => timed(on, &mut fan_place, || place(&mut out.borrow_mut(), body, node.by_local.get(q), db)),
-                Reply::Verdict(v) => heard.push((v.to_vec(), verdict_error(local.as_ref(), q, v))),
+                Reply::Verdict(v) => heard.push(verdict_error(local.as_ref(), q, v)),
                 Reply::Failed(e) => {
                     problem.get_or_insert(e);
                 }

@@ -48,6 +48,7 @@ fn main() {
             "malformed-sample" => malformed_sample(world, arg(0)?.parse()?),
             "malformed-cache" => malformed_cache(world, arg(0)?.parse()?, arg(1)?.parse()?),
             "cache-false-refusal" => cache_false_refusal(world, arg(0)?.parse()?),
+            "hierarchy-success-verdict" => hierarchy_success_verdict(world, arg(0)?.parse()?),
             "lock-holder" => lock_holder(world, arg(0)?, arg(1)?),
             #[cfg(feature = "mpi")]
             "mpi-rounds" => mpi_rounds(world),
@@ -665,5 +666,62 @@ fn cache_false_refusal(world: &Comm, impostor: usize) -> Result<()> {
         blames(&format!("rank {me}'s cached gather"), &e, impostor, Some("announced a failed cache table check"))?;
     }
     world.barrier()?;
+    Ok(())
+}
+
+/// The impostor's side of a hierarchy gather on two nodes: no ids of its
+/// own, then a verdict of success across nodes where rows belong, then
+/// zeros for the rows its node's ranks asked of it.
+fn fake_hierarchy_success(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
+    let mem = t.memory();
+    let (local, cross) = (mem.local_comm().expect("a hierarchy table"), mem.cross_comm().expect("a hierarchy table"));
+    let sizes = vec![1; local.size()];
+    let mut asked_here = vec![0usize; local.size()];
+    local
+        .exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf[0] = 0).receive(&mut |q, b| asked_here[q] = b.len().saturating_sub(1) / 8))?;
+    let sizes = vec![1; cross.size()];
+    cross.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf[0] = 0))?;
+    let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
+    let success: Vec<u8> = [&[FAILED][..], &ok].concat();
+    let sizes: Vec<usize> = (0..cross.size()).map(|c| if c == cross.rank() { 0 } else { success.len() }).collect();
+    cross.exchange(ExchangePlan::new(&sizes, &mut |_, buf| {
+        if !buf.is_empty() {
+            buf.copy_from_slice(&success)
+        }
+    }))?;
+    let sizes: Vec<usize> = asked_here.iter().enumerate().map(|(q, &k)| if q == local.rank() { 0 } else { 1 + k * ROW }).collect();
+    local.exchange(ExchangePlan::new(&sizes, &mut |_, buf| rows_part(buf)))?;
+    Ok(())
+}
+
+/// A hierarchy gather on two nodes where the impostor sends the other node
+/// a verdict of success where rows belong. Its peer there finds it, and
+/// passes it on to its own node's ranks: each rank of the other node must
+/// fail naming the impostor, not the rank that passed it on. (The
+/// impostor's own node gets zeros from it, which no rank can tell from
+/// rows.)
+fn hierarchy_success_verdict(world: &Comm, impostor: usize) -> Result<()> {
+    let me = world.rank();
+    let rows = 10 * world.size();
+    let t = table(world, MemoryType::Hierarchy, rows)?;
+    ensure!(t.memory().cross_comm().is_some_and(|c| c.size() > 1), "the scenario needs two nodes");
+    let r = if me == impostor {
+        fake_hierarchy_success(&t)
+    } else {
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        let mut out = vec![0f32; rows * COLS];
+        wm_gather::gather_into(&t, &ids, &mut out)
+    };
+    println!("rank {me}: {r:?}");
+    let other_node = !world.local().world_ranks().contains(&impostor);
+    match r {
+        Err(e) if me != impostor => blames(&format!("rank {me}'s gather"), &e, impostor, Some("a verdict of success where rows belong"))?,
+        Ok(()) if other_node => bail!("rank {me}, on the other node, gathered without an error"),
+        _ => {}
+    }
+    t.free()?;
+    let t = table(world, MemoryType::Hierarchy, rows)?;
+    gather_works(&t).context("the gather after the verdict of success")?;
+    t.free()?;
     Ok(())
 }
