@@ -489,9 +489,11 @@ fn check_call(
     buf_dtype: DType,
     what: &str,
 ) -> Result<kernel::RowConv> {
-    layout.check_fits(mem.granularity())?;
+    // In the order of the collective paths (which check the ids last), so
+    // that a call wrong twice gets the same error on every memory type.
+    let conv = check_shape(mem, layout, ids.len(), buf_len, buf_dtype, what)?;
     check_ids(mem, ids)?;
-    check_shape(mem, layout, ids.len(), buf_len, buf_dtype, what)
+    Ok(conv)
 }
 
 /// The first id of `ids` out of range for `mem`, as an error.

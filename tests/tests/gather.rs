@@ -49,3 +49,12 @@ fn across_ranks_the_highest_rank_wins_a_scatter() {
     }
     World::new(4).nodes_of(2).run_ok(RANK, &["scatter-rank-order"]);
 }
+
+#[test]
+fn ranks_passing_different_types_or_columns_fail_on_every_rank_naming_both_calls() {
+    for n in 2..=3 {
+        World::new(n).run_ok(RANK, &["mismatched-calls"]);
+    }
+    World::new(4).nodes_of(2).run_ok(RANK, &["mismatched-calls"]);
+    World::new(3).nodes_of(1).run_ok(RANK, &["mismatched-calls"]);
+}

@@ -4,7 +4,7 @@
 use super::dedup::{FirstSights, first_sights, repeats_likely};
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{read_local, step_rows};
-use super::wire::{Arrived, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes, verdict_error};
+use super::wire::{Arrived, call_shape, drop_oversized, fill_reply, finding_bytes, read_arrival, reply_sizes, verdict_error};
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
 use crate::sort::Buckets;
@@ -50,7 +50,8 @@ pub(crate) fn gather_distributed(
     // 1. Each owner learns which of its rows each rank wants (own rows are
     //    not sent), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    let (mut asked, mut problem, conv) = exchange_row_ids(comm.as_ref(), p, &rows, sent, count, checked)?;
+    let shape = call_shape("gather", layout, &checked);
+    let (mut asked, mut problem, conv) = exchange_row_ids(comm.as_ref(), p, &rows, sent, count, checked, &shape)?;
     clock.lap("ids");
     let conv = conv?;
     let db = conv.dst_bytes();

@@ -6,8 +6,8 @@ use super::distributed::gather_distributed;
 use super::ids::checked_rows;
 use super::local::{give_back, place, read_local, scratch, step_rows};
 use super::wire::{
-    Arrived, FAILED, IDS, Reply, decode_ids, drop_oversized, fill_ids, fill_reply, finding_bytes, malformed, read_arrival, read_reply,
-    reply_sizes, verdict_error,
+    Arrived, FAILED, IDS, Refused, Reply, call_shape, drop_oversized, fill_ids, fill_reply, finding_bytes, ids_part_size, malformed,
+    read_arrival, read_ids, read_reply, reply_sizes, verdict_error,
 };
 use crate::kernel::RowConv;
 use crate::profile::{Clock, timed};
@@ -55,7 +55,8 @@ pub(crate) fn gather_hierarchy(
         // One node: nothing crosses nodes, so there is nothing to de-duplicate.
         return gather_distributed(mem, layout, checked, ids, out, clock, while_rows_travel);
     }
-    let x = Ctx { mem, layout, local, cross, placement: wm_topology::NodeLayout::of(mem.comm().nodes()), on: clock.on() };
+    let shape = call_shape("gather", layout, &checked);
+    let x = Ctx { mem, layout, local, cross, placement: wm_topology::NodeLayout::of(mem.comm().nodes()), on: clock.on(), shape };
     let rows = checked_rows(&checked, ids);
     let mut problem: Option<Error> = None;
     let mine = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
@@ -109,6 +110,9 @@ struct Ctx<'a> {
     placement: wm_topology::NodeLayout,
     /// Whether phases are timed.
     on: bool,
+    /// The call's shape, which leads each part of ids
+    /// ([`super::wire::call_shape`]).
+    shape: Vec<u8>,
 }
 
 /// The ids this rank asked for, routed within the node.
@@ -134,8 +138,7 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
     let by_local = Buckets::of(&via, local.size());
     let wanted = |q: usize| by_local.get(q);
     // This rank's own part is only its kind byte: its ids stay here.
-    let sizes: Vec<usize> =
-        (0..local.size()).map(|q| 1 + mine.map_or(if q == lme { 0 } else { wanted(q).len() * 8 }, <[u8]>::len)).collect();
+    let sizes: Vec<usize> = (0..local.size()).map(|q| ids_part_size(mine, &x.shape, if q == lme { 0 } else { wanted(q).len() })).collect();
     let mut from_local: Vec<Vec<u64>> = vec![Vec::new(); local.size()];
     // The node's failures: (world rank, outcome), this rank's own included.
     let mut failures: Vec<(usize, Vec<u8>)> = mine.iter().map(|m| (x.mem.comm().world_rank(), m.to_vec())).collect();
@@ -143,7 +146,7 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
         ExchangePlan::new(&sizes, &mut |q, buf| {
             // This rank's own ids stay here.
             let ids = if q == lme { &[][..] } else { wanted(q) };
-            fill_ids(buf, mine, ids.iter().map(|&i| rows[i] as u64));
+            fill_ids(buf, mine, &x.shape, ids.iter().map(|&i| rows[i] as u64));
         })
         .receive(&mut |q, bytes| {
             if q == lme {
@@ -153,7 +156,7 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
             let detail = match bytes.split_first() {
                 // Rows of the table routed here (the owner's local rank is
                 // this rank's); a bad part is dropped.
-                Some((&IDS, ids)) => match decode_ids(ids, p.rows()) {
+                Some((&IDS, body)) => match read_ids(local.as_ref(), q, body, &x.shape, p.rows()) {
                     Ok(ids) => match ids.iter().position(|&id| local_rank_of[p.owner(id)] != lme) {
                         Some(i) => format!("row id {} at position {i}, which another local rank serves", ids[i]),
                         None => {
@@ -161,7 +164,11 @@ fn route_in_node(x: &Ctx<'_>, rows: &[usize], mine: Option<&[u8]>, problem: &mut
                             return;
                         }
                     },
-                    Err(detail) => detail,
+                    Err(Refused::Malformed(detail)) => detail,
+                    Err(Refused::OtherCall(e)) => {
+                        problem.get_or_insert(e);
+                        return;
+                    }
                 },
                 Some((&FAILED, outcome)) => {
                     failures.push((local.world_ranks()[q], outcome.to_vec()));
@@ -216,16 +223,9 @@ fn route_across_nodes(
     let uwanted = |c: usize| by_node.get(c);
     let cme = cross.rank();
     let verdict_bytes = node_verdict.as_ref().map(|(r, o)| [&(*r as u64).to_le_bytes()[..], o].concat());
-    let sizes: Vec<usize> = (0..cross.size())
-        .map(|c| {
-            1 + match &verdict_bytes {
-                Some(v) => v.len(),
-                // This rank's own unique ids stay out of the exchange.
-                None if c == cme => 0,
-                None => uwanted(c).len() * 8,
-            }
-        })
-        .collect();
+    // This rank's own unique ids stay out of the exchange.
+    let sizes: Vec<usize> =
+        (0..cross.size()).map(|c| ids_part_size(verdict_bytes.as_deref(), &x.shape, if c == cme { 0 } else { uwanted(c).len() })).collect();
     let count = x.mem.local_rows().len();
     let mut asked: Vec<Vec<usize>> = vec![Vec::new(); cross.size()];
     let mut verdicts: Vec<(usize, Vec<u8>)> = node_verdict.into_iter().collect();
@@ -236,19 +236,23 @@ fn route_across_nodes(
                 let id = unique[k] as usize;
                 (id - p.offset(p.owner(id))) as u64
             };
-            fill_ids(buf, verdict_bytes.as_deref(), ids.iter().map(|&k| local_row(k)));
+            fill_ids(buf, verdict_bytes.as_deref(), &x.shape, ids.iter().map(|&k| local_row(k)));
         })
         .receive(&mut |c, bytes| {
             if c == cme {
                 return;
             }
             let detail = match bytes.split_first() {
-                Some((&IDS, ids)) => match decode_ids(ids, count) {
+                Some((&IDS, body)) => match read_ids(cross.as_ref(), c, body, &x.shape, count) {
                     Ok(ids) => {
                         asked[c] = ids;
                         return;
                     }
-                    Err(detail) => detail,
+                    Err(Refused::Malformed(detail)) => detail,
+                    Err(Refused::OtherCall(e)) => {
+                        problem.get_or_insert(e);
+                        return;
+                    }
                 },
                 Some((&FAILED, v)) => match v.split_first_chunk::<8>() {
                     Some((r, outcome)) => match usize::try_from(u64::from_le_bytes(*r)) {

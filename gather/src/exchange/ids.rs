@@ -2,7 +2,7 @@
 //! or scatter tells each owner which of its rows each rank names, and
 //! carries every rank's outcome of its checks.
 
-use super::wire::{FAILED, IDS, decode_ids, fill_ids, malformed};
+use super::wire::{FAILED, IDS, Refused, fill_ids, ids_part_size, malformed, read_ids};
 use crate::kernel::RowConv;
 use crate::{Error, Ids, Result};
 use wm_comm::{Communicator, ExchangePlan};
@@ -19,6 +19,8 @@ use wm_comm::{Communicator, ExchangePlan};
 /// of the call so every rank stays in step; and the checks'
 /// outcome decided as [`agree`] does: when any rank failed, every rank
 /// returns the lowest failing rank's error right after this exchange.
+/// Each part of ids leads with the call's `shape` ([`super::wire::call_shape`]);
+/// a part of another shape is dropped too, its error reported alike.
 #[allow(clippy::type_complexity)]
 pub(super) fn exchange_row_ids<'a>(
     comm: &dyn Communicator,
@@ -27,25 +29,30 @@ pub(super) fn exchange_row_ids<'a>(
     positions: impl Fn(usize) -> &'a [usize],
     count: usize,
     checked: Result<RowConv>,
+    shape: &[u8],
 ) -> Result<(Vec<Vec<usize>>, Option<Error>, Result<RowConv>)> {
     let n = comm.size();
     let failure = checked.as_ref().err().map(|_| wholemem::agree::outcome_bytes(&checked));
-    let sizes: Vec<usize> = (0..n).map(|r| 1 + failure.as_ref().map_or(positions(r).len() * 8, Vec::len)).collect();
+    let sizes: Vec<usize> = (0..n).map(|r| ids_part_size(failure.as_deref(), shape, positions(r).len())).collect();
     let mut named: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut outcomes: Vec<Option<Vec<u8>>> = vec![None; n];
     let mut problem = None;
     comm.exchange(
         ExchangePlan::new(&sizes, &mut |r, buf| {
-            fill_ids(buf, failure.as_deref(), positions(r).iter().map(|&i| (rows[i] - p.offset(r)) as u64));
+            fill_ids(buf, failure.as_deref(), shape, positions(r).iter().map(|&i| (rows[i] - p.offset(r)) as u64));
         })
         .receive(&mut |r, bytes| {
             let detail = match bytes.split_first() {
-                Some((&IDS, ids)) => match decode_ids(ids, count) {
+                Some((&IDS, body)) => match read_ids(comm, r, body, shape, count) {
                     Ok(ids) => {
                         named[r] = ids;
                         return;
                     }
-                    Err(detail) => detail,
+                    Err(Refused::Malformed(detail)) => detail,
+                    Err(Refused::OtherCall(e)) => {
+                        problem.get_or_insert(e);
+                        return;
+                    }
                 },
                 Some((&FAILED, outcome)) => {
                     outcomes[r] = Some(outcome.to_vec());

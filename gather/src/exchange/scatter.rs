@@ -3,7 +3,7 @@
 use super::dedup::{last_sights, repeats_likely};
 use super::ids::{checked_rows, exchange_row_ids};
 use super::local::{BufferRows, LocalRows, rows_bytes, step_rows};
-use super::wire::malformed;
+use super::wire::{call_shape, malformed};
 use crate::kernel::{self, RowAddr, RowConv, SendPtr};
 use crate::profile::{Clock, timed};
 use crate::sort::Buckets;
@@ -44,7 +44,8 @@ pub(crate) fn scatter_distributed(
     // 1. Owners learn which of their rows arrive (each checked to be one
     //    of theirs), and every rank whether every rank passed its checks.
     let count = mem.local_rows().len();
-    let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, sent, count, checked)?;
+    let shape = call_shape("scatter", layout, &checked);
+    let (incoming, mut problem, conv) = exchange_row_ids(comm.as_ref(), &p, &rows, sent, count, checked, &shape)?;
     clock.lap("ids");
     let conv = conv?;
     // Every rank's checks passed: rows of this rank are about to change

@@ -3,7 +3,8 @@
 //! checked, and the error that names a peer whose part is malformed.
 
 use super::local::rows_bytes;
-use crate::{Error, Result};
+use crate::kernel::RowConv;
+use crate::{Error, Result, RowLayout};
 use wholemem::CommonError;
 use wm_comm::{Communicator, ReceivedPart};
 
@@ -46,9 +47,75 @@ pub(super) const ROWS: u8 = 2;
 /// the rows (its own error stays with it).
 pub(super) const COPY_FAILED: u8 = 3;
 
+/// What every rank of a collective gather or scatter must pass alike
+/// besides its ids: the operation, the row layout and the conversion, as
+/// text (at most 255 bytes) that leads each part of row ids. The exchanges
+/// cannot see otherwise that two ranks disagree: an owner reads and
+/// converts rows by its own call's layout, and rows of another type of the
+/// same width, or other columns, would arrive as rows. Empty where this
+/// rank's checks failed (its parts then carry that instead).
+pub(super) fn call_shape(op: &str, layout: &RowLayout, checked: &Result<RowConv>) -> Vec<u8> {
+    let Ok(conv) = checked else { return Vec::new() };
+    let mut text = format!(
+        "{op} of {} {} columns from column {}, converted from {} to {}",
+        layout.cols(),
+        layout.dtype(),
+        layout.offset(),
+        conv.from(),
+        conv.to()
+    )
+    .into_bytes();
+    text.truncate(usize::from(u8::MAX));
+    text
+}
+
+/// The size of a part of an id exchange: the sender's failed checks
+/// (`failure`) behind the kind byte, or the call's `shape` (its length in a
+/// byte, then its text) and `ids` row ids.
+pub(super) fn ids_part_size(failure: Option<&[u8]>, shape: &[u8], ids: usize) -> usize {
+    1 + failure.map_or(1 + shape.len() + 8 * ids, <[u8]>::len)
+}
+
+/// Why a part of row ids was refused.
+pub(super) enum Refused {
+    /// It does not parse: what is wrong with it (the sender's fault).
+    Malformed(String),
+    /// The sender's call is of another shape ([`call_shape`]): the error
+    /// naming both calls.
+    OtherCall(Error),
+}
+
+/// The row ids of a part of an id exchange from member `from` of `comm`
+/// (`body`: after its kind byte), each below `bound`, once its shape is
+/// this rank's `shape`.
+pub(super) fn read_ids(
+    comm: &dyn Communicator,
+    from: usize,
+    body: &[u8],
+    shape: &[u8],
+    bound: usize,
+) -> std::result::Result<Vec<usize>, Refused> {
+    let Some((&len, rest)) = body.split_first() else {
+        return Err(Refused::Malformed("a part of row ids without its call's shape".into()));
+    };
+    let Some((theirs, ids)) = rest.split_at_checked(usize::from(len)) else {
+        return Err(Refused::Malformed(format!("a call's shape of {len} bytes in {} bytes", rest.len())));
+    };
+    if theirs != shape {
+        let (them, me) = (comm.world_ranks()[from], comm.world_rank());
+        return Err(Refused::OtherCall(Error::Common(CommonError::InvalidArgument(format!(
+            "the ranks of a collective call passed different calls: rank {them} called a {}, rank {me} a {} (every rank must pass the same operation, row layout, and output or source type)",
+            String::from_utf8_lossy(theirs),
+            String::from_utf8_lossy(shape)
+        )))));
+    }
+    decode_ids(ids, bound).map_err(Refused::Malformed)
+}
+
 /// Writes a part of an id exchange: the sender's failed checks (`failure`,
-/// their outcome) behind [`FAILED`], else its `ids` behind [`IDS`].
-pub(super) fn fill_ids(buf: &mut [u8], failure: Option<&[u8]>, ids: impl Iterator<Item = u64>) {
+/// their outcome) behind [`FAILED`], else the call's `shape` and its `ids`
+/// behind [`IDS`] ([`ids_part_size`]).
+pub(super) fn fill_ids(buf: &mut [u8], failure: Option<&[u8]>, shape: &[u8], ids: impl Iterator<Item = u64>) {
     match failure {
         Some(f) => {
             buf[0] = FAILED;
@@ -56,7 +123,9 @@ pub(super) fn fill_ids(buf: &mut [u8], failure: Option<&[u8]>, ids: impl Iterato
         }
         None => {
             buf[0] = IDS;
-            for (slot, id) in buf[1..].chunks_exact_mut(8).zip(ids) {
+            buf[1] = shape.len() as u8;
+            buf[2..2 + shape.len()].copy_from_slice(shape);
+            for (slot, id) in buf[2 + shape.len()..].chunks_exact_mut(8).zip(ids) {
                 slot.copy_from_slice(&id.to_le_bytes());
             }
         }

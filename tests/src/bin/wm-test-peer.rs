@@ -113,12 +113,29 @@ enum Break {
     SuccessVerdict,
 }
 
-/// A part of the row-id exchange: the kind byte (0: row ids follow), then
-/// 8-byte little-endian ids (the checks' outcomes ride in this exchange).
+/// The shape of the scenarios' gathers and scatters, as honest ranks send
+/// it ahead of their row ids (every rank of a call must pass the same).
+const GATHER: &[u8] = b"gather of 4 f32 columns from column 0, converted from f32 to f32";
+const SCATTER: &[u8] = b"scatter of 4 f32 columns from column 0, converted from f32 to f32";
+
+/// A part of the row-id exchange: the kind byte (0: row ids follow), the
+/// call's shape (its length in a byte, then its text), then `body` (8-byte
+/// little-endian ids; the checks' outcomes ride in this exchange).
+fn shaped_part(shape: &[u8], body: &[u8]) -> Vec<u8> {
+    [&[0u8, shape.len() as u8][..], shape, body].concat()
+}
+
+/// [`shaped_part`] of a gather, with row `ids`.
 fn id_part(ids: &[u64]) -> Vec<u8> {
-    let mut part = vec![0u8];
-    ids.iter().for_each(|id| part.extend_from_slice(&id.to_le_bytes()));
-    part
+    shaped_part(GATHER, &ids.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>())
+}
+
+/// How many ids an honest part of the row-id exchange holds.
+fn ids_in(part: &[u8]) -> usize {
+    match part {
+        [0, len, rest @ ..] => rest.len().saturating_sub(usize::from(*len)) / 8,
+        _ => 0,
+    }
 }
 
 /// The impostor's side of one distributed gather: the same collectives
@@ -132,16 +149,14 @@ fn fake_gather(t: &WholeTensor<f32>, how: Break) -> wm_gather::Result<()> {
         .map(|r| match how {
             _ if r == me => id_part(&[]),
             Break::Empty => Vec::new(),
-            Break::ShortIds => [&[0u8][..], &[0; 12]].concat(),
+            Break::ShortIds => shaped_part(GATHER, &[0; 12]),
             Break::ForeignId => id_part(&[mem.partition().count(r) as u64 + 5]),
             Break::LongReply | Break::SuccessVerdict => id_part(&[]),
         })
         .collect();
     let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
     let mut asked = vec![0usize; n];
-    comm.exchange(
-        ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r])).receive(&mut |r, b| asked[r] = b.len().saturating_sub(1) / 8),
-    )?;
+    comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r])).receive(&mut |r, b| asked[r] = ids_in(b)))?;
     // 2. Rows behind the kind byte "rows follow": as many as asked (zeros),
     //    or three bytes more. The honest owners' verdicts on its requests
     //    come back with their rows.
@@ -187,7 +202,8 @@ fn fake_scatter(t: &WholeTensor<f32>, foreign: bool) -> wm_gather::Result<()> {
             false => vec![0, 1],
         })
         .collect();
-    let parts: Vec<Vec<u8>> = ids.iter().map(|i| id_part(i)).collect();
+    let parts: Vec<Vec<u8>> =
+        ids.iter().map(|i| shaped_part(SCATTER, &i.iter().flat_map(|id| id.to_le_bytes()).collect::<Vec<u8>>())).collect();
     let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
     comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r])))?;
     let sizes: Vec<usize> = ids.iter().map(|i| i.len() * ROW + if foreign || i.is_empty() { 0 } else { 5 }).collect();
@@ -263,16 +279,13 @@ fn fake_hierarchy_gather(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let send: Vec<Vec<u8>> = (0..local.size()).map(|q| if q == local.rank() { id_part(&[]) } else { id_part(&[own]) }).collect();
     let sizes: Vec<usize> = send.iter().map(Vec::len).collect();
     let mut asked_here = vec![0usize; local.size()];
-    local.exchange(
-        ExchangePlan::new(&sizes, &mut |q, buf| buf.copy_from_slice(&send[q]))
-            .receive(&mut |q, b| asked_here[q] = b.len().saturating_sub(1) / 8),
-    )?;
+    local
+        .exchange(ExchangePlan::new(&sizes, &mut |q, buf| buf.copy_from_slice(&send[q])).receive(&mut |q, b| asked_here[q] = ids_in(b)))?;
     // 2. Across nodes: no ids ("the node passed its checks").
-    let sizes = vec![1; cross.size()];
+    let none = id_part(&[]);
+    let sizes = vec![none.len(); cross.size()];
     let mut asked_across = vec![0usize; cross.size()];
-    cross.exchange(
-        ExchangePlan::new(&sizes, &mut |_, buf| buf[0] = 0).receive(&mut |c, b| asked_across[c] = b.len().saturating_sub(1) / 8),
-    )?;
+    cross.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf.copy_from_slice(&none)).receive(&mut |c, b| asked_across[c] = ids_in(b)))?;
     // 3. Rows across nodes, then back within the node: behind the kind byte
     //    "rows follow", zeros, as many as asked. The verdicts of honest
     //    ranks come back instead of rows.
@@ -595,10 +608,7 @@ fn malformed_cache(world: &Comm, impostor: usize, target: usize) -> Result<()> {
             let ids: Vec<Vec<u8>> = (0..n).map(|_| id_part(&[])).collect();
             let sizes: Vec<usize> = ids.iter().map(Vec::len).collect();
             let mut asked = vec![0usize; n];
-            comm.exchange(
-                ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r]))
-                    .receive(&mut |r, b| asked[r] = b.len().saturating_sub(1) / 8),
-            )?;
+            comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&ids[r])).receive(&mut |r, b| asked[r] = ids_in(b)))?;
             let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
             let sizes: Vec<usize> =
                 (0..n).map(|r| if r == me { 0 } else { 1 + asked[r] * ROW + if r == target { 3 } else { 0 } }).collect();
@@ -675,12 +685,12 @@ fn cache_false_refusal(world: &Comm, impostor: usize) -> Result<()> {
 fn fake_hierarchy_success(t: &WholeTensor<f32>) -> wm_gather::Result<()> {
     let mem = t.memory();
     let (local, cross) = (mem.local_comm().expect("a hierarchy table"), mem.cross_comm().expect("a hierarchy table"));
-    let sizes = vec![1; local.size()];
+    let none = id_part(&[]);
+    let sizes = vec![none.len(); local.size()];
     let mut asked_here = vec![0usize; local.size()];
-    local
-        .exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf[0] = 0).receive(&mut |q, b| asked_here[q] = b.len().saturating_sub(1) / 8))?;
-    let sizes = vec![1; cross.size()];
-    cross.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf[0] = 0))?;
+    local.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf.copy_from_slice(&none)).receive(&mut |q, b| asked_here[q] = ids_in(b)))?;
+    let sizes = vec![none.len(); cross.size()];
+    cross.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf.copy_from_slice(&none)))?;
     let ok = wholemem::agree::outcome_bytes::<(), wm_gather::Error>(&Ok(()));
     let success: Vec<u8> = [&[FAILED][..], &ok].concat();
     let sizes: Vec<usize> = (0..cross.size()).map(|c| if c == cross.rank() { 0 } else { success.len() }).collect();

@@ -24,6 +24,7 @@ fn main() {
         "fill-read" => location(rest).and_then(|loc| fill_read(world, loc)),
         "two-nodes" => two_nodes(world),
         "bad-input" => bad_input(world),
+        "mismatched-calls" => mismatched_calls(world),
         "lose-peer" => lose_peer(world, rest),
         "gather" => location(rest).and_then(|loc| gather_scatter(world, loc)),
         "device-calls" => device_calls(world),
@@ -1219,4 +1220,63 @@ fn tcp_congestion(world: &Comm, rest: &[String]) -> Result<()> {
     let got = wm_comm::tcp::in_use();
     ensure!(got.unwrap_or("none") == want, "rank {}: TCP connections use {got:?}, expected {want}", world.rank());
     collectives(world)
+}
+
+// ----------------------------------------------------------- mismatched-calls
+
+/// Gathers and scatters where rank 0 passes another output or source type,
+/// or other columns, than the others. An owner reads and converts rows by
+/// its own call, so rows of another type of the same width (f16 and bf16),
+/// or other columns, would arrive as rows: every rank must fail naming the
+/// two calls, and the next call, alike on every rank, works.
+fn mismatched_calls(world: &Comm) -> Result<()> {
+    use wm_gather::{DType, Ids, RowLayout};
+    let (me, n) = (world.rank(), world.size());
+    ensure!(n > 1, "mismatched calls need two ranks");
+    let (rows, cols) = (100usize, 4usize);
+    let ids: Vec<i64> = (0..rows as i64).rev().collect();
+    for ty in [MemoryType::Distributed, MemoryType::Hierarchy] {
+        if let Some(reason) = query(world.as_ref(), ty, Location::Host).reason() {
+            wm_tests::skip(world.as_ref(), ty, Location::Host, &format!("host {ty}"), reason).map_err(anyhow::Error::msg)?;
+            continue;
+        }
+        let mut t = WholeTensor::<f32>::matrix(world, ty, Location::Host, rows, cols, None)?;
+        let whole = RowLayout::new(DType::F32, cols, 0)?;
+        for case in ["f16 or bf16 out", "f32 or f16 out", "columns 0-1 or 2-3", "f16 or bf16 in", "columns 0-1 or 2-3 in"] {
+            fill_rows(&mut t, cols, fvalue)?;
+            world.barrier()?;
+            let first = me == 0;
+            let (d, layout) = match case {
+                "f16 or bf16 out" | "f16 or bf16 in" => (if first { DType::F16 } else { DType::Bf16 }, whole),
+                "f32 or f16 out" => (if first { DType::F32 } else { DType::F16 }, whole),
+                _ => (DType::F32, RowLayout::new(DType::F32, 2, if first { 0 } else { 2 })?),
+            };
+            let bytes = rows * layout.cols() * d.size();
+            let r = if case.ends_with(" in") {
+                let src = encode(&vec![1.5; rows * layout.cols()], d);
+                wm_gather::scatter(t.memory_mut(), &layout, Ids::I64(&ids), &src, d)
+            } else {
+                wm_gather::gather(t.memory(), &layout, Ids::I64(&ids), &mut vec![0u8; bytes], d)
+            };
+            let e = r.err().with_context(|| format!("{ty}, {case}: rank {me}'s call succeeded"))?;
+            let s = e.to_string();
+            ensure!(s.contains("passed different calls"), "{ty}, {case}: rank {me}: {s}");
+            println!("{ty}, {case}: rank {me}: {s}");
+            // The next call, alike on every rank, works.
+            fill_rows(&mut t, cols, fvalue)?;
+            world.barrier()?;
+            let mut out = vec![0u8; rows * cols * 2];
+            wm_gather::gather(t.memory(), &whole, Ids::I64(&ids), &mut out, DType::Bf16)?;
+            for (k, &id) in ids.iter().enumerate() {
+                for c in 0..cols {
+                    ensure!(
+                        bits_at(&out, DType::Bf16, k * cols + c) == bits_of(fvalue(id as usize, c), DType::Bf16),
+                        "{ty}, after {case}: row {id} column {c} on rank {me}"
+                    );
+                }
+            }
+        }
+        t.free()?;
+    }
+    Ok(())
 }
