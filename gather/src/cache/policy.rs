@@ -268,6 +268,18 @@ impl Tags {
         }
     }
 
+    /// Adds `n` to the count of every row a slot holds, outside the
+    /// ageing's tally of accesses (leader of a set-associative cache; a
+    /// no-op elsewhere): a preload's rows enter with this weight, which
+    /// ageing halves away like any other.
+    pub(crate) fn credit_held(&mut self, n: u32) {
+        for (c, &tag) in self.held.iter_mut().zip(&self.tags) {
+            if tag != EMPTY {
+                *c = c.saturating_add(n);
+            }
+        }
+    }
+
     /// Slots holding rows, now.
     pub(crate) fn occupied(&self) -> usize {
         self.tags.iter().filter(|&&t| t != EMPTY).count()
@@ -602,6 +614,38 @@ mod tests {
         let aged = rounds_to_take_over(Some(320)).expect("with ageing the new hot set takes the set");
         assert!(aged <= 8, "{aged} rounds");
         assert_eq!(rounds_to_take_over(None), None, "pure LFU keeps the old rows for 20 rounds");
+    }
+
+    /// A row asked a few times displaces a preloaded row asked once, but
+    /// not one credited with a preload's weight — until ageing has halved
+    /// that away and the row is still asked.
+    #[test]
+    fn a_preload_credit_keeps_its_rows_against_rows_asked_a_few_times() {
+        let displaced = |credit: u32| {
+            let mut t = Tags::new(Placement::Sets { sets: 1 }, 64, true);
+            t.set_ageing(Some(64));
+            let preloaded: Vec<usize> = (0..32).collect();
+            for &r in &preloaded {
+                t.count(r, 1);
+            }
+            t.decide(&preloaded);
+            t.credit_held(credit);
+            // Each round, rows 32..64 are asked twice and miss.
+            (1..=6)
+                .map(|_| {
+                    let missed: Vec<usize> = (32..64).filter(|&r| t.lookup(r).is_none()).collect();
+                    for &r in &missed {
+                        t.count(r, 2);
+                    }
+                    t.decide(&missed);
+                    preloaded.iter().filter(|&&r| t.lookup(r).is_none()).count()
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(displaced(0)[0], 32, "without a credit, rows asked twice take every slot at once");
+        let kept = displaced(AGEING_PER_SLOT as u32);
+        assert_eq!(kept[0], 0, "with it, none at first: {kept:?}");
+        assert_eq!(*kept.last().unwrap_or(&0), 32, "but rows still asked win once ageing halved it: {kept:?}");
     }
 
     #[test]
