@@ -126,9 +126,15 @@ pub fn load(comm: &Arc<dyn Communicator>, dir: &Path, ty: MemoryType, loc: Locat
     let first = nodes.offset(me);
     let mut own = vec![0i64; ptr_counts[me]];
     row_ptr.memory().read_rows(first, bytemuck::cast_slice_mut(&mut own))?;
-    let rising = match own.windows(2).position(|w| w[1] < w[0]) {
-        Some(i) => Err(bad(format!("offset {} of node {} is below offset {} of node {}", own[i + 1], first + i + 1, own[i], first + i))),
-        None => Ok(()),
+    // Rising from a first offset of 0 or more: every offset is then below
+    // 2^63, clear of the `u64::MAX` that marks a rank without offsets below
+    // (an offset of -1 read as that would pass for none).
+    let rising = match (own.first(), own.windows(2).position(|w| w[1] < w[0])) {
+        (Some(&v), _) if v < 0 => Err(bad(format!("offset {v} of node {first} is negative"))),
+        (_, Some(i)) => {
+            Err(bad(format!("offset {} of node {} is below offset {} of node {}", own[i + 1], first + i + 1, own[i], first + i)))
+        }
+        _ => Ok(()),
     };
     agree(comm.as_ref(), rising, Rule::Lowest)?;
     let firsts = comm.allgather_value(own.first().map_or(u64::MAX, |&v| v as u64))?;

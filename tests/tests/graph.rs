@@ -129,3 +129,13 @@ fn load_partition_summed_unchecked_past_usize_max() {
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }
+
+#[test]
+fn offsets_files_below_zero_fail_on_every_rank() {
+    let dir = tempdir("negative");
+    World::new(2).run_ok(GRAPH, &["negative-offsets", dir.to_str().expect("utf-8")]);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+    let dir = tempdir("negative-nodes");
+    World::new(4).nodes_of(2).run_ok(GRAPH, &["negative-offsets", dir.to_str().expect("utf-8")]);
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+}

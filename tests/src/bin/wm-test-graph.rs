@@ -45,6 +45,10 @@ fn main() {
                 let dir = PathBuf::from(rest.first().context("usage: wm-test-graph load-partition DIR")?);
                 load_partition(world, &dir)
             }
+            "negative-offsets" => {
+                let dir = PathBuf::from(rest.first().context("usage: wm-test-graph negative-offsets DIR")?);
+                negative_offsets(world, &dir)
+            }
             other => bail!("unknown scenario {other:?}"),
         }
     });
@@ -656,6 +660,45 @@ fn load_partition(world: &Comm, dir: &std::path::Path) -> Result<()> {
         let s = sample_neighbors(&g, &[HUB], ALL, 1)?;
         ensure!(g.nodes() == nodes && s.of(0).len() == DEG, "{ty}: the load after a bad partition gave {s:?}");
         g.free()?;
+    }
+    Ok(())
+}
+
+/// A stored graph whose first rank's offsets are all -1 (its nodes have no
+/// edges, so they were all 0): loading it must fail on every rank naming
+/// the offset, for every type. -1 read as a `u64` had passed for "this
+/// rank has no offsets", every check passed, and a neighbour list of
+/// -1..-1 followed by one of -1..0 was read.
+fn negative_offsets(world: &Comm, dir: &std::path::Path) -> Result<()> {
+    let w = world.size();
+    ensure!(w >= 2, "the first rank's offsets pass for none only beside others");
+    let n = 4 * w;
+    // v -> v - 4 from v = 4: the first rank's 4 nodes (of an even
+    // partition) have no edges.
+    let (src, dst): (Vec<i64>, Vec<i64>) =
+        if world.rank() == 0 { ((4..n as i64).collect(), (0..n as i64 - 4).collect()) } else { (Vec::new(), Vec::new()) };
+    let g = wm_graph::build(world, &BuildOptions::new(n, MemoryType::Distributed, Location::Host), EdgeList::new(&src, &dst))?;
+    wm_graph::store(&g, dir)?;
+    g.free()?;
+    world.barrier()?;
+    if world.rank() == 0 {
+        let shards = dir.join("row_ptr");
+        let mut names: Vec<PathBuf> = std::fs::read_dir(&shards)?.map(|e| e.map(|e| e.path())).collect::<std::io::Result<_>>()?;
+        names.sort();
+        let first = names.first().context("no offsets shard")?;
+        let mut bytes = std::fs::read(first)?;
+        // The .npy header: 8 bytes of magic and version, its length, itself.
+        let data = 10 + usize::from(u16::from_le_bytes([bytes[8], bytes[9]]));
+        ensure!((bytes.len() - data) / 8 == 4, "{}: {} offsets, not the first rank's 4", first.display(), (bytes.len() - data) / 8);
+        for v in bytes[data..].chunks_exact_mut(8) {
+            v.copy_from_slice(&(-1i64).to_le_bytes());
+        }
+        std::fs::write(first, bytes)?;
+    }
+    world.barrier()?;
+    for ty in types_at(world, Location::Host) {
+        let r = wm_graph::load(world, dir, ty, Location::Host, None).map(|g| g.nodes());
+        ensure!(r.as_ref().is_err_and(|e| e.to_string().contains("offset -1 of node 0 is negative")), "{ty}: load gave {r:?}");
     }
     Ok(())
 }
