@@ -349,16 +349,22 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// collective as [`gather`](Self::gather).
     ///
     /// # Errors
-    /// [`Error::UnknownState`]; otherwise as [`gather`](Self::gather).
+    /// [`Error::UnknownState`] on the rank that passed the name (the
+    /// others report that rank's failure); otherwise as
+    /// [`gather`](Self::gather).
     pub fn gather_state<I: Index>(&self, name: &str, ids: &[I], out: &mut [f32]) -> Result<()> {
         let slot = self.slots().into_iter().find(|s| s.name == name);
-        let (Some(slot), Some(state)) = (slot, &self.state) else {
-            return Err(Error::UnknownState {
+        let found = match (slot, &self.state) {
+            (Some(slot), Some(state)) => Ok((slot, state)),
+            _ => Err(Error::UnknownState {
                 optimizer: self.optimizer.map_or("no", |o| o.name()),
                 name: name.to_owned(),
                 known: self.state_names(),
-            });
+            }),
         };
+        // An unknown name on one rank fails the call on every rank before
+        // the gather, which the others would otherwise enter alone.
+        let (slot, state) = agree(self.comm().as_ref(), found, Rule::OwnFirst)?;
         let layout = RowLayout::new(DType::F32, slot.cols, slot.offset)?;
         wm_gather::gather(state.memory(), &layout, I::ids(ids), bytemuck::cast_slice_mut(out), DType::F32)?;
         Ok(())
@@ -423,9 +429,10 @@ impl<T: EmbeddingElement> Embedding<T> {
     /// own (possibly empty) ids, and the same `lr`. The gradients of a
     /// repeated id are summed — on each rank in input order, then across
     /// ranks in rank order — and sent with the ids to the rank that owns the
-    /// row (one `alltoallv` of ids, one of gradients). Each owner then
+    /// row (one exchange, ids and gradients together). Each owner then
     /// updates its own rows, once each, with the summed gradient, reading
-    /// and writing weights and state through gather and scatter. Rows
+    /// and writing weights and state in place (`wm_gather::gather_owned`,
+    /// `scatter_owned`). Rows
     /// without a gradient do not change, state included. When it returns on
     /// a rank, that rank's updates are done; for Continuous and Chunked
     /// memory it also waits (a barrier) until every rank's are, so a

@@ -389,6 +389,20 @@ fn bad_input(world: &Comm) -> Result<()> {
             );
         }
 
+        // A state name the optimizer does not keep, on the last rank only:
+        // every rank fails (the others would gather alone), then a call
+        // alike on every rank works.
+        let mut adam = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::adam()))?;
+        let all: Vec<i64> = (0..rows as i64).collect();
+        let mut state = vec![0f32; rows * dim];
+        let name = if me == last { "nope" } else { "m" };
+        let err = adam.gather_state(name, &all, &mut state).err().with_context(|| ctx("an unknown state name must fail"))?;
+        let want = if me == last { "nope".to_owned() } else { format!("rank {last} failed") };
+        ensure!(err.to_string().contains(&want), "{}: {err}", ctx("unknown state"));
+        adam.gather_state("v", &all, &mut state)?;
+        ensure!(state.iter().all(|&v| v == 0.0), "{}: state v before any step", ctx("state after the failure"));
+        adam.free()?;
+
         // Nothing moved, and the next call works: every rank adds one
         // gradient of 1 to row `me`, another of 2 to row 0 (shared by all).
         let ids = [me as i64, 0];
