@@ -337,6 +337,25 @@ fn one_case<T: EmbeddingElement>(world: &Comm, ty: MemoryType, loc: Location, op
 
 /// Bad input to the collective calls fails on every rank with the error
 /// naming the value and the rank, and the next call works.
+/// A state name the optimizer does not keep, on the last rank only: every
+/// rank fails (the others would gather alone), then a call alike on every
+/// rank works.
+fn unknown_state_name(world: &Comm, ty: MemoryType) -> Result<()> {
+    let (me, last) = (world.rank(), world.size() - 1);
+    let (rows, dim) = (40usize, 3usize);
+    let adam = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::adam()))?;
+    let all: Vec<i64> = (0..rows as i64).collect();
+    let mut state = vec![0f32; rows * dim];
+    let name = if me == last { "nope" } else { "m" };
+    let err = adam.gather_state(name, &all, &mut state).err().context("it must fail")?;
+    let want = if me == last { "nope".to_owned() } else { format!("rank {last} failed") };
+    ensure!(err.to_string().contains(&want), "{err}");
+    adam.gather_state("v", &all, &mut state)?;
+    ensure!(state.iter().all(|&v| v == 0.0), "state v before any step");
+    adam.free()?;
+    Ok(())
+}
+
 fn bad_input(world: &Comm) -> Result<()> {
     let (me, n) = (world.rank(), world.size());
     let last = n - 1;
@@ -389,19 +408,7 @@ fn bad_input(world: &Comm) -> Result<()> {
             );
         }
 
-        // A state name the optimizer does not keep, on the last rank only:
-        // every rank fails (the others would gather alone), then a call
-        // alike on every rank works.
-        let mut adam = Embedding::<f32>::allocate(world, ty, Location::Host, rows, dim, None, Some(Optimizer::adam()))?;
-        let all: Vec<i64> = (0..rows as i64).collect();
-        let mut state = vec![0f32; rows * dim];
-        let name = if me == last { "nope" } else { "m" };
-        let err = adam.gather_state(name, &all, &mut state).err().with_context(|| ctx("an unknown state name must fail"))?;
-        let want = if me == last { "nope".to_owned() } else { format!("rank {last} failed") };
-        ensure!(err.to_string().contains(&want), "{}: {err}", ctx("unknown state"));
-        adam.gather_state("v", &all, &mut state)?;
-        ensure!(state.iter().all(|&v| v == 0.0), "{}: state v before any step", ctx("state after the failure"));
-        adam.free()?;
+        unknown_state_name(world, ty).with_context(|| ctx("an unknown state name"))?;
 
         // Nothing moved, and the next call works: every rank adds one
         // gradient of 1 to row `me`, another of 2 to row 0 (shared by all).
