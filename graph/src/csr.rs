@@ -285,13 +285,14 @@ impl CsrGraph {
     /// what a node cache of features should hold before the first batch
     /// (`wm_gather::cache::NodeCache::preload`). Collective: each rank
     /// ranks its own nodes and sends at most `k` of them (16 bytes each);
-    /// every rank must pass the same `k` (ranks that do not get lists of
-    /// their own lengths).
+    /// every rank must pass the same `k`.
     ///
     /// # Errors
     /// [`Error::Comm`] for a lost peer; on every rank, [`Error::Memory`]
-    /// when some rank's part of `row_ptr` cannot be read, and
-    /// [`wholemem::CommonError::Malformed`] for a peer's garbled ranking.
+    /// when some rank's part of `row_ptr` cannot be read,
+    /// [`wholemem::CommonError::InvalidArgument`] when ranks pass different
+    /// `k`, and [`wholemem::CommonError::Malformed`] for a peer's garbled
+    /// ranking.
     pub fn highest_degree(&self, k: usize) -> Result<Vec<i64>> {
         let me = self.comm.rank();
         let own = self.local_nodes();
@@ -314,19 +315,35 @@ impl CsrGraph {
             mine.select_nth_unstable_by_key(k, key);
             mine.truncate(k);
         }
-        let flat: Vec<u64> = if read.is_ok() { mine.iter().flatten().copied().collect() } else { Vec::new() };
+        // `k`, then the ranking: a rank that passed another `k` would get
+        // the top of too short lists, silently.
+        let flat: Vec<u64> =
+            std::iter::once(k as u64).chain(if read.is_ok() { mine.iter().flatten().copied().collect() } else { Vec::new() }).collect();
         let ((), parts) =
             wholemem::agree::agree_sharing(self.comm.as_ref(), read, wholemem::agree::Rule::Lowest, bytemuck::cast_slice(&flat))?;
+        let ranks = self.comm.world_ranks();
+        // The same check on every rank, from the same parts.
+        let k_of = |b: &[u8]| b.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+        if let Some(q) = parts.iter().position(|p| k_of(p) != k_of(&parts[0])) {
+            let shown = |b: &[u8]| k_of(b).map_or_else(|| "nothing".to_owned(), |k| k.to_string());
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "ranks passed different numbers of nodes to rank by degree: rank {} {} and rank {} {}",
+                ranks[0],
+                shown(&parts[0]),
+                ranks[q],
+                shown(&parts[q])
+            ))));
+        }
         let mut all: Vec<[u64; 2]> = Vec::with_capacity(parts.iter().map(Vec::len).sum::<usize>() / 16);
         for (r, bytes) in parts.iter().enumerate() {
             let range = self.nodes.range(r);
-            if bytes.len() % 16 != 0 {
+            if bytes.len() < 8 || (bytes.len() - 8) % 16 != 0 {
                 return Err(Error::Common(CommonError::Malformed {
-                    rank: self.comm.world_ranks()[r],
-                    detail: format!("a degree ranking of {} bytes, not whole (degree, node) pairs", bytes.len()),
+                    rank: ranks[r],
+                    detail: format!("a degree ranking of {} bytes, not its k and whole (degree, node) pairs", bytes.len()),
                 }));
             }
-            let part: Vec<u64> = bytemuck::pod_collect_to_vec(bytes);
+            let part: Vec<u64> = bytemuck::pod_collect_to_vec(&bytes[8..]);
             for w in part.chunks(2) {
                 // A peer's list is input: nodes it owns, whole pairs.
                 match *w {

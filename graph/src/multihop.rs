@@ -1,13 +1,14 @@
 //! Multi-hop sampling into the blocks of a GraphSAGE-style model.
 
-use wholemem::agree::{Rule, agree};
+use wholemem::CommonError;
+use wholemem::agree::{Rule, agree_sharing};
 
-use crate::Result;
 use crate::csr::CsrGraph;
 use crate::neighbors::sample;
 use crate::rng::hop_seed;
 use crate::sample::SampleRequest;
 use crate::unique::append_unique;
+use crate::{Error, Result};
 
 /// One layer's bipartite block: its outputs are the first `targets` of its
 /// `inputs`; output `i` aggregates inputs `neighbors[offsets[i]..offsets[i +
@@ -57,13 +58,30 @@ pub struct MiniBatch {
 ///
 /// # Errors
 /// As [`sample`] and [`append_unique`](crate::append_unique) (seeds must be
-/// distinct).
+/// distinct); for distributed and hierarchy graphs,
+/// [`wholemem::CommonError::InvalidArgument`] on every rank when ranks pass
+/// different fanouts.
 pub fn sample_blocks(graph: &CsrGraph, seeds: &[i64], fanouts: &[usize], seed: u64, weighted: bool) -> Result<MiniBatch> {
     let distinct = append_unique(seeds, &[]).map(|_| ());
     if graph.memory_type().is_mapped() {
         distinct?;
     } else {
-        agree(graph.comm().as_ref(), distinct, Rule::Lowest)?;
+        // Each hop's sampling agrees on its fanout; the number of hops must
+        // agree here, or a rank with fewer would leave the others waiting
+        // in a hop it never joins.
+        let hops: Vec<u8> = fanouts.iter().flat_map(|&f| (f as u64).to_le_bytes()).collect();
+        let ((), all) = agree_sharing(graph.comm().as_ref(), distinct, Rule::Lowest, &hops)?;
+        if let Some(r) = all.iter().position(|h| *h != all[0]) {
+            let ranks = graph.comm().world_ranks();
+            let fanouts = |b: &[u8]| b.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect::<Vec<u64>>();
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "ranks passed different fanouts: rank {} {:?} and rank {} {:?}",
+                ranks[0],
+                fanouts(&all[0]),
+                ranks[r],
+                fanouts(&all[r])
+            ))));
+        }
     }
     let mut nodes = seeds.to_vec();
     let mut targets = seeds.len();

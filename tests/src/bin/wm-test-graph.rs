@@ -535,6 +535,17 @@ fn bad_input(world: &Comm) -> Result<()> {
             expect_err(r.map(|m| m.nodes), "target 5 is listed twice", &format!("{ty}: repeated seeds"))?;
         }
         ensure!(sample_blocks(&g, &[HUB, SMALL], &[2], 1, false)?.nodes.len() == 6, "{ty}: blocks after a bad call");
+        if collective && world.size() > 1 {
+            // Another number of hops on the last rank: every rank fails
+            // (not a hop that rank never joins), and the next call works.
+            let fanouts: &[usize] = if world.rank() == last { &[2] } else { &[2, 2] };
+            let r = sample_blocks(&g, &[HUB, SMALL], fanouts, 1, false).map(|m| m.nodes);
+            expect_err(r, "ranks passed different fanouts: rank 0 [2, 2]", &format!("{ty}: differing hops"))?;
+            // Another k for the ranking: silently shorter lists before.
+            let r = g.highest_degree(if world.rank() == last { 4 } else { 1 });
+            expect_err(r, "ranks passed different numbers of nodes to rank by degree: rank 0 1", &format!("{ty}: differing k"))?;
+            ensure!(sample_blocks(&g, &[HUB, SMALL], &[2, 2], 1, false)?.blocks.len() == 2, "{ty}: blocks after differing hops");
+        }
         g.free()?;
 
         // Building: a bad edge on the last rank fails everywhere, naming it;
