@@ -79,6 +79,13 @@ impl wholemem::agree::PeerError for Error {
         None
     }
 
+    fn as_peer_failed(&self) -> Option<(usize, &str)> {
+        match self {
+            Self::Common(CommonError::PeerFailed { rank, detail }) => Some((*rank, detail)),
+            _ => None,
+        }
+    }
+
     fn encode(&self) -> Option<Vec<u8>> {
         use wholemem::agree::encode_words;
         match self {

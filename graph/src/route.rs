@@ -2,10 +2,12 @@
 //! that owns it, is sampled there from the owner's own rows, and its sample
 //! comes back.
 //!
-//! Answers travel as little-endian 64-bit words: for the centers one rank
-//! asked, their counts, then the sampled neighbours, then (when asked) the
-//! edge ids. What a peer sends is input: every answer is checked (lengths,
-//! counts against the fanout, ids against the graph) before it is used.
+//! Replies travel as little-endian 64-bit words, behind a kind word: an
+//! answer (for the centers one rank asked, their counts, then the sampled
+//! neighbours, then, when asked, the edge ids), or a verdict (an owner that
+//! failed tells every rank, not only those that asked it something). What
+//! a peer sends is input: every answer is checked (lengths, counts against
+//! the fanout, ids against the graph) before it is used.
 
 use wholemem::CommonError;
 use wm_comm::{CommExt, Communicator, ExchangePlan};
@@ -25,15 +27,17 @@ struct AnswerView<'a> {
 }
 
 impl AnswerView<'_> {
-    /// Words of the answer.
+    /// Words of the reply: its kind, then the answer.
     fn words(&self) -> usize {
-        self.counts.len() + self.neighbors.len() + self.edge_ids.len()
+        1 + self.counts.len() + self.neighbors.len() + self.edge_ids.len()
     }
 
-    /// Writes the answer into `buf` (exactly [`words`](Self::words) words).
+    /// Writes the reply into `buf` (exactly [`words`](Self::words) words).
     fn encode_into(&self, buf: &mut [u8]) {
         debug_assert_eq!(buf.len(), 8 * self.words());
-        let words = self.counts.iter().map(|&c| c as u64).chain(self.neighbors.iter().chain(self.edge_ids).map(|&x| x as u64));
+        let words = std::iter::once(ANSWER)
+            .chain(self.counts.iter().map(|&c| c as u64))
+            .chain(self.neighbors.iter().chain(self.edge_ids).map(|&x| x as u64));
         for (b, w) in buf.chunks_exact_mut(8).zip(words) {
             b.copy_from_slice(&w.to_le_bytes());
         }
@@ -60,6 +64,23 @@ impl Answer {
     }
 }
 
+/// The kind word of a reply that holds an answer.
+const ANSWER: u64 = 0;
+/// The kind word of a reply that holds a verdict: its length in bytes, then
+/// the verdict, padded to whole words.
+const VERDICT: u64 = 1;
+
+/// A reply that tells a rank this call failed with `e` instead of
+/// answering it. The verdict is [`wholemem::agree::relayed_bytes`]: an
+/// error this rank heard from another keeps naming that rank.
+fn verdict_reply(e: &Error) -> Vec<u8> {
+    let v = wholemem::agree::relayed_bytes(e);
+    let mut b: Vec<u8> = [VERDICT, v.len() as u64].iter().flat_map(|w| w.to_le_bytes()).collect();
+    b.extend_from_slice(&v);
+    b.resize(b.len().next_multiple_of(8), 0);
+    b
+}
+
 /// The 64-bit word at the start of `b` (8 bytes or more).
 fn word(b: &[u8]) -> u64 {
     b.first_chunk::<8>().map_or(0, |w| u64::from_le_bytes(*w))
@@ -70,12 +91,27 @@ fn decode_ids(bytes: &[u8]) -> Option<Vec<u64>> {
     (bytes.len() % 8 == 0).then(|| bytes.chunks_exact(8).map(word).collect())
 }
 
-/// Checks and decodes the answer of world rank `from` for `asked` centers.
+/// Checks and decodes the reply of world rank `from` for `asked` centers:
+/// its answer, or the error its verdict holds.
 fn decode_reply(bytes: &[u8], asked: usize, req: &SampleRequest, graph: &CsrGraph, from: usize) -> Result<Answer> {
     let bad = |detail: String| Error::Common(CommonError::PeerFailed { rank: from, detail });
     if bytes.len() % 8 != 0 {
         return Err(bad(format!("it answered {} bytes, not whole 8-byte words", bytes.len())));
     }
+    let bytes = match bytes.split_first_chunk::<8>().map(|(k, rest)| (u64::from_le_bytes(*k), rest)) {
+        Some((ANSWER, rest)) => rest,
+        Some((VERDICT, rest)) => {
+            let len = usize::try_from(word(rest)).unwrap_or(usize::MAX);
+            let verdict = rest.get(8..).filter(|v| len <= v.len() && v.len() == len.next_multiple_of(8)).map(|v| &v[..len]);
+            return Err(match verdict.map(|v| wholemem::agree::outcome_error::<Error>(from, v)) {
+                Some(Some(e)) => e,
+                Some(None) => bad("it sent a verdict of success".into()),
+                None => bad(format!("it sent a verdict of {len} bytes in a reply of {} bytes", rest.len() + 8)),
+            });
+        }
+        Some((kind, _)) => return Err(bad(format!("it sent a reply of unknown kind {kind}"))),
+        None => return Err(bad("it sent an empty reply".into())),
+    };
     let words = bytes.len() / 8;
     if words < asked {
         return Err(bad(format!("it answered {words} words for {asked} centers")));
@@ -270,20 +306,23 @@ pub(crate) fn distributed(
     asked[me] = positions(me).iter().map(|&i| local_id(me, i)).collect();
 
     // 2. The samples back. A failure here is kept until the answers are
-    //    exchanged, so every rank stays in step; its empty answers tell the
-    //    others.
+    //    exchanged, so every rank stays in step; its verdict, sent to every
+    //    rank instead of answers, tells the others.
     let served = match problem {
         Some(e) => Err(e),
         None => serve(graph, &asked, ranks, p.offset(me), req, threads),
     };
+    let verdict = served.as_ref().err().map(verdict_reply);
     let mut arrived: Vec<Option<Result<Answer>>> = (0..n).map(|_| None).collect();
     exchange(
         comm,
-        |r| served.as_ref().map_or(0, |s| s.view(r).words()),
-        |r, buf| {
-            if let Ok(s) = &served {
-                s.view(r).encode_into(buf);
-            }
+        |r| match (&served, &verdict) {
+            (Ok(s), _) => s.view(r).words(),
+            (Err(_), v) => v.as_ref().map_or(0, Vec::len) / 8,
+        },
+        |r, buf| match (&served, &verdict) {
+            (Ok(s), _) => s.view(r).encode_into(buf),
+            (Err(_), v) => buf.copy_from_slice(v.as_deref().unwrap_or_default()),
         },
         |r, bytes| arrived[r] = Some(decode_reply(bytes, positions(r).len(), req, graph, ranks[r])),
     )?;
@@ -342,7 +381,8 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
     let served = serve(graph, &asked, cross.world_ranks(), p.offset(comm.rank()), req, threads);
     let replies: Vec<Vec<u8>> = match &served {
         Ok(s) => (0..cross.size()).map(|c| s.view(c).encode()).collect(),
-        Err(_) => vec![Vec::new(); cross.size()],
+        // Every node learns the failure, whether it asked anything or not.
+        Err(e) => vec![verdict_reply(e); cross.size()],
     };
     let refs: Vec<&[u8]> = replies.iter().map(Vec::as_slice).collect();
     let replies = cross.alltoallv(&refs)?;
@@ -376,7 +416,9 @@ pub(crate) fn hierarchy(graph: &CsrGraph, centers: &[i64], req: &SampleRequest, 
                 AnswerView { counts: &counts, neighbors: &ids, edge_ids: &eids }.encode()
             })
             .collect(),
-        Err(_) => vec![Vec::new(); local.size()],
+        // Every local rank learns the failure, whether it asked this rank
+        // anything or not.
+        Err(e) => vec![verdict_reply(e); local.size()],
     };
     let refs: Vec<&[u8]> = answers.iter().map(Vec::as_slice).collect();
     let back = local.alltoallv(&refs)?;

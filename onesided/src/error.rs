@@ -141,6 +141,13 @@ impl wholemem::agree::PeerError for Error {
     fn as_malformed(&self) -> Option<(usize, &str)> {
         None
     }
+
+    fn as_peer_failed(&self) -> Option<(usize, &str)> {
+        match self {
+            Self::Common(CommonError::PeerFailed { rank, detail }) => Some((*rank, detail)),
+            _ => None,
+        }
+    }
 }
 
 /// The result type of this crate.

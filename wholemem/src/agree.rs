@@ -234,6 +234,13 @@ pub fn relayed_bytes<E: PeerError>(heard: &E) -> Vec<u8> {
     m
 }
 
+/// The error in outcome bytes ([`outcome_bytes`], [`relayed_bytes`]) that
+/// world rank `rank` sent, or `None` where they say it succeeded. Bytes
+/// that do not parse are an error blaming `rank`.
+pub fn outcome_error<E: PeerError>(rank: usize, bytes: &[u8]) -> Option<E> {
+    decode(rank, bytes).1
+}
+
 /// What [`agree`] decides, from every rank's [`outcome_bytes`] (`parts[r]`
 /// from rank `r`; this rank's own is `mine` and not read) that a collective
 /// of the caller's delivered: every rank holds the same parts, so every

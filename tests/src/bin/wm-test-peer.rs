@@ -352,9 +352,10 @@ fn malformed_hierarchy(world: &Comm, impostor: usize) -> Result<()> {
 
 /// The impostor's side of one `sample_neighbors(graph, [], FANOUT, SEED)`
 /// of a distributed graph: the agreement (the honest request's header and
-/// "my checks passed"), then local node `node` asked of every other rank,
-/// then no answers.
-fn fake_sample(g: &CsrGraph, node: u64) -> Result<()> {
+/// "my checks passed"), then local node `node` asked of every other rank
+/// (of rank `only` alone, when given), then an answer of nothing to every
+/// rank.
+fn fake_sample(g: &CsrGraph, node: u64, only: Option<usize>) -> Result<()> {
     let comm = g.comm().as_ref();
     let (n, me) = (comm.size(), comm.rank());
     // 1. The agreement: the length of the request (32 bytes), the request as
@@ -364,14 +365,17 @@ fn fake_sample(g: &CsrGraph, node: u64) -> Result<()> {
     msg.push(0);
     comm.allgatherv(&msg)?;
     // 2. The centers to their owners: `node`, one 8-byte word, to each.
-    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 8 }).collect();
+    let asks = |r: usize| r != me && only.is_none_or(|o| o == r);
+    let sizes: Vec<usize> = (0..n).map(|r| if asks(r) { 8 } else { 0 }).collect();
     comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| {
-        if r != me {
+        if asks(r) {
             buf.copy_from_slice(&node.to_le_bytes())
         }
     }))?;
-    // 3. The answers: none from here (nobody asked it for a center).
-    comm.exchange(ExchangePlan::new(&vec![0; n], &mut |_, _| {}))?;
+    // 3. The answers: the kind word "answer" and nothing else (nobody
+    //    asked it for a center).
+    let sizes: Vec<usize> = (0..n).map(|r| if r == me { 0 } else { 8 }).collect();
+    comm.exchange(ExchangePlan::new(&sizes, &mut |_, buf| buf.fill(0)))?;
     Ok(())
 }
 
@@ -388,10 +392,18 @@ fn malformed_sample(world: &Comm, impostor: usize) -> Result<()> {
     let dst: Vec<i64> = src.iter().map(|&v| (v + 1) % nodes as i64).collect();
     let g = wm_graph::build(world, &BuildOptions::new(nodes, MemoryType::Distributed, Location::Host), EdgeList::new(&src, &dst))?;
     let count = g.local_nodes().len() as u64;
-    for node in [u64::MAX, u64::MAX - 1, i64::MAX as u64, 1 << 63, count] {
-        let what = format!("sampling with local node {node} asked by rank {impostor}");
+    // The bad node asked of every other rank, then of one alone: the ranks
+    // it did not ask learn of it from the one it did (that rank's verdict
+    // names the impostor).
+    let first_honest = usize::from(impostor == 0);
+    let cases = [u64::MAX, u64::MAX - 1, i64::MAX as u64, 1 << 63, count].map(|node| (node, None));
+    for (node, only) in cases.into_iter().chain([(count, Some(first_honest))]) {
+        let what = format!(
+            "sampling with local node {node} asked by rank {impostor} of {}",
+            only.map_or("every rank".into(), |o| format!("rank {o}"))
+        );
         if me == impostor {
-            fake_sample(&g, node).with_context(|| what.clone())?;
+            fake_sample(&g, node, only).with_context(|| what.clone())?;
         } else {
             let e = wm_graph::sample_neighbors(&g, &[], FANOUT, SEED).err().with_context(|| format!("{what}: rank {me} must fail"))?;
             let wm_graph::Error::Common(CommonError::PeerFailed { rank, detail }) = &e else {
