@@ -245,7 +245,7 @@ pub fn build(comm: &Arc<dyn Communicator>, opts: &BuildOptions, edges: EdgeList<
 
     // 2. This rank's nodes' edges, checked (a peer's data is input), sorted.
     let mine = nodes.range(comm.rank());
-    let local = receive(comm.as_ref(), &got, stride, &mine, opts.nodes).map(|e| adjacency(e, &mine, opts, weighted));
+    let local = receive(comm.as_ref(), &got, stride, &mine, opts.nodes).and_then(|e| adjacency(e, &mine, opts, weighted));
     drop(got);
     let (offsets, cols, weights) = agree(comm.as_ref(), local, Rule::Lowest)?;
 
@@ -319,20 +319,37 @@ fn receive(comm: &dyn Communicator, got: &[Vec<u64>], stride: usize, mine: &std:
             if !mine.contains(&(e[0] as usize)) || e[1] >= n as u64 {
                 return Err(bad(format!("it sent edge {} -> {}, which is not this rank's to hold", e[0], e[1])));
             }
-            edges.push((e[0], e[1], if stride == 3 { e[2] as u32 } else { 0 }));
+            // Weights were checked where the edges were given: finite and
+            // not negative, so that their bits order like their values.
+            let w = if stride == 3 { e[2] } else { 0 };
+            if u32::try_from(w).map_or(true, |b| !(f32::from_bits(b).is_finite() && f32::from_bits(b) >= 0.0)) {
+                return Err(bad(format!(
+                    "it sent edge {} -> {} with the weight word {w:#x}, not a finite weight of 0 or more",
+                    e[0], e[1]
+                )));
+            }
+            edges.push((e[0], e[1], w as u32));
         }
     }
     Ok(edges)
 }
 
 /// Offsets (from 0, one per node and the total), neighbours and weights of
-/// this rank's nodes.
+/// a rank's nodes.
+type Adjacency = (Vec<usize>, Vec<i64>, Option<Vec<f32>>);
+
+/// The [`Adjacency`] of this rank's nodes.
+///
+/// # Errors
+/// [`wholemem::CommonError::InvalidArgument`] for repeated edges whose
+/// summed weight is past `f32::MAX` (a graph [`load`](crate::load) would
+/// refuse).
 fn adjacency(
     mut edges: Vec<Edge>,
     mine: &std::ops::Range<usize>,
     opts: &BuildOptions,
     weighted: bool,
-) -> (Vec<usize>, Vec<i64>, Option<Vec<f32>>) {
+) -> Result<Adjacency> {
     // Weights are finite and non-negative, so their bits order like them.
     edges.sort_unstable();
     if opts.dedup {
@@ -343,6 +360,11 @@ fn adjacency(
             }
             same
         });
+        if let Some(&(s, d, _)) = edges.iter().find(|e| weighted && !f32::from_bits(e.2).is_finite()) {
+            return Err(Error::Common(CommonError::InvalidArgument(format!(
+                "the weights of the repeats of edge {s} -> {d} sum past the largest f32"
+            ))));
+        }
     }
     let mut offsets = Vec::with_capacity(mine.len() + 1);
     let mut cols = Vec::with_capacity(edges.len() + if opts.self_loops { mine.len() } else { 0 });
@@ -377,7 +399,7 @@ fn adjacency(
         }
     }
     offsets.push(cols.len());
-    (offsets, cols, weights)
+    Ok((offsets, cols, weights))
 }
 
 #[cfg(test)]

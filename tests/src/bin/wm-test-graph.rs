@@ -560,6 +560,15 @@ fn bad_input(world: &Comm) -> Result<()> {
         let w = vec![1.0f32, f32::NAN, 1.0];
         let (src, dst, w) = if world.rank() == 0 { (vec![0i64, 1, 2], vec![1i64, 2, 0], w) } else { (vec![], vec![], vec![]) };
         expect_err(build(world, &opts, EdgeList::weighted(&src, &dst, &w)), "weight NaN is not a finite", &format!("{ty}: NaN weight"))?;
+        // Repeats whose weights sum past f32::MAX, with dedup: an error on
+        // every rank, not a weight of inf that a load refuses.
+        let (src, dst, w) = if world.rank() == last { (vec![0i64, 0], vec![1i64, 1], vec![f32::MAX; 2]) } else { (vec![], vec![], vec![]) };
+        let opts_dedup = BuildOptions::new(10, ty, Location::Host).dedup(true);
+        expect_err(
+            build(world, &opts_dedup, EdgeList::weighted(&src, &dst, &w)),
+            "the weights of the repeats of edge 0 -> 1 sum past the largest f32",
+            &format!("{ty}: summed weights"),
+        )?;
         if world.size() > 1 {
             let opts = BuildOptions::new(10, ty, Location::Host).undirected(world.rank() == 0);
             expect_err(
