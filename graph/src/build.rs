@@ -344,12 +344,7 @@ type Adjacency = (Vec<usize>, Vec<i64>, Option<Vec<f32>>);
 /// [`wholemem::CommonError::InvalidArgument`] for repeated edges whose
 /// summed weight is past `f32::MAX` (a graph [`load`](crate::load) would
 /// refuse).
-fn adjacency(
-    mut edges: Vec<Edge>,
-    mine: &std::ops::Range<usize>,
-    opts: &BuildOptions,
-    weighted: bool,
-) -> Result<Adjacency> {
+fn adjacency(mut edges: Vec<Edge>, mine: &std::ops::Range<usize>, opts: &BuildOptions, weighted: bool) -> Result<Adjacency> {
     // Weights are finite and non-negative, so their bits order like them.
     edges.sort_unstable();
     if opts.dedup {

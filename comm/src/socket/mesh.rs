@@ -89,11 +89,13 @@ pub(crate) fn mesh(
         _ => None,
     };
     let wire = Wire::current()?;
+    let limit = handshake_limit()?;
     let mut conns: Vec<Option<(Conn, Session)>> = (0..world).map(|_| None).collect();
-    // Connect down.
+    // Connect down, each attempt within the handshake limit (a stale
+    // record's address may now belong to a listener that never answers).
     for r in 0..me {
         let conn = loop {
-            match connect(&l.info, &infos[r], key, wire, deadline) {
+            match connect(&l.info, &infos[r], key, wire, deadline.min(Instant::now() + limit)) {
                 Ok(c) => break c,
                 Err(e) => {
                     if Instant::now() >= deadline {
@@ -114,7 +116,6 @@ pub(crate) fn mesh(
         Arc::new(Judge { me, world, my_nonce: l.info.nonce, nonces: infos.iter().map(|i| i.nonce).collect(), dir, key: key.clone(), wire });
     let (tx, rx) = mpsc::channel::<Admitted>();
     let gate = Gate::new(format!("rank {me}'s mesh listeners"));
-    let limit = handshake_limit()?;
     let mut missing = world - 1 - me;
     while missing > 0 {
         let mut pfds = [

@@ -335,7 +335,12 @@ fn tcp_join(
                     from_nonce: l.info.nonce,
                     to_nonce: 0,
                 };
-                match auth::call(&mut s, key, &claim, deadline) {
+                // One attempt's handshake within the handshake limit: a
+                // port that an unrelated listener now holds (one that waits
+                // for its client to speak) would otherwise take the whole
+                // rendezvous, and the port file would never be read again.
+                let attempt = deadline.min(Instant::now() + handshake_limit()?);
+                match auth::call(&mut s, key, &claim, attempt) {
                     Ok(session) => break (Sealed::new(s, session), l),
                     // A verdict (a key mismatch, a refusal) outweighs a
                     // later attempt cut short by the deadline.
@@ -472,5 +477,45 @@ fn dir_rendezvous(me: &RankInfo, dir: &Path, key: &JobKey, deadline: Instant) ->
 pub(crate) fn remove_rank_file(how: &Rendezvous, rank: usize) {
     if let Rendezvous::Dir(dir) = how {
         let _ = std::fs::remove_file(rank_file(dir, rank));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A `host:0` rendezvous whose port file still names an earlier job's
+    /// port, now held by a listener that never speaks: rank 1's handshake
+    /// there ends at the handshake limit, it reads the port file again,
+    /// and finds rank 0, up at another port 300 ms later. (Bounded by the
+    /// whole rendezvous instead, the attempt took all of it.)
+    #[test]
+    #[allow(unsafe_code)]
+    fn a_silent_listener_at_a_stale_port_costs_one_handshake_limit() {
+        let silent = TcpListener::bind("127.0.0.1:0").expect("a listener");
+        let stale = silent.local_addr().expect("its address").port();
+        let dir = std::env::temp_dir().join(format!("wm-stale-port-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("a directory");
+        let port_file = dir.join("port");
+        std::fs::write(&port_file, format!("{stale}\n")).expect("the port file");
+        // SAFETY: no other test of this crate reads or sets the variable,
+        // and no other thread runs yet in this test.
+        unsafe { std::env::set_var(WM_RENDEZVOUS_PORT_FILE.name, &port_file) };
+        let key = JobKey::generate().expect("a key");
+        let node = NodeIdentity::from_parts("n".into(), "h".into(), true);
+        let how = Rendezvous::Tcp("127.0.0.1:0".into());
+        // Far past the handshake limit (5 s): without the limit per
+        // attempt, rank 1 fails at this deadline.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (k0, n0, h0) = (key.clone(), node.clone(), how.clone());
+        let rank0 = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            run(0, 2, &n0, &h0, &k0, deadline).map(|_| ())
+        });
+        let joined = run(1, 2, &node, &how, &key, deadline).map(|_| ());
+        let r0 = rank0.join().expect("rank 0's thread");
+        drop(silent);
+        let _ = std::fs::remove_dir_all(&dir);
+        assert!(joined.is_ok() && r0.is_ok(), "rank 1 {joined:?}, rank 0 {r0:?}");
     }
 }
