@@ -130,7 +130,17 @@ fn bind_rendezvous(addr: &str) -> Result<TcpListener> {
     Ok(listener)
 }
 
+/// The port file the tests of this module use instead of the variable
+/// (setting a variable is unsafe beside threads that may read the
+/// environment).
+#[cfg(test)]
+static TEST_PORT_FILE: Mutex<Option<PathBuf>> = Mutex::new(None);
+
 fn port_file() -> Result<PathBuf> {
+    #[cfg(test)]
+    if let Some(p) = TEST_PORT_FILE.lock().ok().and_then(|p| p.clone()) {
+        return Ok(p);
+    }
     WM_RENDEZVOUS_PORT_FILE.get().map(PathBuf::from).ok_or_else(|| {
         Error::Bootstrap(format!(
             "a rendezvous at port 0 needs {} (where rank 0 writes the port it listens on)",
@@ -490,7 +500,6 @@ mod tests {
     /// and finds rank 0, up at another port 300 ms later. (Bounded by the
     /// whole rendezvous instead, the attempt took all of it.)
     #[test]
-    #[allow(unsafe_code)]
     fn a_silent_listener_at_a_stale_port_costs_one_handshake_limit() {
         let silent = TcpListener::bind("127.0.0.1:0").expect("a listener");
         let stale = silent.local_addr().expect("its address").port();
@@ -498,9 +507,7 @@ mod tests {
         std::fs::create_dir_all(&dir).expect("a directory");
         let port_file = dir.join("port");
         std::fs::write(&port_file, format!("{stale}\n")).expect("the port file");
-        // SAFETY: no other test of this crate reads or sets the variable,
-        // and no other thread runs yet in this test.
-        unsafe { std::env::set_var(WM_RENDEZVOUS_PORT_FILE.name, &port_file) };
+        *TEST_PORT_FILE.lock().expect("the port file's lock") = Some(port_file);
         let key = JobKey::generate().expect("a key");
         let node = NodeIdentity::from_parts("n".into(), "h".into(), true);
         let how = Rendezvous::Tcp("127.0.0.1:0".into());
