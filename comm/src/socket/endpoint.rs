@@ -158,6 +158,11 @@ struct Peer {
     /// frames it had sent were still stashed: those are taken first, and
     /// a call that needs more of the peer fails with this.
     gone: Option<String>,
+    /// Whether a frame to the peer is under way (a record of it sealed,
+    /// and not all of it sent): nothing else may be written to the peer
+    /// until it ends, an abort or a goodbye included, which would land
+    /// inside the frame and read there as tampering.
+    mid_frame: bool,
 }
 
 impl Peer {
@@ -180,6 +185,7 @@ impl Peer {
             stash: VecDeque::new(),
             fds: VecDeque::new(),
             gone: None,
+            mid_frame: false,
         }
     }
 
@@ -788,6 +794,7 @@ impl Endpoint {
         while !s.done(o) {
             if s.sent == s.staged() {
                 s.seal_more(sealer, hdr, o);
+                peer.mid_frame = true;
             }
             // Descriptors ride on the first byte of the frame's first record.
             let r = if s.records == 1 && s.sent == 0 && !o.fds.is_empty() {
@@ -814,6 +821,7 @@ impl Endpoint {
                 Err(e) => return Err(self.lost(o.to, op, &format!("sending to it failed midway: {e}"))),
             }
         }
+        st.peers[o.to].mid_frame = !s.done(o);
         Ok(progress)
     }
 
@@ -1140,7 +1148,9 @@ impl Endpoint {
         st.broken = Some(Broken { rank, detail: detail.to_owned() });
         let frame = abort_frame(rank, detail);
         for (r, p) in st.peers.iter_mut().enumerate() {
-            if r != rank && p.conn.is_some() {
+            // A peer with a frame under way learns of it by its own
+            // timeout, or when this process closes the connection.
+            if r != rank && p.conn.is_some() && !p.mid_frame {
                 let sealed = p.sealed(&frame);
                 if let Some(c) = &p.conn {
                     // Best effort: a full socket buffer means that peer is
@@ -1170,7 +1180,9 @@ impl Drop for Endpoint {
             Some(b) => abort_frame(b.rank, &b.detail),
             None => Header { kind: Kind::Bye, op: Op::Control, nfds: 0, comm: 0, seq: 0, len: 0 }.encode().to_vec(),
         };
-        for p in &mut st.peers {
+        // Not into a frame under way (which would read as tampering): that
+        // peer sees a plain close.
+        for p in st.peers.iter_mut().filter(|p| !p.mid_frame) {
             let sealed = p.sealed(&bye);
             if let Some(c) = &p.conn {
                 // Frames already queued in the kernel go first; a peer whose
@@ -1235,6 +1247,48 @@ mod tests {
         assert!(e.to_string().contains("4611686018427387904 bytes") && e.to_string().contains("WM_MAX_FRAME_GIB"), "{e}");
         // Every later call fails naming the same rank.
         assert_eq!(barrier_from_peer(&ep).unwrap_err().blamed_rank(), Some(1));
+    }
+
+    /// A frame to rank 1 is under way when rank 2 is lost: neither the
+    /// abort rank 0 sends its other peers nor its goodbye may land inside
+    /// that frame, where rank 1 would read them as the frame's bytes (and
+    /// report tampering, as they would not authenticate). Rank 1 gets what
+    /// of the frame was sent, then a plain close.
+    #[test]
+    fn nothing_is_written_into_a_frame_under_way() {
+        let node = NodeIdentity::from_parts("n".into(), "h".into(), true);
+        let (a1, mut b1) = UnixStream::pair().unwrap();
+        let (a2, b2) = UnixStream::pair().unwrap();
+        a1.set_nonblocking(true).unwrap();
+        a2.set_nonblocking(true).unwrap();
+        let ((s1, _), (s2, _)) = (Session::pair(Wire::Aead), Session::pair(Wire::Aead));
+        let peers = vec![None, Some((Conn::Unix(a1), s1)), Some((Conn::Unix(a2), s2))];
+        let mut ep = Endpoint::new(0, vec![node; 3], peers, Duration::from_secs(2), 1 << 30);
+        ep.max_frame = 1 << 30;
+        drop(b2);
+        let mut big = vec![7u8; 8 << 20];
+        let hdr = Header { kind: Kind::Data, op: Op::Alltoallv, nfds: 0, comm: 7, seq: 0, len: big.len() as u64 };
+        let mut out = [Outgoing { to: 1, hdr, payload: Payload::Spent(&mut big), fds: &[] }];
+        let wanted = [Wanted { from: 2, kind: Kind::Data, comm: 7, op: Op::Alltoallv, seq: Some(0) }];
+        let e = ep.transact("alltoallv", &mut out, &wanted).unwrap_err();
+        assert_eq!(e.blamed_rank(), Some(2), "{e}");
+        // Rank 1 takes what arrived, which makes room in its socket.
+        b1.set_nonblocking(true).unwrap();
+        let (mut buf, mut before) = (vec![0u8; 1 << 20], 0);
+        loop {
+            match std::io::Read::read(&mut b1, &mut buf) {
+                Ok(0) => break,
+                Ok(n) => before += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(before > 0 && before < big.len(), "{before} bytes of the frame arrived");
+        drop(ep);
+        b1.set_nonblocking(false).unwrap();
+        let mut after = Vec::new();
+        std::io::Read::read_to_end(&mut b1, &mut after).unwrap();
+        assert!(after.is_empty(), "{} bytes were written into the frame under way", after.len());
     }
 
     #[test]
