@@ -735,17 +735,23 @@ fn agree_on_step(
     let opt = wholemem::agree::decide(comm, checked, Rule::Lowest, &parts)?;
     rates[comm.rank()] = Some(lr);
     let show = |r: Option<f32>| r.map_or_else(|| "(none)".to_owned(), |r| r.to_string());
-    if let Some((r, &rate)) = rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
-        let ranks = comm.world_ranks();
-        return Err(Error::Common(CommonError::InvalidArgument(format!(
-            "ranks passed different learning rates: rank {} {} and rank {} {}",
-            ranks[0],
-            show(rates[0]),
-            ranks[r],
-            show(rate)
-        ))));
-    }
-    agree(comm, problem.map_or(Ok(()), Err), Rule::Lowest)?;
+    // Each rank compares the rates it received; a peer that sent different
+    // ranks different rates would split them here, so the verdict goes
+    // through the agreement like a malformed part (which comes first).
+    let same = match rates.iter().enumerate().find(|(_, x)| x.map(f32::to_bits) != rates[0].map(f32::to_bits)) {
+        Some((r, &rate)) => {
+            let ranks = comm.world_ranks();
+            Err(Error::Common(CommonError::InvalidArgument(format!(
+                "ranks passed different learning rates: rank {} {} and rank {} {}",
+                ranks[0],
+                show(rates[0]),
+                ranks[r],
+                show(rate)
+            ))))
+        }
+        None => Ok(()),
+    };
+    agree(comm, problem.map_or(same, Err), Rule::OwnFirst)?;
     Ok(opt)
 }
 

@@ -87,3 +87,8 @@ fn a_rank_that_announces_a_failed_cache_check_and_then_gathers_fails_the_call_on
     assert!(report.success(), "{:?}\n{transcript}", report.failures());
     assert_eq!(transcript.matches("sent malformed data: it announced a failed cache table check").count(), 2, "{transcript}");
 }
+
+#[test]
+fn learning_rates_sent_differently_to_different_ranks_fail_every_rank_at_once() {
+    World::new(3).env("WM_TIMEOUT_S", "60").run_ok(PEER, &["split-rates", "2"]);
+}

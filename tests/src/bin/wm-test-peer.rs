@@ -45,6 +45,7 @@ fn main() {
             "malformed" => malformed(world, arg(0)?.parse()?),
             "malformed-hierarchy" => malformed_hierarchy(world, arg(0)?.parse()?),
             "malformed-gradients" => malformed_gradients(world, arg(0)?.parse()?),
+            "split-rates" => split_rates(world, arg(0)?.parse()?),
             "malformed-sample" => malformed_sample(world, arg(0)?.parse()?),
             "malformed-cache" => malformed_cache(world, arg(0)?.parse()?, arg(1)?.parse()?),
             "cache-false-refusal" => cache_false_refusal(world, arg(0)?.parse()?),
@@ -745,5 +746,45 @@ fn hierarchy_success_verdict(world: &Comm, impostor: usize) -> Result<()> {
     let t = table(world, MemoryType::Hierarchy, rows)?;
     gather_works(&t).context("the gather after the verdict of success")?;
     t.free()?;
+    Ok(())
+}
+
+/// `apply_gradients` where the impostor sends rank 0 one learning rate and
+/// the other ranks another (no ids). Each rank compares the rates it
+/// received, so only some see a difference: every honest rank must still
+/// fail saying so (before, the others waited in the closing agreement for
+/// the ranks that had returned, until the timeout blamed them), nothing
+/// changes, and the next call works.
+fn split_rates(world: &Comm, impostor: usize) -> Result<()> {
+    let (me, n) = (world.rank(), world.size());
+    ensure!(impostor != 0 && n >= 3, "an impostor other than rank 0 among at least 3 ranks");
+    let rows = 10 * n;
+    let lr = 0.5f32;
+    let mut emb = Embedding::<f32>::allocate(world, MemoryType::Distributed, Location::Host, rows, COLS, None, Some(Optimizer::sgd()))?;
+    let r = if me == impostor {
+        let comm = emb.comm().as_ref();
+        let parts: Vec<Vec<u8>> = (0..n)
+            .map(|r| {
+                let rate = if r == 0 { lr } else { 2.0 * lr };
+                [&[0u8][..], &rate.to_le_bytes(), &0u64.to_le_bytes()].concat()
+            })
+            .collect();
+        let sizes: Vec<usize> = parts.iter().map(Vec::len).collect();
+        comm.exchange(ExchangePlan::new(&sizes, &mut |r, buf| buf.copy_from_slice(&parts[r])))?;
+        agree::<(), wm_embedding::Error>(comm, Ok(()), Rule::OwnFirst)
+    } else {
+        let ids: Vec<i64> = (0..rows as i64).collect();
+        emb.apply_gradients(&ids, &vec![1.0; rows * COLS], lr)
+    };
+    if me != impostor {
+        let e = r.err().with_context(|| format!("rank {me} must fail"))?;
+        ensure!(e.to_string().contains("ranks passed different learning rates"), "rank {me}: {e}");
+        println!("rank {me}: {e}");
+    }
+    let mut w = vec![1f32; rows * COLS];
+    emb.gather(&(0..rows as i64).collect::<Vec<_>>(), &mut w)?;
+    ensure!(w.iter().all(|&v| v == 0.0), "a row changed although the call failed");
+    emb.apply_gradients(&[me as i64], &[1.0; COLS], lr)?;
+    emb.free()?;
     Ok(())
 }
