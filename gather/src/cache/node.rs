@@ -828,9 +828,7 @@ impl NodeCache {
             // checks: a bad id, a wrong buffer), or the communicator failed
             // (a lost peer): every rank fails alike. Nothing was counted or
             // decided, and nothing changes.
-            self.scratch = fetched;
-            self.lists = lists;
-            return result;
+            return self.finish(result, false, fetched, lists);
         }
         // Whether the tags may hold a decision whose fills did not happen.
         let mut decided_here = decided.is_some();
