@@ -1,14 +1,12 @@
 //! Multi-hop sampling into the blocks of a GraphSAGE-style model.
 
-use wholemem::CommonError;
-use wholemem::agree::{Rule, agree_sharing};
-
+use crate::Result;
+use crate::collective::agree_same_header;
 use crate::csr::CsrGraph;
 use crate::neighbors::sample;
 use crate::rng::hop_seed;
 use crate::sample::SampleRequest;
 use crate::unique::append_unique;
-use crate::{Error, Result};
 
 /// One layer's bipartite block: its outputs are the first `targets` of its
 /// `inputs`; output `i` aggregates inputs `neighbors[offsets[i]..offsets[i +
@@ -69,19 +67,8 @@ pub fn sample_blocks(graph: &CsrGraph, seeds: &[i64], fanouts: &[usize], seed: u
         // Each hop's sampling agrees on its fanout; the number of hops must
         // agree here, or a rank with fewer would leave the others waiting
         // in a hop it never joins.
-        let hops: Vec<u8> = fanouts.iter().flat_map(|&f| (f as u64).to_le_bytes()).collect();
-        let ((), all) = agree_sharing(graph.comm().as_ref(), distinct, Rule::Lowest, &hops)?;
-        if let Some(r) = all.iter().position(|h| *h != all[0]) {
-            let ranks = graph.comm().world_ranks();
-            let fanouts = |b: &[u8]| b.chunks_exact(8).map(|w| u64::from_le_bytes(w.try_into().unwrap_or([0; 8]))).collect::<Vec<u64>>();
-            return Err(Error::Common(CommonError::InvalidArgument(format!(
-                "ranks passed different fanouts: rank {} {:?} and rank {} {:?}",
-                ranks[0],
-                fanouts(&all[0]),
-                ranks[r],
-                fanouts(&all[r])
-            ))));
-        }
+        let hops: Vec<u64> = fanouts.iter().map(|&f| f as u64).collect();
+        agree_same_header(graph.comm().as_ref(), distinct, &hops, |h| format!("fanouts {h:?}"))?;
     }
     let mut nodes = seeds.to_vec();
     let mut targets = seeds.len();

@@ -540,7 +540,11 @@ fn bad_input(world: &Comm) -> Result<()> {
             // (not a hop that rank never joins), and the next call works.
             let fanouts: &[usize] = if world.rank() == last { &[2] } else { &[2, 2] };
             let r = sample_blocks(&g, &[HUB, SMALL], fanouts, 1, false).map(|m| m.nodes);
-            expect_err(r, "ranks passed different fanouts: rank 0 [2, 2]", &format!("{ty}: differing hops"))?;
+            expect_err(
+                r,
+                "ranks passed different arguments to a collective call: rank 0 fanouts [2, 2]",
+                &format!("{ty}: differing hops"),
+            )?;
             // Another k for the ranking: silently shorter lists before.
             let r = g.highest_degree(if world.rank() == last { 4 } else { 1 });
             expect_err(r, "ranks passed different numbers of nodes to rank by degree: rank 0 1", &format!("{ty}: differing k"))?;

@@ -597,6 +597,16 @@ fn mpi_rounds(world: &Comm) -> Result<()> {
     checked
 }
 
+/// A distributed table of `rows` rows, and a node cache of all its rows
+/// that every gather goes through.
+fn cached_table(world: &Comm, rows: usize) -> Result<(WholeTensor<f32>, wm_gather::cache::NodeCache)> {
+    let t = table(world, MemoryType::Distributed, rows)?;
+    let layout = wm_gather::RowLayout::new(wm_gather::DType::F32, COLS, 0)?;
+    let mut cache = wm_gather::cache::NodeCache::new(t.memory(), &layout, 1.0)?;
+    cache.set_bypass(wm_gather::cache::Bypass::Off);
+    Ok((t, cache))
+}
+
 /// A cached gather on nodes of several ranks where the impostor follows
 /// the node cache's collectives honestly but sends a reply 3 bytes too
 /// long to rank `target` only: `target` alone finds it, yet every honest
@@ -604,14 +614,10 @@ fn mpi_rounds(world: &Comm) -> Result<()> {
 /// step 3 and blame an honest rank), and the communicator must stay usable.
 fn malformed_cache(world: &Comm, impostor: usize, target: usize) -> Result<()> {
     use wm_comm::CommExt;
-    use wm_gather::cache::{Bypass, NodeCache};
     let me = world.rank();
     let rows = 10 * world.size();
-    let t = table(world, MemoryType::Distributed, rows)?;
+    let (t, mut cache) = cached_table(world, rows)?;
     let mem = t.memory();
-    let layout = wm_gather::RowLayout::new(wm_gather::DType::F32, COLS, 0)?;
-    let mut cache = NodeCache::new(mem, &layout, 1.0)?;
-    cache.set_bypass(Bypass::Off);
     let started = std::time::Instant::now();
     let r: std::result::Result<(), wm_gather::Error> = if me == impostor {
         (|| {
@@ -665,14 +671,11 @@ fn malformed_cache(world: &Comm, impostor: usize, target: usize) -> Result<()> {
 /// each must fail naming the impostor, never succeed.
 fn cache_false_refusal(world: &Comm, impostor: usize) -> Result<()> {
     use wm_comm::CommExt;
-    use wm_gather::cache::{Bypass, NodeCache};
     let me = world.rank();
     let rows = 10 * world.size();
-    let t = table(world, MemoryType::Distributed, rows)?;
+    let (t, mut cache) = cached_table(world, rows)?;
     let mem = t.memory();
     let layout = wm_gather::RowLayout::new(wm_gather::DType::F32, COLS, 0)?;
-    let mut cache = NodeCache::new(mem, &layout, 1.0)?;
-    cache.set_bypass(Bypass::Off);
     let ids: Vec<i64> = (0..rows as i64).collect();
     let mut out = vec![0u8; rows * ROW];
     // An honest call first: the caches hold the other nodes' rows.
