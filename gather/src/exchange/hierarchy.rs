@@ -389,7 +389,7 @@ struct Crossing<'a> {
 struct Across {
     /// What this rank found wrong.
     problem: Option<Error>,
-    /// The errors of the verdicts heard from other nodes, naming whom
+    /// The errors of the verdicts heard from other ranks, naming whom
     /// they blame (passed on with [`wholemem::agree::relayed_bytes`]).
     heard: Vec<Error>,
     /// Rows from other nodes kept, by unique row, where their part is not
